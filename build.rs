@@ -1,0 +1,53 @@
+//! Generates the C header from src/ffi into OUT_DIR (never into the source
+//! tree: the committed include/kvtier.h is compared against it by a test).
+
+use std::path::PathBuf;
+
+fn main() {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("manifest dir"));
+    let out = PathBuf::from(std::env::var("OUT_DIR").expect("out dir"));
+    println!("cargo:rerun-if-changed=cbindgen.toml");
+    println!("cargo:rerun-if-changed=src/ffi");
+
+    let version = std::env::var("CARGO_PKG_VERSION").expect("version");
+    let part = |name: &str| std::env::var(name).expect("version part");
+    let mut config =
+        cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
+    config.after_includes = Some(format!(
+        "\n/** The version of this header; tier_version() gives the library's. */\n\
+         #define KVTIER_VERSION_MAJOR {}\n#define KVTIER_VERSION_MINOR {}\n#define KVTIER_VERSION_PATCH {}\n\
+         #define KVTIER_VERSION_STRING \"{version}\"\n",
+        part("CARGO_PKG_VERSION_MAJOR"),
+        part("CARGO_PKG_VERSION_MINOR"),
+        part("CARGO_PKG_VERSION_PATCH"),
+    ));
+    let bindings = cbindgen::Builder::new()
+        .with_config(config)
+        .with_src(root.join("src/ffi/mod.rs"))
+        .generate()
+        .expect("cbindgen could not generate the header");
+    let mut text = Vec::new();
+    bindings.write(&mut text);
+    let text = String::from_utf8(text).expect("header is UTF-8");
+    // cbindgen writes `#define X -1`; unparenthesized, `a-X` would expand to
+    // `a--1`. Parenthesize negative values.
+    let text: String = text
+        .lines()
+        .map(|line| {
+            match line
+                .strip_prefix("#define ")
+                .and_then(|r| r.split_once(" -"))
+            {
+                Some((name, value)) if value.chars().all(|c| c.is_ascii_digit()) => {
+                    format!("#define {name} (-{value})\n")
+                }
+                _ => format!("{line}\n"),
+            }
+        })
+        .collect();
+    std::fs::write(out.join("kvtier.h"), text).expect("write header");
+    println!(
+        "cargo:rustc-env=KVTIER_GENERATED_HEADER={}",
+        out.join("kvtier.h").display()
+    );
+}

@@ -1,0 +1,103 @@
+//! The in-memory backend: one anonymous mapping of `capacity` slots.
+//!
+//! The mapping is reserved, not committed (`MAP_NORESERVE`), so capacity that
+//! was never written costs no resident memory; a slot's pages become resident on
+//! its first store and are reused after eviction.
+
+use super::Backend;
+use crate::error::{bail, Result};
+use crate::primary::PrimaryBuffer;
+use std::ptr::NonNull;
+
+pub(crate) struct MemoryBackend {
+    arena: NonNull<u8>,
+    mapped_len: usize,
+    block_bytes: usize,
+    slots: usize,
+}
+
+// SAFETY: the arena is plain bytes. The index gives each slot to one writer
+// (a store, while the slot is Storing) or to readers (loads, while it is Ready
+// and pinned), never both, so no two threads race on one slot.
+unsafe impl Send for MemoryBackend {}
+unsafe impl Sync for MemoryBackend {}
+
+impl MemoryBackend {
+    pub(crate) fn new(block_bytes: usize, slots: usize) -> Result<MemoryBackend> {
+        let Some(len) = block_bytes
+            .checked_mul(slots)
+            .filter(|&l| l <= isize::MAX as usize / 2)
+        else {
+            bail!(Config, "capacity_bytes: {slots} blocks of {block_bytes} bytes do not fit in the address space");
+        };
+        let page = 4096;
+        let mapped_len = len.div_ceil(page) * page;
+        // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                mapped_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            let err = std::io::Error::last_os_error();
+            bail!(
+                Alloc,
+                "could not reserve {mapped_len} bytes for the memory backend: {err}"
+            );
+        }
+        if block_bytes >= 2 << 20 {
+            // Whole huge pages per block: fewer page faults on first store and
+            // fewer TLB misses per copy. Advisory; failure changes nothing.
+            // SAFETY: advice on our own mapping.
+            unsafe { libc::madvise(ptr, mapped_len, libc::MADV_HUGEPAGE) };
+        }
+        Ok(MemoryBackend {
+            arena: NonNull::new(ptr as *mut u8).expect("mmap returned NULL"),
+            mapped_len,
+            block_bytes,
+            slots,
+        })
+    }
+
+    fn slot_ptr(&self, slot: u32) -> *mut u8 {
+        let slot = slot as usize;
+        assert!(slot < self.slots, "slot {slot} outside the arena");
+        // SAFETY: in bounds of the mapping (checked above).
+        unsafe { self.arena.as_ptr().add(slot * self.block_bytes) }
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<()> {
+        let dst = self.slot_ptr(slot);
+        primary.with_row(row, |src| {
+            assert_eq!(src.len(), self.block_bytes);
+            // SAFETY: dst is this slot's block inside the arena, written by this
+            // store alone (see the Sync note); src is a distinct allocation.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
+        });
+        Ok(())
+    }
+
+    fn load(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<()> {
+        let src = self.slot_ptr(slot);
+        primary.with_row_mut(row, |dst| {
+            assert_eq!(dst.len(), self.block_bytes);
+            // SAFETY: src is a Ready, pinned slot (no writer); dst is the row.
+            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
+        });
+        Ok(())
+    }
+}
+
+impl Drop for MemoryBackend {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping; workers have been joined.
+        unsafe { libc::munmap(self.arena.as_ptr() as *mut libc::c_void, self.mapped_len) };
+    }
+}

@@ -1,0 +1,89 @@
+//! Finished-job results, the set of job ids in flight, and the waits on them.
+
+use crate::error::{bail, Result};
+use crate::jobs::JobResult;
+use parking_lot::{Condvar, Mutex};
+use std::collections::{HashSet, VecDeque};
+use std::time::{Duration, Instant};
+
+#[derive(Default)]
+struct State {
+    results: VecDeque<JobResult>,
+    /// Accepted and not yet polled: a job id may not be reused before then.
+    active: HashSet<u64>,
+    /// Accepted and not yet completed.
+    running: usize,
+}
+
+#[derive(Default)]
+pub(crate) struct Completions {
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Completions {
+    /// Claims `job_id` for a new job.
+    pub(crate) fn register(&self, job_id: u64) -> Result<()> {
+        let mut s = self.state.lock();
+        if !s.active.insert(job_id) {
+            bail!(
+                DuplicateJob,
+                "job_id: {job_id} is already in flight (submitted and not yet polled)"
+            );
+        }
+        s.running += 1;
+        Ok(())
+    }
+
+    pub(crate) fn complete(&self, result: JobResult) {
+        let mut s = self.state.lock();
+        s.results.push_back(result);
+        s.running -= 1;
+        self.changed.notify_all();
+    }
+
+    /// Hands up to `max` results to `f`, oldest first, and frees their ids.
+    pub(crate) fn poll(&self, max: usize, mut f: impl FnMut(JobResult)) -> usize {
+        let mut s = self.state.lock();
+        let n = max.min(s.results.len());
+        for _ in 0..n {
+            let r = s.results.pop_front().expect("counted");
+            s.active.remove(&r.job_id);
+            f(r);
+        }
+        n
+    }
+
+    /// Waits until a result is queued; false on timeout.
+    pub(crate) fn wait(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now().checked_add(timeout);
+        let mut s = self.state.lock();
+        while s.results.is_empty() {
+            match deadline {
+                Some(d) => {
+                    if self.changed.wait_until(&mut s, d).timed_out() {
+                        return !s.results.is_empty();
+                    }
+                }
+                None => self.changed.wait(&mut s),
+            }
+        }
+        true
+    }
+
+    /// Waits until every accepted job has completed.
+    pub(crate) fn drain(&self) {
+        let mut s = self.state.lock();
+        while s.running > 0 {
+            self.changed.wait(&mut s);
+        }
+    }
+
+    pub(crate) fn running(&self) -> usize {
+        self.state.lock().running
+    }
+
+    pub(crate) fn queued(&self) -> usize {
+        self.state.lock().results.len()
+    }
+}

@@ -1,0 +1,168 @@
+//! Error kinds and the error value every fallible call returns.
+//!
+//! The numeric codes are part of the C ABI (`TIER_ERR_*`): they are stable and a
+//! retired number is never reused.
+
+use std::fmt;
+
+/// What went wrong. The discriminant is the C status code.
+#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+#[repr(i32)]
+pub enum ErrorKind {
+    /// A required pointer argument was NULL.
+    NullArg = -1,
+    /// An argument has an invalid value (length, size, alignment…).
+    InvalidArg = -2,
+    /// A block id lies outside the primary buffer.
+    OutOfRange = -3,
+    /// A job id is already in flight (submitted and not yet polled).
+    DuplicateJob = -4,
+    /// A store could not get space, even after eviction.
+    NoSpace = -5,
+    /// A load asked for a key that is not stored.
+    NotFound = -6,
+    /// The backend failed to read or write.
+    Io = -7,
+    /// Stored data failed verification.
+    Corrupt = -8,
+    /// An unknown configuration key or an unparsable value.
+    Config = -9,
+    /// The tier is shutting down.
+    Shutdown = -10,
+    /// A panic inside the library was caught at the boundary.
+    Panic = -11,
+    /// Memory (or another resource) could not be allocated.
+    Alloc = -12,
+}
+
+impl ErrorKind {
+    /// Every kind, for tables and tests.
+    pub const ALL: [ErrorKind; 12] = [
+        ErrorKind::NullArg,
+        ErrorKind::InvalidArg,
+        ErrorKind::OutOfRange,
+        ErrorKind::DuplicateJob,
+        ErrorKind::NoSpace,
+        ErrorKind::NotFound,
+        ErrorKind::Io,
+        ErrorKind::Corrupt,
+        ErrorKind::Config,
+        ErrorKind::Shutdown,
+        ErrorKind::Panic,
+        ErrorKind::Alloc,
+    ];
+
+    /// The C status code.
+    pub fn code(self) -> i32 {
+        self as i32
+    }
+
+    /// The kind for a C status code, if it is one.
+    pub fn from_code(code: i32) -> Option<ErrorKind> {
+        Self::ALL.iter().copied().find(|k| k.code() == code)
+    }
+
+    /// The constant's name in the C header.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NullArg => "TIER_ERR_NULL_ARG",
+            ErrorKind::InvalidArg => "TIER_ERR_INVALID_ARG",
+            ErrorKind::OutOfRange => "TIER_ERR_OUT_OF_RANGE",
+            ErrorKind::DuplicateJob => "TIER_ERR_DUPLICATE_JOB",
+            ErrorKind::NoSpace => "TIER_ERR_NO_SPACE",
+            ErrorKind::NotFound => "TIER_ERR_NOT_FOUND",
+            ErrorKind::Io => "TIER_ERR_IO",
+            ErrorKind::Corrupt => "TIER_ERR_CORRUPT",
+            ErrorKind::Config => "TIER_ERR_CONFIG",
+            ErrorKind::Shutdown => "TIER_ERR_SHUTDOWN",
+            ErrorKind::Panic => "TIER_ERR_PANIC",
+            ErrorKind::Alloc => "TIER_ERR_ALLOC",
+        }
+    }
+
+    /// A short human description.
+    pub fn describe(self) -> &'static str {
+        match self {
+            ErrorKind::NullArg => "a required pointer argument was NULL",
+            ErrorKind::InvalidArg => "invalid argument",
+            ErrorKind::OutOfRange => "block id outside the primary buffer",
+            ErrorKind::DuplicateJob => "job id already in flight",
+            ErrorKind::NoSpace => "not enough space in the tier, even after eviction",
+            ErrorKind::NotFound => "key not stored in the tier",
+            ErrorKind::Io => "backend I/O error",
+            ErrorKind::Corrupt => "stored block failed verification",
+            ErrorKind::Config => "invalid configuration",
+            ErrorKind::Shutdown => "the tier is shutting down",
+            ErrorKind::Panic => "internal panic caught at the library boundary",
+            ErrorKind::Alloc => "allocation failed",
+        }
+    }
+}
+
+/// An error: its kind plus a message that names the offending argument or value.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+}
+
+impl Error {
+    /// An error of `kind` with a specific message.
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Error {
+        Error {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// The kind (and so the C status code).
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    /// The message, without the kind's name.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.kind.name(), self.message)
+    }
+}
+
+impl std::error::Error for Error {}
+
+/// Shorthand used throughout the crate.
+pub type Result<T> = std::result::Result<T, Error>;
+
+macro_rules! bail {
+    ($kind:ident, $($fmt:tt)+) => {
+        return Err($crate::error::Error::new($crate::error::ErrorKind::$kind, format!($($fmt)+)))
+    };
+}
+pub(crate) use bail;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_negative_unique_and_round_trip() {
+        let mut seen = std::collections::HashSet::new();
+        for kind in ErrorKind::ALL {
+            assert!(kind.code() < 0, "{kind:?}");
+            assert!(seen.insert(kind.code()), "{kind:?} reuses a code");
+            assert_eq!(ErrorKind::from_code(kind.code()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_code(0), None);
+        assert_eq!(ErrorKind::from_code(-1000), None);
+    }
+
+    #[test]
+    fn display_names_the_kind() {
+        let e = Error::new(ErrorKind::Config, "bad value");
+        assert_eq!(e.to_string(), "TIER_ERR_CONFIG: bad value");
+    }
+}

@@ -1,0 +1,424 @@
+//! The exported functions. Each body is a few lines: convert arguments through
+//! `boundary`, call the core, map the result.
+
+use super::boundary::{self, as_mut, as_mut_slice, as_ref, as_slice, or_default, status, utf8, OK};
+use super::types::*;
+use crate::config::TierConfig;
+use crate::error::{bail, Result};
+use crate::primary::PrimaryBuffer;
+use crate::tier::Tier;
+use std::ffi::{c_char, c_void};
+use std::time::Duration;
+
+unsafe fn tier_ref<'a>(tier: *mut tier_t) -> Result<&'a Tier> {
+    as_ref(tier as *const Tier, "tier")
+}
+
+static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+/// The library version, e.g. "0.1.0" (KVTIER_VERSION_STRING of the header the
+/// library was built with).
+///
+/// Returns a static NUL-terminated string; never NULL, never freed.
+/// Threads: any thread.
+#[no_mangle]
+pub extern "C" fn tier_version() -> *const c_char {
+    VERSION.as_ptr() as *const c_char
+}
+
+/// The name of a status code, e.g. "TIER_ERR_NO_SPACE" for -5.
+///
+/// Returns a static NUL-terminated string; "TIER_UNKNOWN_STATUS" for a code this
+/// version does not define. Never NULL, never freed.
+/// Threads: any thread.
+#[no_mangle]
+pub extern "C" fn tier_status_str(status: tier_status_t) -> *const c_char {
+    let name: &'static [u8] = match status {
+        TIER_OK => b"TIER_OK\0",
+        TIER_TIMEOUT => b"TIER_TIMEOUT\0",
+        TIER_ERR_NULL_ARG => b"TIER_ERR_NULL_ARG\0",
+        TIER_ERR_INVALID_ARG => b"TIER_ERR_INVALID_ARG\0",
+        TIER_ERR_OUT_OF_RANGE => b"TIER_ERR_OUT_OF_RANGE\0",
+        TIER_ERR_DUPLICATE_JOB => b"TIER_ERR_DUPLICATE_JOB\0",
+        TIER_ERR_NO_SPACE => b"TIER_ERR_NO_SPACE\0",
+        TIER_ERR_NOT_FOUND => b"TIER_ERR_NOT_FOUND\0",
+        TIER_ERR_IO => b"TIER_ERR_IO\0",
+        TIER_ERR_CORRUPT => b"TIER_ERR_CORRUPT\0",
+        TIER_ERR_CONFIG => b"TIER_ERR_CONFIG\0",
+        TIER_ERR_SHUTDOWN => b"TIER_ERR_SHUTDOWN\0",
+        TIER_ERR_PANIC => b"TIER_ERR_PANIC\0",
+        TIER_ERR_ALLOC => b"TIER_ERR_ALLOC\0",
+        _ => b"TIER_UNKNOWN_STATUS\0",
+    };
+    name.as_ptr() as *const c_char
+}
+
+/// Copies the message of this thread's most recent failed call into `buf`.
+///
+/// Returns the message's full length in bytes, excluding the NUL (0 if no call
+/// on this thread has failed). Writes at most `cap - 1` bytes plus a NUL, so a
+/// return value >= `cap` means the copy was truncated.
+/// Ownership: `buf` is borrowed for the call.
+/// NULL: `buf` may be NULL (or `cap` 0) to query the length only.
+/// Threads: per thread; a successful call does not clear the message.
+#[no_mangle]
+pub unsafe extern "C" fn tier_last_error(buf: *mut c_char, cap: usize) -> usize {
+    or_default("tier_last_error", 0, || {
+        let out = if buf.is_null() || cap == 0 {
+            None
+        } else {
+            Some(std::slice::from_raw_parts_mut(buf as *mut u8, cap))
+        };
+        boundary::copy_last_error(out)
+    })
+}
+
+/// Creates a configuration with the defaults: backend "memory", capacity_bytes
+/// 1 GiB, io_threads chosen from the core count.
+///
+/// Returns a new builder, or NULL if allocation failed. The caller owns it and
+/// frees it with tier_config_free; tier_new does not take it over.
+/// Threads: any thread.
+#[no_mangle]
+pub extern "C" fn tier_config_new() -> *mut tier_config_t {
+    or_default("tier_config_new", std::ptr::null_mut(), || {
+        Box::into_raw(Box::new(TierConfig::default())) as *mut tier_config_t
+    })
+}
+
+/// Sets one configuration option from strings.
+///
+/// Keys: "backend" ("memory"); "capacity_bytes" (bytes, or a number with KiB,
+/// MiB, GiB or TiB); "io_threads" (1..=256); "idle_spin_us" (0..=1000000: how
+/// long idle workers poll for work before sleeping).
+/// Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
+/// text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
+/// Ownership: `key` and `value` are copied; the caller keeps them.
+/// NULL: every argument is required.
+/// Threads: one thread at a time per builder.
+#[no_mangle]
+pub unsafe extern "C" fn tier_config_set(
+    cfg: *mut tier_config_t,
+    key: *const c_char,
+    value: *const c_char,
+) -> tier_status_t {
+    status("tier_config_set", || {
+        let cfg = as_mut(cfg as *mut TierConfig, "cfg")?;
+        cfg.set(utf8(key, "key")?, utf8(value, "value")?)?;
+        OK
+    })
+}
+
+/// Destroys a configuration builder.
+///
+/// Ownership: takes `cfg` back; it must not be used afterwards.
+/// NULL: a no-op.
+/// Threads: not concurrently with other calls on `cfg`.
+#[no_mangle]
+pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
+    or_default("tier_config_free", (), || {
+        if !cfg.is_null() {
+            drop(Box::from_raw(cfg as *mut TierConfig));
+        }
+    })
+}
+
+/// Creates a tier over the caller's primary buffer of `primary_len` bytes, cut
+/// into rows of `block_bytes` (the row stride). Starts the I/O threads.
+///
+/// Returns TIER_OK and writes the handle to `*out`; otherwise `*out` is not
+/// written: TIER_ERR_NULL_ARG, TIER_ERR_INVALID_ARG (block_bytes 0 or larger
+/// than the buffer, primary_len not a multiple of block_bytes),
+/// TIER_ERR_CONFIG (capacity below one block), TIER_ERR_ALLOC.
+/// Ownership: `cfg` is read, not taken (free it when convenient). The primary
+/// buffer stays the caller's and must outlive the tier; the tier reads a row
+/// only during a store of it and writes a row only during a load into it, until
+/// that job is polled. The handle is freed with tier_free.
+/// NULL: `cfg` NULL means defaults; `primary` and `out` are required.
+/// Threads: any thread.
+#[no_mangle]
+pub unsafe extern "C" fn tier_new(
+    cfg: *const tier_config_t,
+    primary: *mut c_void,
+    primary_len: usize,
+    block_bytes: usize,
+    out: *mut *mut tier_t,
+) -> tier_status_t {
+    status("tier_new", || {
+        let defaults = TierConfig::default();
+        let cfg = if cfg.is_null() {
+            &defaults
+        } else {
+            as_ref(cfg as *const TierConfig, "cfg")?
+        };
+        let out = as_mut(out, "out")?;
+        let primary = PrimaryBuffer::new(primary as *mut u8, primary_len, block_bytes)?;
+        let tier = Tier::new(cfg, primary)?;
+        *out = Box::into_raw(Box::new(tier)) as *mut tier_t;
+        OK
+    })
+}
+
+/// Destroys a tier: stops the I/O threads after the block each is copying,
+/// abandons queued jobs (they are not reported), and frees everything.
+///
+/// When it returns, the library never touches the primary buffer again.
+/// Ownership: takes `tier`; it must not be used afterwards.
+/// NULL: a no-op.
+/// Threads: must be the last call on `tier`, with no call on it in progress.
+#[no_mangle]
+pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
+    or_default("tier_free", (), || {
+        if !tier.is_null() {
+            drop(Box::from_raw(tier as *mut Tier));
+        }
+    })
+}
+
+/// Looks up `n` keys of `key_len` bytes, packed back to back in `keys`, and
+/// writes one state per key to `out_states`, in input order: TIER_HIT (stored
+/// and readable), TIER_MISS, or TIER_PENDING (being stored; ask again).
+///
+/// Never waits for a copy. Does not change recency (see tier_touch).
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len outside
+/// 1..=TIER_MAX_KEY_LEN). `out_states` is written only on success.
+/// Ownership: both buffers are borrowed for the call.
+/// NULL: `keys` and `out_states` may be NULL when `n` is 0.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_lookup(
+    tier: *mut tier_t,
+    keys: *const u8,
+    key_len: usize,
+    n: usize,
+    out_states: *mut u8,
+) -> tier_status_t {
+    status("tier_lookup", || {
+        let tier = tier_ref(tier)?;
+        let keys = boundary::keys(keys, key_len, n)?;
+        let out = as_mut_slice(out_states, n, "out_states")?;
+        tier.lookup_into(keys, key_len, out)?;
+        OK
+    })
+}
+
+/// Makes the stored keys among `n` packed keys the most recently used, the
+/// first key most recent of all (so a prefix's head outlives its tail).
+/// Unknown keys and keys still being stored are ignored.
+///
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len).
+/// Ownership: `keys` is borrowed for the call.
+/// NULL: `keys` may be NULL when `n` is 0.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_touch(
+    tier: *mut tier_t,
+    keys: *const u8,
+    key_len: usize,
+    n: usize,
+) -> tier_status_t {
+    status("tier_touch", || {
+        let tier = tier_ref(tier)?;
+        let keys = boundary::keys(keys, key_len, n)?;
+        tier.touch(keys, key_len)?;
+        OK
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn submit(
+    function: &str,
+    store: bool,
+    tier: *mut tier_t,
+    job_id: u64,
+    keys: *const u8,
+    key_len: usize,
+    block_ids: *const i64,
+    n: usize,
+) -> tier_status_t {
+    status(function, || {
+        let tier = tier_ref(tier)?;
+        let keys = boundary::keys(keys, key_len, n)?;
+        let block_ids = as_slice(block_ids, n, "block_ids")?;
+        if store {
+            tier.submit_store(job_id, keys, key_len, block_ids)?;
+        } else {
+            tier.submit_load(job_id, keys, key_len, block_ids)?;
+        }
+        OK
+    })
+}
+
+/// Submits a job that copies primary rows `block_ids[i]` into the tier under
+/// keys `i` (n keys of key_len bytes, packed). Returns at once; the copy runs
+/// on the tier's threads.
+///
+/// Keys already stored or being stored count as done and are not copied again;
+/// duplicate keys in the job are stored once. Room comes from free capacity,
+/// then from evicting least recently used blocks that are not being loaded, not
+/// being stored, and not keys of this job. If that is not enough the job fails
+/// as a whole with TIER_ERR_NO_SPACE and the tier is unchanged. While copying,
+/// the new keys look up as TIER_PENDING; on success they become TIER_HIT and
+/// most recently used (the first key most recent).
+/// Returns TIER_OK if accepted: its result is then reported exactly once by
+/// tier_poll_finished. A rejected call produces no result: TIER_ERR_NULL_ARG,
+/// TIER_ERR_INVALID_ARG (key_len), TIER_ERR_OUT_OF_RANGE (a block id that is
+/// negative or not below the row count), TIER_ERR_DUPLICATE_JOB (job_id
+/// submitted and not yet polled).
+/// n = 0 is accepted and reported as a success.
+/// Ownership: `keys` and `block_ids` are copied before return. The rows are read
+/// until the job is polled: do not modify them before.
+/// NULL: `keys` and `block_ids` may be NULL when `n` is 0.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_submit_store(
+    tier: *mut tier_t,
+    job_id: u64,
+    keys: *const u8,
+    key_len: usize,
+    block_ids: *const i64,
+    n: usize,
+) -> tier_status_t {
+    submit(
+        "tier_submit_store",
+        true,
+        tier,
+        job_id,
+        keys,
+        key_len,
+        block_ids,
+        n,
+    )
+}
+
+/// Submits a job that copies the blocks of `n` packed keys into primary rows
+/// `block_ids[i]`. Returns at once; the copy runs on the tier's threads.
+///
+/// Blocks are pinned against eviction while read. A key whose store is still in
+/// flight is waited for, not failed. At the first key that is not stored the
+/// job fails with TIER_ERR_NOT_FOUND; its result's num_done is the number of
+/// leading blocks copied. Loads do not change recency (see tier_touch).
+/// Returns TIER_OK if accepted (reported exactly once by tier_poll_finished);
+/// rejections as for tier_submit_store, with no result.
+/// Ownership: `keys` and `block_ids` are copied before return. The destination
+/// rows are written until the job is polled: do not read them before.
+/// NULL: `keys` and `block_ids` may be NULL when `n` is 0.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_submit_load(
+    tier: *mut tier_t,
+    job_id: u64,
+    keys: *const u8,
+    key_len: usize,
+    block_ids: *const i64,
+    n: usize,
+) -> tier_status_t {
+    submit(
+        "tier_submit_load",
+        false,
+        tier,
+        job_id,
+        keys,
+        key_len,
+        block_ids,
+        n,
+    )
+}
+
+/// Moves up to `cap` finished job results, oldest first, into `out` and writes
+/// their number to `*out_n` (0 if none is ready). Each accepted job is reported
+/// exactly once; afterwards its job id may be reused.
+///
+/// Never blocks (see tier_wait). Returns TIER_OK; TIER_ERR_NULL_ARG;
+/// TIER_ERR_INVALID_ARG (cap 0). Outputs are written only on success.
+/// Ownership: `out` and `out_n` are borrowed for the call.
+/// NULL: `out` and `out_n` are required.
+/// Threads: any thread; concurrent pollers each get distinct results.
+#[no_mangle]
+pub unsafe extern "C" fn tier_poll_finished(
+    tier: *mut tier_t,
+    out: *mut tier_job_result_t,
+    cap: usize,
+    out_n: *mut usize,
+) -> tier_status_t {
+    status("tier_poll_finished", || {
+        let tier = tier_ref(tier)?;
+        let out_n = as_mut(out_n, "out_n")?;
+        if out.is_null() {
+            bail!(NullArg, "out is NULL");
+        }
+        if cap == 0 {
+            bail!(InvalidArg, "cap is 0: no room for a result");
+        }
+        let out = as_mut_slice(out, cap, "out")?;
+        let mut n = 0;
+        tier.poll_with(cap, |r| {
+            out[n] = r.into();
+            n += 1;
+        });
+        *out_n = n;
+        OK
+    })
+}
+
+/// Waits until at least one finished result is ready to poll, or `timeout_ms`
+/// milliseconds pass.
+///
+/// Returns TIER_OK when a result is ready, TIER_TIMEOUT (positive, not an
+/// error) on timeout, TIER_ERR_NULL_ARG. Does not consume results. With
+/// nothing in flight it waits the full timeout (another thread may submit).
+/// Threads: any thread, concurrently with other calls; it is the call that
+/// blocks, for the caller's own thread only.
+#[no_mangle]
+pub unsafe extern "C" fn tier_wait(tier: *mut tier_t, timeout_ms: u32) -> tier_status_t {
+    status("tier_wait", || {
+        let tier = tier_ref(tier)?;
+        Ok(if tier.wait(Duration::from_millis(timeout_ms as u64)) {
+            TIER_OK
+        } else {
+            TIER_TIMEOUT
+        })
+    })
+}
+
+/// Blocks until every job accepted so far has completed and its result is
+/// queued for tier_poll_finished (the results are not consumed).
+///
+/// Returns TIER_OK or TIER_ERR_NULL_ARG.
+/// Threads: any thread; jobs submitted by other threads meanwhile are waited
+/// for too.
+#[no_mangle]
+pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
+    status("tier_drain", || {
+        tier_ref(tier)?.drain();
+        OK
+    })
+}
+
+/// Drops every stored block. Blocks in use by jobs in flight look up as MISS at
+/// once and are released when their jobs finish; those jobs complete and are
+/// reported as usual.
+///
+/// Returns TIER_OK or TIER_ERR_NULL_ARG.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
+    status("tier_clear", || {
+        tier_ref(tier)?.clear();
+        OK
+    })
+}
+
+/// Writes a snapshot of the tier's state and counters to `*out`.
+///
+/// Returns TIER_OK or TIER_ERR_NULL_ARG; `*out` is written only on success.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_stats(tier: *mut tier_t, out: *mut tier_stats_t) -> tier_status_t {
+    status("tier_stats", || {
+        let tier = tier_ref(tier)?;
+        let out = as_mut(out, "out")?;
+        *out = tier.stats().into();
+        OK
+    })
+}

@@ -1,0 +1,189 @@
+//! What every export goes through: the panic boundary, the thread's last error,
+//! and checked conversion of C pointers into references and slices.
+
+use super::types::{tier_status_t, TIER_ERR_PANIC, TIER_OK};
+use crate::error::{bail, Error, Result};
+use std::any::Any;
+use std::cell::RefCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+thread_local! {
+    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+}
+
+fn set_last_error(message: String) {
+    LAST_ERROR.with(|e| *e.borrow_mut() = message);
+}
+
+/// Copies this thread's last error message into `buf` (NUL-terminated,
+/// truncated to `cap - 1` bytes) and returns its full length.
+pub(crate) fn copy_last_error(buf: Option<&mut [u8]>) -> usize {
+    LAST_ERROR.with(|e| {
+        let message = e.borrow();
+        if let Some(buf) = buf {
+            if let Some(room) = buf.len().checked_sub(1) {
+                let n = room.min(message.len());
+                buf[..n].copy_from_slice(&message.as_bytes()[..n]);
+                buf[n] = 0;
+            }
+        }
+        message.len()
+    })
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("(no message)")
+}
+
+/// Runs an export's body: `Ok` becomes `TIER_OK`, an error its code (with the
+/// message saved as this thread's last error), a panic `TIER_ERR_PANIC`.
+pub(crate) fn status(
+    function: &str,
+    body: impl FnOnce() -> Result<tier_status_t>,
+) -> tier_status_t {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => {
+            set_last_error(format!("{function}: {}", e.message()));
+            e.kind().code()
+        }
+        Err(payload) => {
+            set_last_error(format!(
+                "{function}: internal panic: {}",
+                panic_message(&*payload)
+            ));
+            TIER_ERR_PANIC
+        }
+    }
+}
+
+/// Like [`status`] for exports without a status: a panic yields `fallback`.
+pub(crate) fn or_default<T>(function: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(value) => value,
+        Err(payload) => {
+            set_last_error(format!(
+                "{function}: internal panic: {}",
+                panic_message(&*payload)
+            ));
+            fallback
+        }
+    }
+}
+
+pub(crate) const OK: Result<tier_status_t> = Ok(TIER_OK);
+
+/// A shared reference from a non-NULL, aligned pointer.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a live `T` for `'a`.
+pub(crate) unsafe fn as_ref<'a, T>(ptr: *const T, name: &str) -> Result<&'a T> {
+    if ptr.is_null() {
+        bail!(NullArg, "{name} is NULL");
+    }
+    if !ptr.is_aligned() {
+        bail!(InvalidArg, "{name} is not aligned for its type");
+    }
+    Ok(&*ptr)
+}
+
+/// An exclusive reference from a non-NULL, aligned pointer.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a live, writable `T` not otherwise borrowed.
+pub(crate) unsafe fn as_mut<'a, T>(ptr: *mut T, name: &str) -> Result<&'a mut T> {
+    if ptr.is_null() {
+        bail!(NullArg, "{name} is NULL");
+    }
+    if !ptr.is_aligned() {
+        bail!(InvalidArg, "{name} is not aligned for its type");
+    }
+    Ok(&mut *ptr)
+}
+
+fn check_span<T>(ptr: *const T, len: usize, name: &str) -> Result<()> {
+    if ptr.is_null() {
+        bail!(NullArg, "{name} is NULL but {len} elements were given");
+    }
+    if !ptr.is_aligned() {
+        bail!(InvalidArg, "{name} is not aligned for its element type");
+    }
+    if len
+        .checked_mul(std::mem::size_of::<T>())
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        bail!(
+            InvalidArg,
+            "{name}: {len} elements exceed the address space"
+        );
+    }
+    Ok(())
+}
+
+/// A slice of `len` elements; `(NULL, 0)` is the empty slice.
+///
+/// # Safety
+/// For `len > 0`, `ptr` must point to `len` initialized elements live for `'a`.
+pub(crate) unsafe fn as_slice<'a, T>(ptr: *const T, len: usize, name: &str) -> Result<&'a [T]> {
+    if len == 0 {
+        return Ok(&[]);
+    }
+    check_span(ptr, len, name)?;
+    Ok(std::slice::from_raw_parts(ptr, len))
+}
+
+/// A writable slice of `len` elements; `(NULL, 0)` is the empty slice.
+///
+/// # Safety
+/// For `len > 0`, `ptr` must point to `len` writable elements live for `'a`
+/// and not otherwise borrowed.
+pub(crate) unsafe fn as_mut_slice<'a, T>(
+    ptr: *mut T,
+    len: usize,
+    name: &str,
+) -> Result<&'a mut [T]> {
+    if len == 0 {
+        return Ok(&mut []);
+    }
+    check_span(ptr, len, name)?;
+    Ok(std::slice::from_raw_parts_mut(ptr, len))
+}
+
+/// `n` packed keys of `key_len` bytes.
+///
+/// # Safety
+/// As [`as_slice`] for `n * key_len` bytes.
+pub(crate) unsafe fn keys<'a>(ptr: *const u8, key_len: usize, n: usize) -> Result<&'a [u8]> {
+    if key_len == 0 || key_len > crate::MAX_KEY_LEN {
+        bail!(
+            InvalidArg,
+            "key_len: {key_len} is outside 1..={}",
+            crate::MAX_KEY_LEN
+        );
+    }
+    let Some(bytes) = n.checked_mul(key_len) else {
+        bail!(InvalidArg, "n: {n} keys of {key_len} bytes overflow");
+    };
+    as_slice(ptr, bytes, "keys")
+}
+
+/// A C string as UTF-8.
+///
+/// # Safety
+/// A non-NULL `ptr` must point to a NUL-terminated string.
+pub(crate) unsafe fn utf8<'a>(ptr: *const std::ffi::c_char, name: &str) -> Result<&'a str> {
+    if ptr.is_null() {
+        bail!(NullArg, "{name} is NULL");
+    }
+    match std::ffi::CStr::from_ptr(ptr).to_str() {
+        Ok(s) => Ok(s),
+        Err(_) => Err(Error::new(
+            crate::ErrorKind::Config,
+            format!("{name} is not valid UTF-8"),
+        )),
+    }
+}

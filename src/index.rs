@@ -1,0 +1,768 @@
+//! The key index: which key owns which storage slot, in which state, and the LRU
+//! order of the readable ones.
+//!
+//! Memory layout is chosen for a million-block tier: a slot array of 56-byte
+//! records (key inline up to 40 bytes, state, pins, LRU links as u32 indices)
+//! and an open-addressing table of 8-byte buckets (32-bit hash tag + slot
+//! number). That is about 75 bytes per resident block, with no allocation per
+//! block, and lets a batch of lookups prefetch its table buckets and slots before
+//! touching them, so a lookup costs about the same at 1,000 and 1,000,000 blocks.
+//!
+//! Slot numbers double as the storage location in the memory backend's arena.
+
+use crate::hash::KeyHasher;
+use std::collections::HashMap;
+
+/// Longest accepted key, in bytes.
+pub const MAX_KEY_LEN: usize = 128;
+const INLINE_KEY: usize = 40;
+const NIL: u32 = u32::MAX;
+/// Lookups processed together, so their memory accesses overlap.
+const BATCH: usize = 32;
+
+/// The state of an allocated slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum SlotState {
+    /// On the free list.
+    Free,
+    /// A store job is copying into it; looks up as PENDING, not evictable.
+    Storing,
+    /// Readable; in the LRU list while linked.
+    Ready,
+    /// Its store failed while a load was waiting on it; freed at the last unpin.
+    Dead,
+}
+
+/// What a lookup reports for one key.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum LookupState {
+    /// Not stored.
+    Miss = 0,
+    /// Stored and readable.
+    Hit = 1,
+    /// Being stored; ask again.
+    Pending = 2,
+}
+
+#[derive(Clone, Copy)]
+struct Slot {
+    key: [u8; INLINE_KEY],
+    key_len: u8,
+    state: SlotState,
+    /// In the hash table (and, when Ready, in the LRU list). Cleared entries that
+    /// are still in use by a job stay allocated but unlinked until released.
+    linked: bool,
+    pins: u32,
+    prev: u32,
+    next: u32,
+}
+
+impl Slot {
+    const EMPTY: Slot = Slot {
+        key: [0; INLINE_KEY],
+        key_len: 0,
+        state: SlotState::Free,
+        linked: false,
+        pins: 0,
+        prev: NIL,
+        next: NIL,
+    };
+}
+
+/// Open addressing with linear probing and backward-shift deletion. A bucket is
+/// 0 when empty, else `tag << 32 | (slot + 1)` where `tag` is the high half of
+/// the key's hash; a bucket's home position is `tag & mask`, so the table can be
+/// rebuilt without rehashing keys.
+struct Table {
+    buckets: Vec<u64>,
+    mask: usize,
+    len: usize,
+}
+
+impl Table {
+    fn with_capacity(entries: usize) -> Table {
+        let size = (entries.max(8) * 4 / 3 + 1).next_power_of_two();
+        Table {
+            buckets: vec![0; size],
+            mask: size - 1,
+            len: 0,
+        }
+    }
+
+    #[inline(always)]
+    fn home(&self, tag: u32) -> usize {
+        tag as usize & self.mask
+    }
+
+    fn insert(&mut self, tag: u32, slot: u32) {
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            self.grow();
+        }
+        let mut i = self.home(tag);
+        while self.buckets[i] != 0 {
+            i = (i + 1) & self.mask;
+        }
+        self.buckets[i] = (tag as u64) << 32 | (slot as u64 + 1);
+        self.len += 1;
+    }
+
+    fn grow(&mut self) {
+        let old = std::mem::take(&mut self.buckets);
+        let size = old.len() * 2;
+        self.buckets = vec![0; size];
+        self.mask = size - 1;
+        for b in old.into_iter().filter(|&b| b != 0) {
+            let mut i = self.home((b >> 32) as u32);
+            while self.buckets[i] != 0 {
+                i = (i + 1) & self.mask;
+            }
+            self.buckets[i] = b;
+        }
+    }
+
+    fn remove(&mut self, tag: u32, slot: u32) {
+        let want = (tag as u64) << 32 | (slot as u64 + 1);
+        let mut i = self.home(tag);
+        while self.buckets[i] != want {
+            assert!(self.buckets[i] != 0, "slot {slot} missing from the table");
+            i = (i + 1) & self.mask;
+        }
+        // Backward shift: pull later members of the probe run into the hole
+        // when the hole lies on their path from home.
+        let mut j = i;
+        loop {
+            j = (j + 1) & self.mask;
+            let b = self.buckets[j];
+            if b == 0 {
+                break;
+            }
+            let home = self.home((b >> 32) as u32);
+            let hole_on_path = if i <= j {
+                home <= i || home > j
+            } else {
+                home <= i && home > j
+            };
+            if hole_on_path {
+                self.buckets[i] = b;
+                i = j;
+            }
+        }
+        self.buckets[i] = 0;
+        self.len -= 1;
+    }
+
+    fn clear(&mut self) {
+        self.buckets.iter_mut().for_each(|b| *b = 0);
+        self.len = 0;
+    }
+}
+
+#[inline(always)]
+fn prefetch<T>(p: *const T) {
+    // SAFETY: a prefetch is a hint; it never faults, even on a bad address, and
+    // SSE is part of the x86_64 baseline.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+/// Counts from one lookup batch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LookupCounts {
+    pub hits: u64,
+    pub misses: u64,
+    pub pending: u64,
+}
+
+/// The index. Not thread-safe by itself; the tier keeps it under one mutex.
+pub(crate) struct Index {
+    hasher: KeyHasher,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    capacity: u32,
+    table: Table,
+    /// Tails of keys longer than the inline part, by slot.
+    long_keys: HashMap<u32, Box<[u8]>>,
+    lru_head: u32,
+    lru_tail: u32,
+    ready: u32,
+    /// Keys of freed blocks that held data, for backends that must release
+    /// storage (`None`: not tracked).
+    released: Option<Vec<(u32, Vec<u8>)>>,
+}
+
+impl Index {
+    /// An index for at most `capacity` blocks.
+    pub(crate) fn new(capacity: u32, hasher: KeyHasher) -> Index {
+        assert!(capacity < NIL, "capacity must fit below u32::MAX");
+        Index {
+            hasher,
+            slots: Vec::new(),
+            free: Vec::new(),
+            capacity,
+            table: Table::with_capacity(capacity.min(1024) as usize),
+            long_keys: HashMap::new(),
+            lru_head: NIL,
+            lru_tail: NIL,
+            ready: 0,
+            released: None,
+        }
+    }
+
+    /// Starts recording the keys of freed blocks (see [`Index::take_released`]).
+    pub(crate) fn track_releases(&mut self) {
+        self.released.get_or_insert_with(Vec::new);
+    }
+
+    /// Blocks freed since the last call, with their keys, if tracked.
+    pub(crate) fn take_released(&mut self) -> Vec<(u32, Vec<u8>)> {
+        self.released
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    /// Slots held by blocks (ready, being stored, or released-but-in-use).
+    pub(crate) fn allocated(&self) -> u32 {
+        (self.slots.len() - self.free.len()) as u32
+    }
+
+    /// Readable blocks reachable by lookup.
+    pub(crate) fn ready(&self) -> u32 {
+        self.ready
+    }
+
+    pub(crate) fn free_slots(&self) -> u32 {
+        self.capacity - self.allocated()
+    }
+
+    /// Bytes of heap this index holds (capacity, not just length).
+    pub(crate) fn metadata_bytes(&self) -> usize {
+        self.slots.capacity() * std::mem::size_of::<Slot>()
+            + self.free.capacity() * 4
+            + self.table.buckets.capacity() * 8
+            + self.long_keys.values().map(|k| k.len() + 32).sum::<usize>()
+    }
+
+    #[inline]
+    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+        self.hasher.hash(key)
+    }
+
+    #[inline]
+    fn key_eq(&self, slot: u32, key: &[u8]) -> bool {
+        let s = &self.slots[slot as usize];
+        if s.key_len as usize != key.len() {
+            return false;
+        }
+        let inline = key.len().min(INLINE_KEY);
+        s.key[..inline] == key[..inline]
+            && (key.len() <= INLINE_KEY || *self.long_keys[&slot] == key[INLINE_KEY..])
+    }
+
+    /// Writes slot `slot`'s key into `out` and returns its length.
+    pub(crate) fn key_of(&self, slot: u32, out: &mut [u8; MAX_KEY_LEN]) -> usize {
+        let s = &self.slots[slot as usize];
+        let len = s.key_len as usize;
+        let inline = len.min(INLINE_KEY);
+        out[..inline].copy_from_slice(&s.key[..inline]);
+        if len > INLINE_KEY {
+            out[INLINE_KEY..len].copy_from_slice(&self.long_keys[&slot]);
+        }
+        len
+    }
+
+    fn probe_from(&self, key: &[u8], tag: u32, mut i: usize) -> Option<u32> {
+        loop {
+            let b = self.table.buckets[i];
+            if b == 0 {
+                return None;
+            }
+            if (b >> 32) as u32 == tag {
+                let slot = (b as u32) - 1;
+                if self.key_eq(slot, key) {
+                    return Some(slot);
+                }
+            }
+            i = (i + 1) & self.table.mask;
+        }
+    }
+
+    /// The linked slot holding `key`, whose hash is `hash`.
+    #[inline]
+    pub(crate) fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
+        let tag = (hash >> 32) as u32;
+        self.probe_from(key, tag, self.table.home(tag))
+    }
+
+    pub(crate) fn state(&self, slot: u32) -> SlotState {
+        self.slots[slot as usize].state
+    }
+
+    fn lookup_state(&self, slot: Option<u32>) -> LookupState {
+        match slot.map(|s| self.slots[s as usize].state) {
+            Some(SlotState::Ready) => LookupState::Hit,
+            Some(SlotState::Storing) => LookupState::Pending,
+            _ => LookupState::Miss,
+        }
+    }
+
+    /// Resolves `n` packed keys of `key_len` bytes into slots, `BATCH` at a
+    /// time: hash all and prefetch their buckets, then probe all and prefetch
+    /// the candidate slots, then compare keys. Calls `f(i, slot)` in order.
+    fn resolve_batch(&self, keys: &[u8], key_len: usize, mut f: impl FnMut(usize, Option<u32>)) {
+        let n = keys.len() / key_len;
+        let mut hashes = [0u64; BATCH];
+        let mut candidates = [(0usize, NIL); BATCH];
+        let mut start = 0;
+        while start < n {
+            let count = (n - start).min(BATCH);
+            for j in 0..count {
+                let key = &keys[(start + j) * key_len..][..key_len];
+                let h = self.hasher.hash(key);
+                hashes[j] = h;
+                prefetch(&self.table.buckets[self.table.home((h >> 32) as u32)]);
+            }
+            for j in 0..count {
+                let tag = (hashes[j] >> 32) as u32;
+                let mut i = self.table.home(tag);
+                candidates[j] = loop {
+                    let b = self.table.buckets[i];
+                    if b == 0 {
+                        break (i, NIL);
+                    }
+                    if (b >> 32) as u32 == tag {
+                        let slot = (b as u32) - 1;
+                        prefetch(&self.slots[slot as usize]);
+                        break (i, slot);
+                    }
+                    i = (i + 1) & self.table.mask;
+                };
+            }
+            for j in 0..count {
+                let key = &keys[(start + j) * key_len..][..key_len];
+                let (bucket, slot) = candidates[j];
+                let found = if slot == NIL {
+                    None
+                } else if self.key_eq(slot, key) {
+                    Some(slot)
+                } else {
+                    // A tag collision: keep probing past the candidate.
+                    let tag = (hashes[j] >> 32) as u32;
+                    self.probe_from(key, tag, (bucket + 1) & self.table.mask)
+                };
+                f(start + j, found);
+            }
+            start += count;
+        }
+    }
+
+    /// Writes one [`LookupState`] per key into `out`.
+    pub(crate) fn lookup_batch(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> LookupCounts {
+        let mut counts = LookupCounts::default();
+        self.resolve_batch(keys, key_len, |i, slot| {
+            let state = self.lookup_state(slot);
+            match state {
+                LookupState::Hit => counts.hits += 1,
+                LookupState::Miss => counts.misses += 1,
+                LookupState::Pending => counts.pending += 1,
+            }
+            out[i] = state as u8;
+        });
+        counts
+    }
+
+    /// Makes the readable keys among `keys` most recently used, the first key
+    /// most recent of all (see [`Tier::touch`](crate::Tier::touch)). Returns how
+    /// many were found.
+    pub(crate) fn touch_batch(
+        &mut self,
+        keys: &[u8],
+        key_len: usize,
+        scratch: &mut Vec<u32>,
+    ) -> u64 {
+        scratch.clear();
+        self.resolve_batch(keys, key_len, |_, slot| {
+            if let Some(s) = slot {
+                scratch.push(s);
+            }
+        });
+        let mut touched = 0;
+        for &s in scratch.iter().rev() {
+            if self.slots[s as usize].state == SlotState::Ready {
+                self.move_to_mru(s);
+                touched += 1;
+            }
+        }
+        touched
+    }
+
+    // ---- LRU list (Ready, linked slots only) ----
+
+    fn lru_unlink(&mut self, s: u32) {
+        let Slot { prev, next, .. } = self.slots[s as usize];
+        if prev == NIL {
+            self.lru_head = next;
+        } else {
+            self.slots[prev as usize].next = next;
+        }
+        if next == NIL {
+            self.lru_tail = prev;
+        } else {
+            self.slots[next as usize].prev = prev;
+        }
+        let slot = &mut self.slots[s as usize];
+        slot.prev = NIL;
+        slot.next = NIL;
+    }
+
+    fn lru_push_mru(&mut self, s: u32) {
+        let tail = self.lru_tail;
+        {
+            let slot = &mut self.slots[s as usize];
+            slot.prev = tail;
+            slot.next = NIL;
+        }
+        if tail == NIL {
+            self.lru_head = s;
+        } else {
+            self.slots[tail as usize].next = s;
+        }
+        self.lru_tail = s;
+    }
+
+    /// Makes a Ready, linked slot the most recently used.
+    pub(crate) fn move_to_mru(&mut self, s: u32) {
+        debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
+        if self.lru_tail != s && self.slots[s as usize].linked {
+            self.lru_unlink(s);
+            self.lru_push_mru(s);
+        }
+    }
+
+    /// Readable keys from least to most recently used (tests and debugging).
+    #[cfg(test)]
+    pub(crate) fn lru_order(&self) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut s = self.lru_head;
+        let mut buf = [0u8; MAX_KEY_LEN];
+        while s != NIL {
+            let len = self.key_of(s, &mut buf);
+            out.push(buf[..len].to_vec());
+            s = self.slots[s as usize].next;
+        }
+        out
+    }
+
+    // ---- pins ----
+
+    pub(crate) fn pin(&mut self, s: u32) {
+        let slot = &mut self.slots[s as usize];
+        slot.pins = slot.pins.checked_add(1).expect("pin count overflow");
+    }
+
+    /// Drops one pin; frees the slot if it was released while pinned. Returns
+    /// true if the slot was freed.
+    pub(crate) fn unpin(&mut self, s: u32) -> bool {
+        let slot = &mut self.slots[s as usize];
+        debug_assert!(slot.pins > 0);
+        slot.pins -= 1;
+        if slot.pins == 0 && !slot.linked && slot.state != SlotState::Storing {
+            self.free_slot(s);
+            return true;
+        }
+        false
+    }
+
+    // ---- eviction and allocation ----
+
+    /// Collects up to `need` eviction victims from the LRU end, skipping pinned
+    /// slots. Returns false (with `out` partially filled) if there are not enough.
+    pub(crate) fn pick_victims(&self, need: usize, out: &mut Vec<u32>) -> bool {
+        out.clear();
+        let mut s = self.lru_head;
+        while out.len() < need && s != NIL {
+            if self.slots[s as usize].pins == 0 {
+                out.push(s);
+            }
+            s = self.slots[s as usize].next;
+        }
+        out.len() == need
+    }
+
+    /// Removes a Ready, linked, unpinned slot and frees it (eviction).
+    pub(crate) fn evict(&mut self, s: u32) {
+        debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
+        debug_assert_eq!(self.slots[s as usize].pins, 0);
+        self.unlink(s);
+        self.free_slot(s);
+    }
+
+    /// Takes the slot out of the table (and the LRU list); it stays allocated.
+    fn unlink(&mut self, s: u32) {
+        if !self.slots[s as usize].linked {
+            return;
+        }
+        let mut buf = [0u8; MAX_KEY_LEN];
+        let len = self.key_of(s, &mut buf);
+        let tag = (self.hasher.hash(&buf[..len]) >> 32) as u32;
+        self.table.remove(tag, s);
+        if self.slots[s as usize].state == SlotState::Ready {
+            self.lru_unlink(s);
+            self.ready -= 1;
+        }
+        self.slots[s as usize].linked = false;
+    }
+
+    fn free_slot(&mut self, s: u32) {
+        debug_assert!(!self.slots[s as usize].linked);
+        if self.released.is_some() && self.slots[s as usize].state == SlotState::Ready {
+            let mut buf = [0u8; MAX_KEY_LEN];
+            let len = self.key_of(s, &mut buf);
+            self.released
+                .as_mut()
+                .expect("tracked")
+                .push((s, buf[..len].to_vec()));
+        }
+        self.slots[s as usize] = Slot::EMPTY;
+        self.long_keys.remove(&s);
+        self.free.push(s);
+    }
+
+    /// Allocates a slot for a new key (absent from the table) in state
+    /// Storing and links it. The caller has checked `free_slots() > 0`.
+    pub(crate) fn insert_storing(&mut self, key: &[u8], hash: u64) -> u32 {
+        assert!(self.free_slots() > 0, "insert_storing without a free slot");
+        debug_assert!(key.len() <= MAX_KEY_LEN && !key.is_empty());
+        let s = match self.free.pop() {
+            Some(s) => s,
+            None => {
+                self.slots.push(Slot::EMPTY);
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let slot = &mut self.slots[s as usize];
+        let inline = key.len().min(INLINE_KEY);
+        slot.key[..inline].copy_from_slice(&key[..inline]);
+        slot.key_len = key.len() as u8;
+        slot.state = SlotState::Storing;
+        slot.linked = true;
+        if key.len() > INLINE_KEY {
+            self.long_keys.insert(s, key[INLINE_KEY..].into());
+        }
+        self.table.insert((hash >> 32) as u32, s);
+        s
+    }
+
+    /// Finishes a store into `s`: on success the block becomes readable and most
+    /// recently used; on failure it disappears (or turns Dead while pinned).
+    pub(crate) fn finish_store(&mut self, s: u32, ok: bool) {
+        debug_assert_eq!(self.slots[s as usize].state, SlotState::Storing);
+        let linked = self.slots[s as usize].linked;
+        if ok {
+            self.slots[s as usize].state = SlotState::Ready;
+            if linked {
+                self.lru_push_mru(s);
+                self.ready += 1;
+                return;
+            }
+        } else {
+            self.unlink(s);
+            self.slots[s as usize].state = SlotState::Dead;
+        }
+        if self.slots[s as usize].pins == 0 {
+            self.free_slot(s);
+        }
+    }
+
+    /// Drops every block. Blocks in use by a job (being stored, or pinned by a
+    /// load) are unlinked at once, so they look up as MISS, and are freed when
+    /// their job releases them.
+    pub(crate) fn clear(&mut self) {
+        for s in 0..self.slots.len() as u32 {
+            let slot = self.slots[s as usize];
+            if slot.state == SlotState::Free || !slot.linked {
+                continue;
+            }
+            self.slots[s as usize].linked = false;
+            self.slots[s as usize].prev = NIL;
+            self.slots[s as usize].next = NIL;
+            if slot.state == SlotState::Ready && slot.pins == 0 {
+                self.free_slot(s);
+            }
+        }
+        self.table.clear();
+        self.lru_head = NIL;
+        self.lru_tail = NIL;
+        self.ready = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(i: u32) -> Vec<u8> {
+        let mut k = vec![0u8; 36];
+        k[..4].copy_from_slice(&i.to_be_bytes());
+        k
+    }
+
+    fn store(ix: &mut Index, k: &[u8]) -> u32 {
+        let h = ix.hash(k);
+        let s = ix.insert_storing(k, h);
+        ix.finish_store(s, true);
+        s
+    }
+
+    fn lookup(ix: &Index, k: &[u8]) -> LookupState {
+        let mut out = [9u8];
+        ix.lookup_batch(k, k.len(), &mut out);
+        match out[0] {
+            0 => LookupState::Miss,
+            1 => LookupState::Hit,
+            2 => LookupState::Pending,
+            other => panic!("bad state {other}"),
+        }
+    }
+
+    #[test]
+    fn insert_find_evict_many_with_a_tiny_table() {
+        // A fixed seed and many keys force long probe runs, table growth and
+        // backward shifts.
+        let mut ix = Index::new(5000, KeyHasher::with_seed(7));
+        let slots: Vec<u32> = (0..5000).map(|i| store(&mut ix, &key(i))).collect();
+        assert_eq!(ix.ready(), 5000);
+        assert_eq!(ix.free_slots(), 0);
+        for i in (0..5000).step_by(3) {
+            ix.evict(slots[i as usize]);
+        }
+        for i in 0..5000u32 {
+            let want = if i % 3 == 0 {
+                LookupState::Miss
+            } else {
+                LookupState::Hit
+            };
+            assert_eq!(lookup(&ix, &key(i)), want, "key {i}");
+            let found = ix.find(&key(i), ix.hash(&key(i)));
+            assert_eq!(found.is_some(), i % 3 != 0);
+        }
+    }
+
+    #[test]
+    fn batch_lookup_matches_single_lookups_including_tag_collisions() {
+        let mut ix = Index::new(10_000, KeyHasher::with_seed(3));
+        for i in 0..2000 {
+            store(&mut ix, &key(i * 2));
+        }
+        let keys: Vec<u8> = (0..4000).flat_map(key).collect();
+        let mut out = vec![9u8; 4000];
+        let counts = ix.lookup_batch(&keys, 36, &mut out);
+        assert_eq!(counts.hits, 2000);
+        assert_eq!(counts.misses, 2000);
+        for (i, &s) in out.iter().enumerate() {
+            assert_eq!(s, (i % 2 == 0) as u8, "key {i}");
+        }
+    }
+
+    #[test]
+    fn long_and_short_keys_coexist() {
+        let mut ix = Index::new(100, KeyHasher::with_seed(1));
+        let long_a = vec![1u8; 128];
+        let mut long_b = vec![1u8; 128];
+        long_b[127] = 2;
+        let short = vec![1u8; 1];
+        for k in [&long_a, &long_b, &short] {
+            store(&mut ix, k);
+        }
+        assert_eq!(lookup(&ix, &long_a), LookupState::Hit);
+        assert_eq!(lookup(&ix, &long_b), LookupState::Hit);
+        assert_eq!(lookup(&ix, &short), LookupState::Hit);
+        assert_eq!(lookup(&ix, &vec![1u8; 127]), LookupState::Miss);
+        let mut buf = [0u8; MAX_KEY_LEN];
+        let s = ix.find(&long_b, ix.hash(&long_b)).unwrap();
+        let len = ix.key_of(s, &mut buf);
+        assert_eq!(&buf[..len], &long_b[..]);
+        ix.evict(s);
+        assert_eq!(lookup(&ix, &long_b), LookupState::Miss);
+        assert_eq!(lookup(&ix, &long_a), LookupState::Hit);
+    }
+
+    #[test]
+    fn lru_order_follows_store_touch_and_skips_pins() {
+        let mut ix = Index::new(10, KeyHasher::with_seed(1));
+        for i in 0..4 {
+            store(&mut ix, &key(i));
+        }
+        assert_eq!(ix.lru_order(), vec![key(0), key(1), key(2), key(3)]);
+        // Touch [1, 0]: key 1 (first) ends most recent.
+        let keys: Vec<u8> = [key(1), key(0), key(99)].concat();
+        let mut scratch = Vec::new();
+        assert_eq!(ix.touch_batch(&keys, 36, &mut scratch), 2);
+        assert_eq!(ix.lru_order(), vec![key(2), key(3), key(0), key(1)]);
+        let s2 = ix.find(&key(2), ix.hash(&key(2))).unwrap();
+        ix.pin(s2);
+        let mut victims = Vec::new();
+        assert!(ix.pick_victims(2, &mut victims));
+        let names: Vec<u32> = victims.clone();
+        assert!(!names.contains(&s2));
+        assert!(!ix.pick_victims(4, &mut victims));
+        assert!(!ix.unpin(s2));
+    }
+
+    #[test]
+    fn pending_then_hit_or_gone() {
+        let mut ix = Index::new(10, KeyHasher::with_seed(1));
+        let h = ix.hash(&key(1));
+        let s = ix.insert_storing(&key(1), h);
+        assert_eq!(lookup(&ix, &key(1)), LookupState::Pending);
+        ix.finish_store(s, true);
+        assert_eq!(lookup(&ix, &key(1)), LookupState::Hit);
+        let h = ix.hash(&key(2));
+        let s = ix.insert_storing(&key(2), h);
+        ix.pin(s);
+        ix.finish_store(s, false);
+        assert_eq!(ix.state(s), SlotState::Dead);
+        assert_eq!(lookup(&ix, &key(2)), LookupState::Miss);
+        assert!(ix.unpin(s));
+        assert_eq!(ix.allocated(), 1);
+    }
+
+    #[test]
+    fn clear_keeps_in_use_slots_until_released() {
+        let mut ix = Index::new(10, KeyHasher::with_seed(1));
+        let a = store(&mut ix, &key(1));
+        store(&mut ix, &key(2));
+        let h = ix.hash(&key(3));
+        let c = ix.insert_storing(&key(3), h);
+        ix.pin(a);
+        ix.track_releases();
+        ix.clear();
+        assert_eq!(ix.take_released(), vec![(1, key(2))]);
+        assert_eq!(ix.allocated(), 2);
+        for i in 1..=3 {
+            assert_eq!(lookup(&ix, &key(i)), LookupState::Miss);
+        }
+        assert!(ix.unpin(a));
+        ix.finish_store(c, true);
+        assert_eq!(ix.allocated(), 0);
+        assert_eq!(ix.take_released(), vec![(a, key(1)), (c, key(3))]);
+        // The same key can be stored again while nothing is left of the old one.
+        store(&mut ix, &key(3));
+        assert_eq!(lookup(&ix, &key(3)), LookupState::Hit);
+    }
+
+    #[test]
+    fn slot_record_stays_small() {
+        assert_eq!(std::mem::size_of::<Slot>(), 56);
+    }
+}

@@ -1,0 +1,201 @@
+//! Jobs and the tasks workers run for them.
+
+use crate::error::ErrorKind;
+use parking_lot::Mutex;
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Which direction a job moves data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum JobKind {
+    /// Primary rows into the tier.
+    Store = 1,
+    /// Tier blocks into primary rows.
+    Load = 2,
+}
+
+/// The outcome of one job, reported exactly once by [`Tier::poll`](crate::Tier::poll).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobResult {
+    /// The caller's job id.
+    pub job_id: u64,
+    /// Store or load.
+    pub kind: JobKind,
+    /// `None` on success, else why the job failed.
+    pub error: Option<ErrorKind>,
+    /// Blocks (keys) in the job.
+    pub num_blocks: u32,
+    /// Store: the job's blocks present in the tier after it. Load: leading blocks
+    /// copied before the first failure (all of them on success).
+    pub num_done: u32,
+    /// Bytes copied by this job.
+    pub bytes: u64,
+    /// Nanoseconds from submit to completion.
+    pub elapsed_ns: u64,
+}
+
+impl JobResult {
+    /// True if the job succeeded.
+    pub fn is_ok(&self) -> bool {
+        self.error.is_none()
+    }
+
+    /// The C status code: 0 or a negative `TIER_ERR_*`.
+    pub fn status_code(&self) -> i32 {
+        self.error.map_or(0, |k| k.code())
+    }
+}
+
+/// One block of a job: the key at `pos`, primary row `row`, storage slot `slot`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Item {
+    pub pos: u32,
+    pub row: usize,
+    pub slot: u32,
+}
+
+const NO_FAILURE: u64 = u64::MAX;
+
+/// An accepted job. Shared by its tasks; the last task to finish completes it.
+pub(crate) struct Job {
+    pub id: u64,
+    pub kind: JobKind,
+    pub num_blocks: u32,
+    pub submitted: Instant,
+    /// The job's keys, packed.
+    pub keys: Arc<[u8]>,
+    pub key_len: usize,
+    /// Blocks to copy, in key order.
+    pub items: Vec<Item>,
+    /// Store: positions whose key was already present or in flight.
+    pub already_present: u32,
+    tasks_left: AtomicU32,
+    /// Earliest failure: `pos << 32 | -code`, or NO_FAILURE.
+    failure: AtomicU64,
+    /// Store: indices into `items` whose copy failed (rare, so a locked Vec).
+    failed_items: Mutex<Vec<usize>>,
+    bytes: AtomicU64,
+}
+
+impl Job {
+    pub(crate) fn new(
+        id: u64,
+        kind: JobKind,
+        num_blocks: u32,
+        keys: Arc<[u8]>,
+        key_len: usize,
+    ) -> Job {
+        Job {
+            id,
+            kind,
+            num_blocks,
+            submitted: Instant::now(),
+            keys,
+            key_len,
+            items: Vec::new(),
+            already_present: 0,
+            tasks_left: AtomicU32::new(0),
+            failure: AtomicU64::new(NO_FAILURE),
+            failed_items: Mutex::new(Vec::new()),
+            bytes: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn key(&self, pos: u32) -> &[u8] {
+        &self.keys[pos as usize * self.key_len..][..self.key_len]
+    }
+
+    /// Records a failure at key position `pos`; the earliest one wins.
+    pub(crate) fn fail(&self, pos: u32, kind: ErrorKind) {
+        let packed = (pos as u64) << 32 | (-kind.code()) as u32 as u64;
+        self.failure.fetch_min(packed, Ordering::AcqRel);
+    }
+
+    /// The earliest failure so far.
+    pub(crate) fn failure(&self) -> Option<(u32, ErrorKind)> {
+        let f = self.failure.load(Ordering::Acquire);
+        (f != NO_FAILURE).then(|| {
+            let kind = ErrorKind::from_code(-((f & 0xffff_ffff) as i32)).expect("valid code");
+            ((f >> 32) as u32, kind)
+        })
+    }
+
+    /// Position before which blocks are still worth copying.
+    pub(crate) fn copy_limit(&self) -> u32 {
+        self.failure().map_or(u32::MAX, |(pos, _)| pos)
+    }
+
+    pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
+        let mut failed = self.failed_items.lock();
+        if !failed.contains(&item) {
+            failed.push(item);
+        }
+        drop(failed);
+        self.fail(self.items[item].pos, kind);
+    }
+
+    /// Store: indices into `items` whose copy failed.
+    pub(crate) fn failed_items(&self) -> Vec<usize> {
+        self.failed_items.lock().clone()
+    }
+
+    pub(crate) fn add_bytes(&self, n: u64) {
+        self.bytes.fetch_add(n, Ordering::Relaxed);
+    }
+
+    /// Splits the items into at most `max_tasks` contiguous tasks of at least
+    /// `min_items` items each, and arms the completion countdown.
+    pub(crate) fn into_tasks(self: Arc<Self>, max_tasks: usize, min_items: usize) -> Vec<Task> {
+        let n = self.items.len();
+        let tasks = n.div_ceil(min_items.max(1)).clamp(1, max_tasks.max(1));
+        let per = n.div_ceil(tasks);
+        let ranges: Vec<Range<usize>> = (0..n)
+            .step_by(per.max(1))
+            .map(|s| s..(s + per).min(n))
+            .collect();
+        self.tasks_left
+            .store(ranges.len() as u32, Ordering::Release);
+        ranges
+            .into_iter()
+            .map(|range| Task {
+                job: Arc::clone(&self),
+                range,
+            })
+            .collect()
+    }
+
+    /// Marks one task done; true for the last one.
+    pub(crate) fn task_done(&self) -> bool {
+        self.tasks_left.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// The result once every task is done.
+    pub(crate) fn result(&self) -> JobResult {
+        let failure = self.failure();
+        let num_done = match self.kind {
+            JobKind::Load => failure.map_or(self.num_blocks, |(pos, _)| pos),
+            JobKind::Store if matches!(failure, Some((_, ErrorKind::NoSpace))) => {
+                self.already_present
+            }
+            JobKind::Store => self.num_blocks - self.failed_items().len() as u32,
+        };
+        JobResult {
+            job_id: self.id,
+            kind: self.kind,
+            error: failure.map(|(_, kind)| kind),
+            num_blocks: self.num_blocks,
+            num_done,
+            bytes: self.bytes.load(Ordering::Relaxed),
+            elapsed_ns: self.submitted.elapsed().as_nanos() as u64,
+        }
+    }
+}
+
+/// A contiguous run of one job's items, copied by one worker.
+pub(crate) struct Task {
+    pub job: Arc<Job>,
+    pub range: Range<usize>,
+}

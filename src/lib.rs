@@ -1,0 +1,57 @@
+//! kvtier: a native secondary tier for LLM KV-cache offloading.
+//!
+//! An engine keeps fixed-size KV blocks in a CPU "primary" buffer of rows. A
+//! [`Tier`] copies rows out of that buffer into its own storage (store), keeps
+//! them under LRU eviction, and copies them back into given rows (load). Copies
+//! run on the tier's worker threads; the engine submits jobs and polls for
+//! results, each reported exactly once.
+//!
+//! The C API (`include/kvtier.h`) is a thin shell over this crate, in [`ffi`].
+//!
+//! ```
+//! use kvtier::{PrimaryBuffer, Tier, TierConfig, LookupState};
+//! let mut rows = vec![0u8; 4 * 4096];
+//! rows[..4096].fill(7);
+//! let primary = unsafe { PrimaryBuffer::new(rows.as_mut_ptr(), rows.len(), 4096) }.unwrap();
+//! let mut config = TierConfig::default();
+//! config.set("capacity_bytes", "1MiB").unwrap();
+//! let tier = Tier::new(&config, primary).unwrap();
+//! let key = [42u8; 36];
+//! tier.submit_store(1, &key, 36, &[0]).unwrap();
+//! tier.drain();
+//! assert!(tier.poll(16)[0].is_ok());
+//! assert_eq!(tier.lookup(&key, 36).unwrap(), vec![LookupState::Hit]);
+//! tier.submit_load(2, &key, 36, &[3]).unwrap();
+//! tier.drain();
+//! assert!(tier.poll(16)[0].is_ok());
+//! drop(tier);
+//! assert_eq!(&rows[3 * 4096..], &[7u8; 4096][..]);
+//! ```
+
+#![warn(missing_docs)]
+
+mod backend;
+mod completion;
+mod config;
+mod error;
+pub mod ffi;
+mod hash;
+mod index;
+mod jobs;
+mod primary;
+mod stats;
+mod tier;
+mod workers;
+
+pub use config::{
+    parse_size, BackendKind, TierConfig, CONFIG_KEYS, DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
+};
+pub use error::{Error, ErrorKind, Result};
+pub use index::{LookupState, MAX_KEY_LEN};
+pub use jobs::{JobKind, JobResult};
+pub use primary::PrimaryBuffer;
+pub use stats::Stats;
+pub use tier::Tier;
+
+/// The library version (the crate version).
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,148 @@
+//! The caller's primary buffer: the one place the core touches memory it does not
+//! own.
+
+use crate::error::{bail, Result};
+use std::ptr::NonNull;
+
+/// A caller-owned buffer of `rows` fixed-size rows of `block_bytes` each.
+///
+/// The tier copies whole rows out of it (store) and into it (load) on its worker
+/// threads. The engine keeps the buffer alive and does not write a row a store
+/// is reading, or read/write a row a load is writing, until that job's result is
+/// polled — the same rule vLLM's primary tier enforces with its row pins.
+#[derive(Debug)]
+pub struct PrimaryBuffer {
+    base: NonNull<u8>,
+    len: usize,
+    block_bytes: usize,
+    rows: usize,
+}
+
+// SAFETY: the buffer is plain bytes; concurrent access to distinct rows is the
+// caller's contract above, and the index never hands one row to two writers.
+unsafe impl Send for PrimaryBuffer {}
+unsafe impl Sync for PrimaryBuffer {}
+
+impl PrimaryBuffer {
+    /// Wraps `len` bytes at `base`, cut into rows of `block_bytes`.
+    ///
+    /// # Safety
+    /// `base..base+len` must be valid for reads and writes for as long as any
+    /// [`Tier`](crate::Tier) built on this buffer is alive, and the caller keeps the
+    /// row-access rule described on the type.
+    pub unsafe fn new(base: *mut u8, len: usize, block_bytes: usize) -> Result<PrimaryBuffer> {
+        let Some(base) = NonNull::new(base) else {
+            bail!(NullArg, "primary: the primary buffer pointer is NULL");
+        };
+        if block_bytes == 0 {
+            bail!(InvalidArg, "block_bytes: must be at least 1");
+        }
+        if len == 0 {
+            bail!(InvalidArg, "primary_len: the primary buffer is empty");
+        }
+        if block_bytes > len {
+            bail!(
+                InvalidArg,
+                "block_bytes: {block_bytes} is larger than the primary buffer ({len} bytes)"
+            );
+        }
+        if len % block_bytes != 0 {
+            bail!(
+                InvalidArg,
+                "primary_len: {len} is not a whole number of {block_bytes}-byte rows (is block_bytes the row stride?)"
+            );
+        }
+        if len > isize::MAX as usize {
+            bail!(InvalidArg, "primary_len: {len} exceeds the address space");
+        }
+        Ok(PrimaryBuffer {
+            base,
+            len,
+            block_bytes,
+            rows: len / block_bytes,
+        })
+    }
+
+    /// Bytes per row.
+    pub fn block_bytes(&self) -> usize {
+        self.block_bytes
+    }
+
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Total length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Always false: construction rejects empty buffers.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Address of the first byte (for alignment decisions, never dereferenced
+    /// outside this type).
+    pub fn base_addr(&self) -> usize {
+        self.base.as_ptr() as usize
+    }
+
+    /// Runs `f` over row `row`, read-only. Panics if `row` is out of range: every
+    /// row id was validated at submit time, so that would be a bug here.
+    pub(crate) fn with_row<R>(&self, row: usize, f: impl FnOnce(&[u8]) -> R) -> R {
+        assert!(row < self.rows, "row {row} out of range");
+        // SAFETY: in bounds (checked above, len validated at construction); the
+        // caller does not write this row while a store reads it.
+        let slice = unsafe {
+            std::slice::from_raw_parts(
+                self.base.as_ptr().add(row * self.block_bytes),
+                self.block_bytes,
+            )
+        };
+        f(slice)
+    }
+
+    /// Runs `f` over row `row`, writable. Panics if `row` is out of range.
+    pub(crate) fn with_row_mut<R>(&self, row: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        assert!(row < self.rows, "row {row} out of range");
+        // SAFETY: in bounds; a load owns its destination rows until its result is
+        // polled, and the tier hands each destination row of a job to one task.
+        let slice = unsafe {
+            std::slice::from_raw_parts_mut(
+                self.base.as_ptr().add(row * self.block_bytes),
+                self.block_bytes,
+            )
+        };
+        f(slice)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn construction_validates_geometry() {
+        let mut buf = vec![0u8; 64];
+        let p = buf.as_mut_ptr();
+        let kind = |r: Result<PrimaryBuffer>| r.unwrap_err().kind();
+        unsafe {
+            assert_eq!(
+                kind(PrimaryBuffer::new(std::ptr::null_mut(), 64, 16)),
+                ErrorKind::NullArg
+            );
+            assert_eq!(kind(PrimaryBuffer::new(p, 64, 0)), ErrorKind::InvalidArg);
+            assert_eq!(kind(PrimaryBuffer::new(p, 64, 65)), ErrorKind::InvalidArg);
+            assert_eq!(kind(PrimaryBuffer::new(p, 64, 24)), ErrorKind::InvalidArg);
+            assert_eq!(kind(PrimaryBuffer::new(p, 0, 1)), ErrorKind::InvalidArg);
+            let pb = PrimaryBuffer::new(p, 64, 16).unwrap();
+            assert_eq!(pb.rows(), 4);
+            pb.with_row_mut(3, |r| r.fill(7));
+        }
+        assert_eq!(&buf[48..], &[7u8; 16]);
+        assert!(buf[..48].iter().all(|&b| b == 0));
+    }
+}

@@ -1,0 +1,75 @@
+//! Counters and the statistics snapshot.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// A snapshot of a tier's state and lifetime counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Block capacity in bytes (whole blocks).
+    pub capacity_bytes: u64,
+    /// Bytes held by blocks, including blocks being stored.
+    pub used_bytes: u64,
+    /// Readable blocks.
+    pub num_blocks: u64,
+    /// Keys looked up.
+    pub lookups: u64,
+    /// Lookups that answered HIT.
+    pub hits: u64,
+    /// Lookups that answered MISS.
+    pub misses: u64,
+    /// Blocks evicted to make room.
+    pub evictions: u64,
+    /// Store jobs that succeeded.
+    pub stores_ok: u64,
+    /// Store jobs that failed.
+    pub stores_failed: u64,
+    /// Load jobs that succeeded.
+    pub loads_ok: u64,
+    /// Load jobs that failed.
+    pub loads_failed: u64,
+    /// Bytes copied into the tier.
+    pub bytes_stored: u64,
+    /// Bytes copied out of the tier.
+    pub bytes_loaded: u64,
+    /// Jobs accepted and not yet completed.
+    pub jobs_in_flight: u64,
+    /// Lookups that answered PENDING.
+    pub lookups_pending: u64,
+    /// Bytes per block.
+    pub block_bytes: u64,
+    /// Capacity in blocks.
+    pub capacity_blocks: u64,
+    /// Heap bytes of the index (keys, LRU links, hash table).
+    pub metadata_bytes: u64,
+    /// Completed results waiting to be polled.
+    pub results_queued: u64,
+    /// Worker threads.
+    pub io_threads: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Counters {
+    pub lookups: AtomicU64,
+    pub hits: AtomicU64,
+    pub misses: AtomicU64,
+    pub pending: AtomicU64,
+    pub evictions: AtomicU64,
+    pub stores_ok: AtomicU64,
+    pub stores_failed: AtomicU64,
+    pub loads_ok: AtomicU64,
+    pub loads_failed: AtomicU64,
+    pub bytes_stored: AtomicU64,
+    pub bytes_loaded: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        if n != 0 {
+            counter.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn get(counter: &AtomicU64) -> u64 {
+        counter.load(Ordering::Relaxed)
+    }
+}

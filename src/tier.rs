@@ -1,0 +1,667 @@
+//! The tier engine: validates and plans jobs under the index lock, hands the
+//! copies to workers, and completes jobs (index update, unpin, result).
+//!
+//! Locks: `state` (index and load dependencies) and the completion queue are
+//! never held together, and no byte is copied under either.
+
+use crate::backend::{memory::MemoryBackend, Backend};
+use crate::completion::Completions;
+use crate::config::{BackendKind, TierConfig};
+use crate::error::{bail, ErrorKind, Result};
+use crate::hash::KeyHasher;
+use crate::index::{Index, LookupState, SlotState, MAX_KEY_LEN};
+use crate::jobs::{Item, Job, JobKind, JobResult, Task};
+use crate::primary::PrimaryBuffer;
+use crate::stats::{Counters, Stats};
+use crate::workers::WorkQueue;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// Below this many bytes a job is copied by one worker: splitting costs more
+/// than it saves.
+const MIN_TASK_BYTES: usize = 4 << 20;
+
+/// A load waiting for stores in flight of some of its keys.
+struct WaitingLoad {
+    job: Arc<Job>,
+    /// Storing slots it still waits for (with multiplicity).
+    deps: usize,
+}
+
+struct State {
+    index: Index,
+    waiting: HashMap<u64, WaitingLoad>,
+    /// Storing slot → waiting loads (wait id, key position in that load).
+    waiters: HashMap<u32, Vec<(u64, u32)>>,
+    next_wait_id: u64,
+    victims: Vec<u32>,
+    scratch: Vec<u32>,
+}
+
+struct Shared {
+    primary: PrimaryBuffer,
+    backend: Box<dyn Backend>,
+    state: Mutex<State>,
+    queue: WorkQueue,
+    done: Completions,
+    counters: Counters,
+    io_threads: usize,
+}
+
+/// A secondary tier over a caller's primary buffer.
+///
+/// Every method may be called from any thread, concurrently. Dropping the tier
+/// stops the workers after their current block copy; jobs still queued are
+/// abandoned, and the primary buffer is never touched again once `drop` returns.
+pub struct Tier {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("block_bytes", &self.shared.primary.block_bytes())
+            .field("rows", &self.shared.primary.rows())
+            .field("io_threads", &self.shared.io_threads)
+            .finish_non_exhaustive()
+    }
+}
+
+fn check_key_len(key_len: usize) -> Result<()> {
+    if key_len == 0 || key_len > MAX_KEY_LEN {
+        bail!(
+            InvalidArg,
+            "key_len: {key_len} is outside 1..={MAX_KEY_LEN}"
+        );
+    }
+    Ok(())
+}
+
+fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
+    check_key_len(key_len)?;
+    if n > u32::MAX as usize {
+        bail!(
+            InvalidArg,
+            "n: {n} keys exceed the per-call limit of {}",
+            u32::MAX
+        );
+    }
+    if Some(keys.len()) != n.checked_mul(key_len) {
+        bail!(
+            InvalidArg,
+            "keys: {} bytes is not {n} keys of {key_len} bytes",
+            keys.len()
+        );
+    }
+    Ok(())
+}
+
+impl Tier {
+    /// Creates a tier over `primary` with `config`.
+    ///
+    /// Fails with `Config` if the capacity holds no whole block, `Alloc` if the
+    /// backend's storage or the worker threads cannot be created.
+    pub fn new(config: &TierConfig, primary: PrimaryBuffer) -> Result<Tier> {
+        Self::build(config, primary, true)
+    }
+
+    /// A tier whose jobs run only when [`Tier::run_queued_job`] is called: for
+    /// deterministic tests of the job state machine.
+    #[doc(hidden)]
+    pub fn new_manual(config: &TierConfig, primary: PrimaryBuffer) -> Result<Tier> {
+        Self::build(config, primary, false)
+    }
+
+    fn build(config: &TierConfig, primary: PrimaryBuffer, spawn: bool) -> Result<Tier> {
+        let block_bytes = primary.block_bytes();
+        let blocks = config.capacity_bytes / block_bytes as u64;
+        if blocks == 0 {
+            bail!(
+                Config,
+                "capacity_bytes: {} holds no whole block of {block_bytes} bytes",
+                config.capacity_bytes
+            );
+        }
+        if blocks >= u32::MAX as u64 {
+            bail!(
+                Config,
+                "capacity_bytes: {blocks} blocks exceed the limit of {}",
+                u32::MAX - 1
+            );
+        }
+        let backend: Box<dyn Backend> = match config.backend {
+            BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
+        };
+        let io_threads = if spawn {
+            config.resolved_io_threads()
+        } else {
+            1
+        };
+        let mut index = Index::new(blocks as u32, KeyHasher::random());
+        if backend.wants_discards() {
+            index.track_releases();
+        }
+        let shared = Arc::new(Shared {
+            primary,
+            backend,
+            state: Mutex::new(State {
+                index,
+                waiting: HashMap::new(),
+                waiters: HashMap::new(),
+                next_wait_id: 0,
+                victims: Vec::new(),
+                scratch: Vec::new(),
+            }),
+            queue: WorkQueue::new(),
+            done: Completions::default(),
+            counters: Counters::default(),
+            io_threads,
+        });
+        let mut tier = Tier {
+            shared,
+            workers: Vec::new(),
+        };
+        if spawn {
+            let spin = Duration::from_micros(config.idle_spin_us as u64);
+            for i in 0..io_threads {
+                let shared = Arc::clone(&tier.shared);
+                let worker = std::thread::Builder::new()
+                    .name(format!("kvtier-io-{i}"))
+                    .spawn(move || {
+                        while let Some(task) = shared.queue.next(spin) {
+                            shared.run_task(task);
+                        }
+                    });
+                match worker {
+                    Ok(handle) => tier.workers.push(handle),
+                    // Dropping `tier` joins the workers started so far.
+                    Err(e) => bail!(Alloc, "could not start I/O thread {i}: {e}"),
+                }
+            }
+        }
+        Ok(tier)
+    }
+
+    /// Bytes per block (the primary row size).
+    pub fn block_bytes(&self) -> usize {
+        self.shared.primary.block_bytes()
+    }
+
+    /// Rows in the primary buffer.
+    pub fn rows(&self) -> usize {
+        self.shared.primary.rows()
+    }
+
+    /// Writes the state of each of the `out.len()` keys packed in `keys` into
+    /// `out` as a [`LookupState`] byte, without blocking on any copy.
+    pub fn lookup_into(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> Result<()> {
+        check_keys(keys, key_len, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let counts = self
+            .shared
+            .state
+            .lock()
+            .index
+            .lookup_batch(keys, key_len, out);
+        let c = &self.shared.counters;
+        Counters::add(&c.lookups, out.len() as u64);
+        Counters::add(&c.hits, counts.hits);
+        Counters::add(&c.misses, counts.misses);
+        Counters::add(&c.pending, counts.pending);
+        Ok(())
+    }
+
+    /// The state of each key packed in `keys`, in order.
+    pub fn lookup(&self, keys: &[u8], key_len: usize) -> Result<Vec<LookupState>> {
+        check_key_len(key_len)?;
+        let mut out = vec![0u8; keys.len() / key_len];
+        self.lookup_into(keys, key_len, &mut out)?;
+        Ok(out
+            .into_iter()
+            .map(|s| match s {
+                1 => LookupState::Hit,
+                2 => LookupState::Pending,
+                _ => LookupState::Miss,
+            })
+            .collect())
+    }
+
+    /// Makes the stored keys among `keys` the most recently used; the first key
+    /// ends most recent, so the head of a prefix outlives its tail. Unknown keys
+    /// and keys still being stored are ignored.
+    pub fn touch(&self, keys: &[u8], key_len: usize) -> Result<()> {
+        check_key_len(key_len)?;
+        check_keys(keys, key_len, keys.len() / key_len)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut st = self.shared.state.lock();
+        let State { index, scratch, .. } = &mut *st;
+        index.touch_batch(keys, key_len, scratch);
+        Ok(())
+    }
+
+    fn check_rows(&self, block_ids: &[i64]) -> Result<()> {
+        let rows = self.rows();
+        if let Some((i, &id)) = block_ids
+            .iter()
+            .enumerate()
+            .find(|&(_, &id)| id < 0 || id as u64 >= rows as u64)
+        {
+            bail!(
+                OutOfRange,
+                "block_ids[{i}]: {id} is outside the primary buffer's rows 0..{rows}"
+            );
+        }
+        Ok(())
+    }
+
+    /// Submits a store of `block_ids.len()` keys from the given primary rows.
+    ///
+    /// Returns an error, and produces no result, only for invalid arguments or a
+    /// job id in flight. Otherwise the job's result (success or failure) comes
+    /// from [`Tier::poll`] exactly once.
+    pub fn submit_store(
+        &self,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        self.submit(JobKind::Store, job_id, keys, key_len, block_ids)
+    }
+
+    /// Submits a load of `block_ids.len()` keys into the given primary rows.
+    /// Same reporting rule as [`Tier::submit_store`].
+    pub fn submit_load(
+        &self,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        self.submit(JobKind::Load, job_id, keys, key_len, block_ids)
+    }
+
+    fn submit(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        let n = block_ids.len();
+        check_keys(keys, key_len, n)?;
+        self.check_rows(block_ids)?;
+        self.shared.done.register(job_id)?;
+        let mut job = Job::new(job_id, kind, n as u32, keys.into(), key_len);
+        if n == 0 {
+            self.shared.finish(Arc::new(job));
+            return Ok(());
+        }
+        let (ready, released) = {
+            let mut st = self.shared.state.lock();
+            let ready = match kind {
+                JobKind::Store => {
+                    self.shared.plan_store(&mut st, &mut job, block_ids);
+                    Some(Arc::new(job))
+                }
+                JobKind::Load => self.shared.plan_load(&mut st, job, block_ids),
+            };
+            (ready, st.index.take_released())
+        };
+        self.shared.discard(released);
+        if let Some(job) = ready {
+            self.shared.dispatch(job);
+        }
+        Ok(())
+    }
+
+    /// Hands up to `max` finished results to `f`, oldest first; returns how many.
+    pub fn poll_with(&self, max: usize, f: impl FnMut(JobResult)) -> usize {
+        self.shared.done.poll(max, f)
+    }
+
+    /// Takes up to `max` finished results, oldest first.
+    pub fn poll(&self, max: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        self.poll_with(max, |r| out.push(r));
+        out
+    }
+
+    /// Waits up to `timeout` for a result to be ready to poll; false on timeout.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        self.shared.done.wait(timeout)
+    }
+
+    /// Blocks until every accepted job has completed and its result is queued.
+    pub fn drain(&self) {
+        self.shared.done.drain()
+    }
+
+    /// Drops every stored block. Blocks in use by jobs in flight look up as MISS
+    /// at once and are released when their jobs finish; those jobs still
+    /// complete and are reported normally.
+    pub fn clear(&self) {
+        let released = {
+            let mut st = self.shared.state.lock();
+            st.index.clear();
+            st.index.take_released()
+        };
+        self.shared.discard(released);
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> Stats {
+        let s = &self.shared;
+        let (allocated, ready, capacity, metadata) = {
+            let st = s.state.lock();
+            (
+                st.index.allocated() as u64,
+                st.index.ready() as u64,
+                st.index.capacity() as u64,
+                st.index.metadata_bytes() as u64,
+            )
+        };
+        let block_bytes = s.primary.block_bytes() as u64;
+        let c = &s.counters;
+        Stats {
+            capacity_bytes: capacity * block_bytes,
+            used_bytes: allocated * block_bytes,
+            num_blocks: ready,
+            lookups: Counters::get(&c.lookups),
+            hits: Counters::get(&c.hits),
+            misses: Counters::get(&c.misses),
+            evictions: Counters::get(&c.evictions),
+            stores_ok: Counters::get(&c.stores_ok),
+            stores_failed: Counters::get(&c.stores_failed),
+            loads_ok: Counters::get(&c.loads_ok),
+            loads_failed: Counters::get(&c.loads_failed),
+            bytes_stored: Counters::get(&c.bytes_stored),
+            bytes_loaded: Counters::get(&c.bytes_loaded),
+            jobs_in_flight: s.done.running() as u64,
+            lookups_pending: Counters::get(&c.pending),
+            block_bytes,
+            capacity_blocks: capacity,
+            metadata_bytes: metadata,
+            results_queued: s.done.queued() as u64,
+            io_threads: s.io_threads as u64,
+        }
+    }
+
+    /// Runs the queued task of job `job_id` on this thread (manual tiers only).
+    /// False if that job has no queued task (finished, or waiting on a store).
+    #[doc(hidden)]
+    pub fn run_queued_job(&self, job_id: u64) -> bool {
+        assert!(
+            self.workers.is_empty(),
+            "run_queued_job is for manual tiers"
+        );
+        match self.shared.queue.take_job(job_id) {
+            Some(task) => {
+                self.shared.run_task(task);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        self.shared.queue.shut_down();
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+    }
+}
+
+impl Shared {
+    /// Plans a store under the index lock: skips keys present or in flight and
+    /// duplicates, makes room by evicting LRU blocks that are not pinned, in
+    /// flight, or part of this job, and claims slots. If there is not enough
+    /// room, records NO_SPACE and changes nothing.
+    fn plan_store(&self, st: &mut State, job: &mut Job, block_ids: &[i64]) {
+        let State {
+            index,
+            victims,
+            scratch: pinned,
+            ..
+        } = st;
+        let mut new: Vec<(u32, u64)> = Vec::new();
+        pinned.clear();
+        let mut present = 0u32;
+        for pos in 0..job.num_blocks {
+            let key = job.key(pos);
+            let hash = index.hash(key);
+            match index.find(key, hash) {
+                Some(slot) => {
+                    present += 1;
+                    if index.state(slot) == SlotState::Ready {
+                        // Protect it from this job's own evictions.
+                        index.pin(slot);
+                        pinned.push(slot);
+                    }
+                }
+                None => new.push((pos, hash)),
+            }
+        }
+        if new.len() > 1 {
+            new.sort_by(|a, b| {
+                a.1.cmp(&b.1)
+                    .then_with(|| job.key(a.0).cmp(job.key(b.0)))
+                    .then(a.0.cmp(&b.0))
+            });
+            new.dedup_by(|later, first| later.1 == first.1 && job.key(later.0) == job.key(first.0));
+            new.sort_unstable_by_key(|e| e.0);
+        }
+        let free = index.free_slots() as usize;
+        let enough = new.len() <= free || index.pick_victims(new.len() - free, victims);
+        if enough && new.len() > free {
+            Counters::add(&self.counters.evictions, victims.len() as u64);
+            for &v in victims.iter() {
+                index.evict(v);
+            }
+        }
+        for &slot in pinned.iter() {
+            index.unpin(slot);
+        }
+        job.already_present = present;
+        if !enough {
+            job.fail(0, ErrorKind::NoSpace);
+            return;
+        }
+        job.items = new
+            .into_iter()
+            .map(|(pos, hash)| Item {
+                pos,
+                row: block_ids[pos as usize] as usize,
+                slot: index.insert_storing(job.key(pos), hash),
+            })
+            .collect();
+    }
+
+    /// Plans a load under the index lock: pins each key's block up to the first
+    /// missing key. Returns the job if it can run now; a job waiting for stores
+    /// in flight is parked and dispatched when they finish.
+    fn plan_load(&self, st: &mut State, mut job: Job, block_ids: &[i64]) -> Option<Arc<Job>> {
+        let mut storing = Vec::new();
+        for pos in 0..job.num_blocks {
+            let key = job.key(pos);
+            let slot = st.index.find(key, st.index.hash(key));
+            let Some(slot) = slot.filter(|&s| st.index.state(s) != SlotState::Dead) else {
+                job.fail(pos, ErrorKind::NotFound);
+                break;
+            };
+            st.index.pin(slot);
+            if st.index.state(slot) == SlotState::Storing {
+                storing.push((slot, pos));
+            }
+            job.items.push(Item {
+                pos,
+                row: block_ids[pos as usize] as usize,
+                slot,
+            });
+        }
+        let job = Arc::new(job);
+        if storing.is_empty() {
+            return Some(job);
+        }
+        let wait_id = st.next_wait_id;
+        st.next_wait_id += 1;
+        st.waiting.insert(
+            wait_id,
+            WaitingLoad {
+                job,
+                deps: storing.len(),
+            },
+        );
+        for (slot, pos) in storing {
+            st.waiters.entry(slot).or_default().push((wait_id, pos));
+        }
+        None
+    }
+
+    /// Lets the backend release storage of freed blocks, outside the lock.
+    fn discard(&self, released: Vec<(u32, Vec<u8>)>) {
+        for (slot, key) in released {
+            self.backend.discard(slot, &key);
+        }
+    }
+
+    /// Queues a planned job's copies, or completes it at once if there are none.
+    fn dispatch(&self, job: Arc<Job>) {
+        if job.items.is_empty() {
+            self.finish(job);
+            return;
+        }
+        let job_bytes = job.items.len() * self.primary.block_bytes();
+        let max_tasks = self.io_threads.min(job_bytes / MIN_TASK_BYTES).max(1);
+        let min_items = job.items.len().div_ceil(max_tasks);
+        self.queue.push_all(job.into_tasks(max_tasks, min_items));
+    }
+
+    /// A worker runs one task: copies its blocks, then, if it is the job's last
+    /// task, completes the job.
+    fn run_task(&self, task: Task) {
+        let job = &task.job;
+        let block_bytes = self.primary.block_bytes() as u64;
+        let copied = catch_unwind(AssertUnwindSafe(|| {
+            for i in task.range.clone() {
+                if self.queue.is_shut_down() {
+                    return false;
+                }
+                let item = job.items[i];
+                let outcome = match job.kind {
+                    JobKind::Store => {
+                        self.backend
+                            .store(&self.primary, item.row, item.slot, job.key(item.pos))
+                    }
+                    JobKind::Load => {
+                        if item.pos >= job.copy_limit() {
+                            break;
+                        }
+                        self.backend
+                            .load(&self.primary, item.row, item.slot, job.key(item.pos))
+                    }
+                };
+                match outcome {
+                    Ok(()) => job.add_bytes(block_bytes),
+                    Err(e) => {
+                        job.item_failed(i, e.kind());
+                        if job.kind == JobKind::Load {
+                            break;
+                        }
+                    }
+                }
+            }
+            true
+        }));
+        match copied {
+            Ok(false) => return, // shutting down: the job is abandoned with the tier
+            Ok(true) => {}
+            Err(_) => match job.kind {
+                // None of this task's blocks may be published as stored.
+                JobKind::Store => task
+                    .range
+                    .clone()
+                    .for_each(|i| job.item_failed(i, ErrorKind::Panic)),
+                JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Panic),
+            },
+        }
+        if job.task_done() {
+            self.finish(Arc::clone(job));
+        }
+    }
+
+    /// Completes a job whose copies are done: publishes or releases its blocks,
+    /// wakes loads that waited on them, then queues the result.
+    fn finish(&self, job: Arc<Job>) {
+        let mut unblocked = Vec::new();
+        let mut released = Vec::new();
+        if !job.items.is_empty() {
+            let mut st = self.state.lock();
+            match job.kind {
+                JobKind::Store => {
+                    let failed = job.failed_items();
+                    // Reverse order: the job's first key ends most recent.
+                    for (i, item) in job.items.iter().enumerate().rev() {
+                        let ok = !failed.contains(&i);
+                        st.index.finish_store(item.slot, ok);
+                        Self::wake_waiters(&mut st, item.slot, ok, &mut unblocked);
+                    }
+                }
+                JobKind::Load => {
+                    for item in &job.items {
+                        st.index.unpin(item.slot);
+                    }
+                }
+            }
+            released = st.index.take_released();
+        }
+        self.discard(released);
+        for waiting in unblocked {
+            self.dispatch(waiting);
+        }
+        let result = job.result();
+        let c = &self.counters;
+        match (job.kind, result.is_ok()) {
+            (JobKind::Store, true) => Counters::add(&c.stores_ok, 1),
+            (JobKind::Store, false) => Counters::add(&c.stores_failed, 1),
+            (JobKind::Load, true) => Counters::add(&c.loads_ok, 1),
+            (JobKind::Load, false) => Counters::add(&c.loads_failed, 1),
+        }
+        match job.kind {
+            JobKind::Store => Counters::add(&c.bytes_stored, result.bytes),
+            JobKind::Load => Counters::add(&c.bytes_loaded, result.bytes),
+        }
+        self.done.complete(result);
+    }
+
+    /// A store of `slot` finished: loads waiting on it lose a dependency (and
+    /// fail at that key if the store failed); those with none left run.
+    fn wake_waiters(st: &mut State, slot: u32, ok: bool, unblocked: &mut Vec<Arc<Job>>) {
+        let Some(waiters) = st.waiters.remove(&slot) else {
+            return;
+        };
+        for (wait_id, pos) in waiters {
+            let waiting = st.waiting.get_mut(&wait_id).expect("waiting load");
+            if !ok {
+                waiting.job.fail(pos, ErrorKind::NotFound);
+            }
+            waiting.deps -= 1;
+            if waiting.deps == 0 {
+                let waiting = st.waiting.remove(&wait_id).expect("waiting load");
+                unblocked.push(waiting.job);
+            }
+        }
+    }
+}
