@@ -528,10 +528,9 @@ impl Index {
         if self.released.is_some() && self.slots[s as usize].state == SlotState::Ready {
             let mut buf = [0u8; MAX_KEY_LEN];
             let len = self.key_of(s, &mut buf);
-            self.released
-                .as_mut()
-                .expect("tracked")
-                .push((s, buf[..len].to_vec()));
+            if let Some(released) = self.released.as_mut() {
+                released.push((s, buf[..len].to_vec()));
+            }
         }
         self.slots[s as usize] = Slot::EMPTY;
         self.long_keys.remove(&s);
@@ -687,7 +686,7 @@ mod tests {
         assert_eq!(lookup(&ix, &long_a), LookupState::Hit);
         assert_eq!(lookup(&ix, &long_b), LookupState::Hit);
         assert_eq!(lookup(&ix, &short), LookupState::Hit);
-        assert_eq!(lookup(&ix, &vec![1u8; 127]), LookupState::Miss);
+        assert_eq!(lookup(&ix, &[1u8; 127]), LookupState::Miss);
         let mut buf = [0u8; MAX_KEY_LEN];
         let s = ix.find(&long_b, ix.hash(&long_b)).unwrap();
         let len = ix.key_of(s, &mut buf);
