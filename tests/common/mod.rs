@@ -1,0 +1,232 @@
+//! Shared test harness: a primary buffer owned by the test, a tier over it, and
+//! helpers to make keys, fill rows and run jobs to completion.
+
+#![allow(dead_code)]
+
+use kvtier::{JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+
+pub const KEY_LEN: usize = 36;
+
+/// A 36-byte key like vLLM's (32-byte hash + 4-byte group), derived from `i`.
+pub fn key(i: u64) -> Vec<u8> {
+    let mut k = vec![0u8; KEY_LEN];
+    let mut x = i.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ 0x5555;
+    for chunk in k[..32].chunks_mut(8) {
+        x = splitmix(x);
+        chunk.copy_from_slice(&x.to_le_bytes());
+    }
+    k[32..].copy_from_slice(&(i as u32).to_be_bytes());
+    k
+}
+
+pub fn keys(ids: &[u64]) -> Vec<u8> {
+    ids.iter().flat_map(|&i| key(i)).collect()
+}
+
+pub fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// The bytes block `i` holds in tests: deterministic per key.
+pub fn pattern(i: u64, len: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(len + 8);
+    let mut x = i ^ 0xdead_beef;
+    while out.len() < len {
+        x = splitmix(x);
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A small deterministic PRNG for randomized tests.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed ^ 0x1234_5678)
+    }
+    pub fn next(&mut self) -> u64 {
+        self.0 = splitmix(self.0);
+        self.0
+    }
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    pub fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A 4 KiB-aligned zeroed buffer the test owns.
+pub struct Buffer {
+    ptr: *mut u8,
+    layout: Layout,
+}
+
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl Buffer {
+    pub fn new(len: usize) -> Buffer {
+        let layout = Layout::from_size_align(len, 4096).unwrap();
+        let ptr = unsafe { alloc_zeroed(layout) };
+        assert!(!ptr.is_null());
+        Buffer { ptr, layout }
+    }
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    pub fn len(&self) -> usize {
+        self.layout.size()
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        unsafe { dealloc(self.ptr, self.layout) }
+    }
+}
+
+/// A tier over a test-owned primary buffer. Rows are read and written only
+/// while no job is using them (the tests' own discipline, as an engine's).
+pub struct Harness {
+    pub tier: Option<Tier>,
+    pub buffer: Buffer,
+    pub block_bytes: usize,
+    pub rows: usize,
+}
+
+impl Harness {
+    pub fn new(config: &TierConfig, rows: usize, block_bytes: usize) -> Harness {
+        Self::build(config, rows, block_bytes, false)
+    }
+
+    /// A tier whose jobs run only via `run`.
+    pub fn manual(config: &TierConfig, rows: usize, block_bytes: usize) -> Harness {
+        Self::build(config, rows, block_bytes, true)
+    }
+
+    fn build(config: &TierConfig, rows: usize, block_bytes: usize, manual: bool) -> Harness {
+        let buffer = Buffer::new(rows * block_bytes);
+        let primary =
+            unsafe { PrimaryBuffer::new(buffer.ptr(), buffer.len(), block_bytes) }.unwrap();
+        let tier = if manual {
+            Tier::new_manual(config, primary)
+        } else {
+            Tier::new(config, primary)
+        }
+        .unwrap();
+        Harness {
+            tier: Some(tier),
+            buffer,
+            block_bytes,
+            rows,
+        }
+    }
+
+    pub fn tier(&self) -> &Tier {
+        self.tier.as_ref().expect("tier alive")
+    }
+
+    pub fn row(&self, row: usize) -> &[u8] {
+        assert!(row < self.rows);
+        unsafe {
+            std::slice::from_raw_parts(
+                self.buffer.ptr().add(row * self.block_bytes),
+                self.block_bytes,
+            )
+        }
+    }
+
+    pub fn write_row(&self, row: usize, data: &[u8]) {
+        assert!(row < self.rows && data.len() == self.block_bytes);
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                data.as_ptr(),
+                self.buffer.ptr().add(row * self.block_bytes),
+                data.len(),
+            )
+        }
+    }
+
+    /// Writes block `i`'s pattern into `row`.
+    pub fn fill(&self, row: usize, i: u64) {
+        self.write_row(row, &pattern(i, self.block_bytes));
+    }
+
+    pub fn row_holds(&self, row: usize, i: u64) -> bool {
+        self.row(row) == pattern(i, self.block_bytes).as_slice()
+    }
+
+    /// Submits a store and waits for its result.
+    pub fn store(&self, job: u64, ids: &[u64], rows: &[i64]) -> JobResult {
+        self.tier()
+            .submit_store(job, &keys(ids), KEY_LEN, rows)
+            .unwrap();
+        self.result_of(job)
+    }
+
+    /// Submits a load and waits for its result.
+    pub fn load(&self, job: u64, ids: &[u64], rows: &[i64]) -> JobResult {
+        self.tier()
+            .submit_load(job, &keys(ids), KEY_LEN, rows)
+            .unwrap();
+        self.result_of(job)
+    }
+
+    /// Waits for and returns job `job`'s result; fails if another job's result
+    /// shows up first.
+    pub fn result_of(&self, job: u64) -> JobResult {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let polled = self.tier().poll(1);
+            if let Some(r) = polled.first() {
+                assert_eq!(r.job_id, job, "unexpected result {r:?}");
+                return *r;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "job {job} never finished"
+            );
+            self.tier().wait(std::time::Duration::from_millis(10));
+        }
+    }
+
+    pub fn lookup(&self, ids: &[u64]) -> Vec<LookupState> {
+        self.tier().lookup(&keys(ids), KEY_LEN).unwrap()
+    }
+
+    pub fn touch(&self, ids: &[u64]) {
+        self.tier().touch(&keys(ids), KEY_LEN).unwrap()
+    }
+
+    /// Which of `ids` are stored (HIT).
+    pub fn present(&self, ids: &[u64]) -> Vec<u64> {
+        ids.iter()
+            .zip(self.lookup(ids))
+            .filter(|(_, s)| *s == LookupState::Hit)
+            .map(|(&i, _)| i)
+            .collect()
+    }
+}
+
+impl Drop for Harness {
+    fn drop(&mut self) {
+        // The tier must go before the buffer it points into.
+        self.tier.take();
+    }
+}
+
+/// The configurations the contract suite runs on, by name.
+pub fn memory_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    TierConfig {
+        capacity_bytes: (capacity_blocks * block_bytes) as u64,
+        io_threads: Some(2),
+        ..TierConfig::default()
+    }
+}

@@ -1,0 +1,531 @@
+//! The contract of DESIGN.md §3, written once and run on every backend.
+//!
+//! Each test takes a `Backend`: a function from (capacity in blocks, block
+//! bytes) to a configuration. `contract_suite!` instantiates the suite for one.
+
+mod common;
+
+use common::*;
+use kvtier::{ErrorKind, JobKind, LookupState::*, TierConfig};
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+type Backend = fn(usize, usize) -> TierConfig;
+
+const BB: usize = 4096;
+
+pub fn empty_job_is_reported_as_success(cfg: Backend) {
+    let h = Harness::new(&cfg(8, BB), 8, BB);
+    for (job, kind) in [(1, JobKind::Store), (2, JobKind::Load)] {
+        match kind {
+            JobKind::Store => h.tier().submit_store(job, &[], KEY_LEN, &[]).unwrap(),
+            JobKind::Load => h.tier().submit_load(job, &[], KEY_LEN, &[]).unwrap(),
+        }
+        let r = h.result_of(job);
+        assert_eq!(
+            (r.kind, r.error, r.num_blocks, r.num_done, r.bytes),
+            (kind, None, 0, 0, 0)
+        );
+    }
+}
+
+pub fn every_job_is_reported_exactly_once(cfg: Backend) {
+    let h = Harness::new(&cfg(64, BB), 32, BB);
+    for r in 0..16 {
+        h.fill(r, r as u64);
+    }
+    let mut accepted = HashSet::new();
+    for job in 0..200u64 {
+        let ids: Vec<u64> = (0..(job % 5)).map(|i| (job * 7 + i) % 40).collect();
+        let rows: Vec<i64> = ids.iter().map(|&i| (i % 16) as i64).collect();
+        let dst: Vec<i64> = ids.iter().enumerate().map(|(p, _)| 16 + p as i64).collect();
+        if job % 3 == 2 {
+            h.tier()
+                .submit_load(job, &keys(&ids), KEY_LEN, &dst)
+                .unwrap();
+        } else {
+            h.tier()
+                .submit_store(job, &keys(&ids), KEY_LEN, &rows)
+                .unwrap();
+        }
+        accepted.insert(job);
+        if job % 50 == 0 {
+            h.tier().drain();
+        }
+    }
+    h.tier().drain();
+    assert_eq!(h.tier().stats().jobs_in_flight, 0);
+    let results = h.tier().poll(usize::MAX);
+    let ids: Vec<u64> = results.iter().map(|r| r.job_id).collect();
+    assert_eq!(
+        ids.len(),
+        accepted.len(),
+        "a job was reported twice or not at all"
+    );
+    assert_eq!(ids.iter().copied().collect::<HashSet<_>>(), accepted);
+    assert!(h.tier().poll(16).is_empty());
+    let s = h.tier().stats();
+    assert_eq!(
+        s.stores_ok + s.stores_failed + s.loads_ok + s.loads_failed,
+        200
+    );
+}
+
+pub fn store_skips_present_and_duplicate_keys(cfg: Backend) {
+    let h = Harness::new(&cfg(8, BB), 8, BB);
+    h.fill(0, 1);
+    h.fill(1, 2);
+    let r = h.store(1, &[1, 1, 2, 1], &[0, 0, 1, 0]);
+    assert_eq!(
+        (r.error, r.num_blocks, r.num_done, r.bytes),
+        (None, 4, 4, 2 * BB as u64)
+    );
+    // Stored again: nothing to copy, still success.
+    let r = h.store(2, &[2, 1], &[1, 0]);
+    assert_eq!((r.error, r.num_done, r.bytes), (None, 2, 0));
+    assert_eq!(h.tier().stats().num_blocks, 2);
+}
+
+pub fn bytes_round_trip_exactly(cfg: Backend) {
+    let h = Harness::new(&cfg(16, BB), 16, BB);
+    for i in 0..8 {
+        h.fill(i, 100 + i as u64);
+    }
+    let ids: Vec<u64> = (100..108).collect();
+    let r = h.store(1, &ids, &(0..8).collect::<Vec<_>>());
+    assert!(r.is_ok(), "{r:?}");
+    for i in 0..8 {
+        h.write_row(i, &vec![0xAA; BB]);
+    }
+    let r = h.load(2, &ids, &(8..16).rev().collect::<Vec<_>>());
+    assert_eq!((r.error, r.num_done, r.bytes), (None, 8, 8 * BB as u64));
+    for (p, &i) in ids.iter().enumerate() {
+        assert!(h.row_holds(15 - p, i), "row {} lost block {i}", 15 - p);
+    }
+    assert!(
+        h.row(0).iter().all(|&b| b == 0xAA),
+        "a load wrote outside its rows"
+    );
+}
+
+pub fn eviction_is_lru_and_honours_touch(cfg: Backend) {
+    let h = Harness::new(&cfg(4, BB), 8, BB);
+    for i in 1..=4 {
+        h.fill(0, i);
+        assert!(h.store(i, &[i], &[0]).is_ok());
+    }
+    h.fill(0, 5);
+    assert!(h.store(5, &[5], &[0]).is_ok());
+    assert_eq!(
+        h.present(&[1, 2, 3, 4, 5]),
+        vec![2, 3, 4, 5],
+        "1 was least recent"
+    );
+    h.touch(&[2]);
+    assert!(h.store(6, &[6], &[0]).is_ok());
+    assert_eq!(
+        h.present(&[2, 3, 4, 5, 6]),
+        vec![2, 4, 5, 6],
+        "touch saved 2, 3 went"
+    );
+    // Order now 4 5 2 6. The first key of a touch ends most recent: touch
+    // [4, 5] → 2 6 5 4, so the next two evictions take 2 then 6.
+    h.touch(&[4, 5, 99]);
+    assert!(h.store(7, &[7], &[0]).is_ok());
+    assert_eq!(h.present(&[2, 4, 5, 6, 7]), vec![4, 5, 6, 7]);
+    assert!(h.store(8, &[8], &[0]).is_ok());
+    assert_eq!(h.present(&[4, 5, 6, 7, 8]), vec![4, 5, 7, 8]);
+    // Order 5 4 7 8. A load is not a use: loading 5 does not save it.
+    assert!(h.load(9, &[5], &[1]).is_ok());
+    assert!(h.store(10, &[10], &[0]).is_ok());
+    assert_eq!(h.present(&[4, 5, 7, 8, 10]), vec![4, 7, 8, 10]);
+    assert_eq!(h.tier().stats().evictions, 5);
+}
+
+pub fn store_order_makes_first_key_most_recent(cfg: Backend) {
+    let h = Harness::new(&cfg(3, BB), 8, BB);
+    assert!(h.store(1, &[1, 2, 3], &[0, 1, 2]).is_ok());
+    // Order (LRU first): 3 2 1.
+    assert!(h.store(2, &[4], &[3]).is_ok());
+    assert_eq!(h.present(&[1, 2, 3, 4]), vec![1, 2, 4]);
+}
+
+pub fn no_space_fails_whole_and_changes_nothing(cfg: Backend) {
+    let h = Harness::manual(&cfg(4, BB), 8, BB);
+    // Two blocks stored, one being stored (not evictable), one free slot.
+    for (job, i) in [(1, 1), (2, 2)] {
+        h.tier()
+            .submit_store(job, &keys(&[i]), KEY_LEN, &[0])
+            .unwrap();
+        assert!(h.tier().run_queued_job(job));
+        assert!(h.tier().poll(1)[0].is_ok());
+    }
+    h.tier()
+        .submit_store(3, &keys(&[3]), KEY_LEN, &[0])
+        .unwrap();
+    let before = h.tier().stats();
+    // Four new keys need 4 slots; 1 free + 2 evictable = 3.
+    h.tier()
+        .submit_store(4, &keys(&[10, 11, 1, 12, 13]), KEY_LEN, &[0; 5])
+        .unwrap();
+    let r = h.tier().poll(1)[0];
+    assert_eq!(
+        (r.job_id, r.error, r.num_done, r.bytes),
+        (4, Some(ErrorKind::NoSpace), 1, 0)
+    );
+    assert_eq!(
+        h.lookup(&[1, 2, 3, 10, 11, 12, 13]),
+        [Hit, Hit, Pending, Miss, Miss, Miss, Miss]
+    );
+    let after = h.tier().stats();
+    assert_eq!(after.evictions, before.evictions);
+    assert_eq!(after.used_bytes, before.used_bytes);
+    assert_eq!(after.stores_failed, before.stores_failed + 1);
+    assert!(h.tier().run_queued_job(3));
+    // Three new keys fit now: 1 free + 2 evictable, but not 1 (key of the job).
+    h.tier()
+        .submit_store(5, &keys(&[1, 20, 21]), KEY_LEN, &[0; 3])
+        .unwrap();
+    assert!(h.tier().run_queued_job(5));
+    let results = h.tier().poll(8);
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(h.present(&[1, 2, 3, 20, 21]), vec![1, 3, 20, 21]);
+}
+
+pub fn never_evicts_keys_of_the_same_job(cfg: Backend) {
+    let h = Harness::new(&cfg(2, BB), 4, BB);
+    assert!(h.store(1, &[1], &[0]).is_ok());
+    assert!(h.store(2, &[2], &[0]).is_ok());
+    // 1 is least recent, but it is part of this job: 2 goes instead.
+    let r = h.store(3, &[1, 3], &[0, 1]);
+    assert_eq!((r.error, r.num_done), (None, 2));
+    assert_eq!(h.present(&[1, 2, 3]), vec![1, 3]);
+    // A job whose own keys fill the tier cannot evict them for its new ones.
+    let r = h.store(4, &[1, 3, 4], &[0, 1, 2]);
+    assert_eq!((r.error, r.num_done), (Some(ErrorKind::NoSpace), 2));
+    assert_eq!(h.present(&[1, 3, 4]), vec![1, 3]);
+}
+
+pub fn load_of_missing_key_reports_leading_blocks(cfg: Backend) {
+    let h = Harness::new(&cfg(8, BB), 8, BB);
+    for (row, i) in [(0, 1), (1, 2), (2, 3)] {
+        h.fill(row, i);
+    }
+    assert!(h.store(1, &[1, 2, 3], &[0, 1, 2]).is_ok());
+    let r = h.load(2, &[1, 2, 99, 3], &[4, 5, 6, 7]);
+    assert_eq!(
+        (r.error, r.num_blocks, r.num_done, r.bytes),
+        (Some(ErrorKind::NotFound), 4, 2, 2 * BB as u64)
+    );
+    assert!(h.row_holds(4, 1) && h.row_holds(5, 2));
+    let r = h.load(3, &[99, 1], &[4, 5]);
+    assert_eq!(
+        (r.error, r.num_done, r.bytes),
+        (Some(ErrorKind::NotFound), 0, 0)
+    );
+    assert_eq!(h.tier().stats().loads_failed, 2);
+}
+
+pub fn load_waits_for_a_store_in_flight(cfg: Backend) {
+    // Real workers: the load is submitted while the store is still copying.
+    let bb = 1 << 20;
+    let h = Harness::new(&cfg(64, bb), 64, bb);
+    let ids: Vec<u64> = (0..32).collect();
+    for &i in &ids {
+        h.fill(i as usize, i);
+    }
+    h.tier()
+        .submit_store(1, &keys(&ids), KEY_LEN, &(0..32).collect::<Vec<_>>())
+        .unwrap();
+    h.tier()
+        .submit_load(2, &keys(&ids), KEY_LEN, &(32..64).collect::<Vec<_>>())
+        .unwrap();
+    h.tier().drain();
+    let results = h.tier().poll(4);
+    assert_eq!(results.len(), 2);
+    assert!(
+        results.iter().all(|r| r.is_ok() && r.num_done == 32),
+        "{results:?}"
+    );
+    for &i in &ids {
+        assert!(h.row_holds(32 + i as usize, i), "block {i}");
+    }
+}
+
+pub fn lookup_is_pending_while_storing_then_hit(cfg: Backend) {
+    let h = Harness::manual(&cfg(8, BB), 8, BB);
+    h.fill(0, 1);
+    h.tier()
+        .submit_store(1, &keys(&[1, 2]), KEY_LEN, &[0, 0])
+        .unwrap();
+    assert_eq!(h.lookup(&[1, 2, 3]), [Pending, Pending, Miss]);
+    // Storing the same key again while in flight counts as done, copies nothing.
+    h.tier()
+        .submit_store(2, &keys(&[1]), KEY_LEN, &[0])
+        .unwrap();
+    let r = h.tier().poll(1)[0];
+    assert_eq!((r.job_id, r.error, r.num_done, r.bytes), (2, None, 1, 0));
+    assert!(h.tier().run_queued_job(1));
+    assert_eq!(h.lookup(&[1, 2, 3]), [Hit, Hit, Miss]);
+    let s = h.tier().stats();
+    assert_eq!(
+        (s.lookups, s.hits, s.misses, s.lookups_pending),
+        (6, 2, 2, 2)
+    );
+}
+
+pub fn loads_pin_blocks_against_eviction(cfg: Backend) {
+    let h = Harness::manual(&cfg(4, BB), 8, BB);
+    for (job, i) in [(1, 1), (2, 2), (3, 3), (4, 4)] {
+        h.fill(0, i);
+        h.tier()
+            .submit_store(job, &keys(&[i]), KEY_LEN, &[0])
+            .unwrap();
+        assert!(h.tier().run_queued_job(job));
+        h.fill(i as usize, i);
+    }
+    assert_eq!(h.tier().poll(8).len(), 4);
+    // Load of 1 (least recent) is queued: 1 is pinned.
+    h.tier().submit_load(5, &keys(&[1]), KEY_LEN, &[7]).unwrap();
+    h.tier()
+        .submit_store(6, &keys(&[5]), KEY_LEN, &[4])
+        .unwrap();
+    assert_eq!(
+        h.lookup(&[1, 2, 5]),
+        [Hit, Miss, Pending],
+        "2 evicted, not pinned 1"
+    );
+    // Three unpinned blocks (3, 4 and the in-flight 5 is not evictable): 3 new keys don't fit.
+    h.tier()
+        .submit_store(7, &keys(&[6, 7, 8]), KEY_LEN, &[0; 3])
+        .unwrap();
+    assert_eq!(h.tier().poll(1)[0].error, Some(ErrorKind::NoSpace));
+    assert!(h.tier().run_queued_job(5));
+    let r = h.tier().poll(1)[0];
+    assert_eq!((r.job_id, r.error), (5, None));
+    assert!(h.row_holds(7, 1));
+    assert!(h.tier().run_queued_job(6));
+    // Unpinned now, 1 is evictable again (least recent).
+    h.tier()
+        .submit_store(8, &keys(&[9]), KEY_LEN, &[0])
+        .unwrap();
+    assert_eq!(h.lookup(&[1, 3]), [Miss, Hit]);
+}
+
+pub fn blocks_in_flight_are_not_evicted(cfg: Backend) {
+    let h = Harness::manual(&cfg(2, BB), 4, BB);
+    h.tier()
+        .submit_store(1, &keys(&[1]), KEY_LEN, &[0])
+        .unwrap();
+    assert!(h.tier().run_queued_job(1));
+    h.tier()
+        .submit_store(2, &keys(&[2]), KEY_LEN, &[0])
+        .unwrap();
+    h.tier()
+        .submit_store(3, &keys(&[3]), KEY_LEN, &[0])
+        .unwrap();
+    assert_eq!(h.lookup(&[1, 2, 3]), [Miss, Pending, Pending]);
+    h.tier()
+        .submit_store(4, &keys(&[4]), KEY_LEN, &[0])
+        .unwrap();
+    let results = h.tier().poll(8);
+    let r = results.iter().find(|r| r.job_id == 4).unwrap();
+    assert_eq!(r.error, Some(ErrorKind::NoSpace));
+}
+
+pub fn clear_drops_blocks_and_jobs_in_flight_still_report(cfg: Backend) {
+    let h = Harness::manual(&cfg(8, BB), 8, BB);
+    h.fill(0, 1);
+    h.fill(1, 2);
+    h.tier()
+        .submit_store(1, &keys(&[1]), KEY_LEN, &[0])
+        .unwrap();
+    assert!(h.tier().run_queued_job(1));
+    h.tier()
+        .submit_store(2, &keys(&[2]), KEY_LEN, &[1])
+        .unwrap();
+    h.tier()
+        .submit_load(3, &keys(&[1, 2]), KEY_LEN, &[4, 5])
+        .unwrap();
+    h.tier().clear();
+    assert_eq!(h.lookup(&[1, 2]), [Miss, Miss]);
+    assert!(h.tier().run_queued_job(2));
+    assert!(
+        h.tier().run_queued_job(3),
+        "the load ran once its store finished"
+    );
+    let results = h.tier().poll(8);
+    assert_eq!(
+        results.iter().map(|r| r.job_id).collect::<Vec<_>>(),
+        vec![1, 2, 3]
+    );
+    assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert!(
+        h.row_holds(4, 1) && h.row_holds(5, 2),
+        "pinned before clear, loaded intact"
+    );
+    assert_eq!(
+        h.lookup(&[1, 2]),
+        [Miss, Miss],
+        "a store finishing after clear is dropped"
+    );
+    let s = h.tier().stats();
+    assert_eq!((s.num_blocks, s.used_bytes), (0, 0));
+    // Everything is usable again.
+    h.tier()
+        .submit_store(4, &keys(&[1]), KEY_LEN, &[0])
+        .unwrap();
+    assert!(h.tier().run_queued_job(4));
+    assert!(h.tier().poll(1)[0].is_ok());
+    assert_eq!(h.lookup(&[1]), [Hit]);
+}
+
+pub fn free_with_jobs_queued_returns_promptly(cfg: Backend) {
+    let bb = 4 << 20;
+    let mut h = Harness::new(&cfg(256, bb), 32, bb);
+    for job in 0..64u64 {
+        let ids: Vec<u64> = (job * 16..job * 16 + 16).collect();
+        let rows: Vec<i64> = (0..16).map(|r| (r + (job as i64 % 2) * 16) % 32).collect();
+        h.tier()
+            .submit_store(job, &keys(&ids), KEY_LEN, &rows)
+            .unwrap();
+    }
+    let start = Instant::now();
+    h.tier.take();
+    assert!(
+        start.elapsed() < Duration::from_secs(2),
+        "free took {:?}",
+        start.elapsed()
+    );
+}
+
+pub fn rejected_submits_produce_no_result(cfg: Backend) {
+    let h = Harness::new(&cfg(8, BB), 8, BB);
+    let t = h.tier();
+    let k = keys(&[1, 2]);
+    let kind = |r: kvtier::Result<()>| r.unwrap_err().kind();
+    assert_eq!(
+        kind(t.submit_store(1, &k, KEY_LEN, &[0, 8])),
+        ErrorKind::OutOfRange
+    );
+    assert_eq!(
+        kind(t.submit_load(1, &k, KEY_LEN, &[-1, 0])),
+        ErrorKind::OutOfRange
+    );
+    assert_eq!(
+        kind(t.submit_store(1, &k, 0, &[0, 1])),
+        ErrorKind::InvalidArg
+    );
+    assert_eq!(
+        kind(t.submit_store(1, &vec![0; 129 * 2], 129, &[0, 1])),
+        ErrorKind::InvalidArg
+    );
+    assert_eq!(
+        kind(t.submit_store(1, &k, KEY_LEN, &[0])),
+        ErrorKind::InvalidArg
+    );
+    t.submit_store(1, &k, KEY_LEN, &[0, 1]).unwrap();
+    assert_eq!(
+        kind(t.submit_load(1, &k, KEY_LEN, &[2, 3])),
+        ErrorKind::DuplicateJob
+    );
+    t.drain();
+    let results = t.poll(16);
+    assert_eq!(results.len(), 1);
+    assert_eq!(results[0].job_id, 1);
+    // Once polled, the id is free again.
+    t.submit_load(1, &k, KEY_LEN, &[2, 3]).unwrap();
+    t.drain();
+    assert!(t.poll(16)[0].is_ok());
+}
+
+pub fn keys_of_every_length_round_trip(cfg: Backend) {
+    let h = Harness::new(&cfg(16, BB), 16, BB);
+    for (n, len) in [1usize, 8, 16, 20, 36, 40, 41, 64, 128]
+        .into_iter()
+        .enumerate()
+    {
+        let mut key = vec![0u8; len];
+        key[len - 1] = n as u8 + 1;
+        h.fill(n, 500 + n as u64);
+        h.tier()
+            .submit_store(10 + n as u64, &key, len, &[n as i64])
+            .unwrap();
+        h.tier().drain();
+        assert!(h.tier().poll(1)[0].is_ok());
+        assert_eq!(h.tier().lookup(&key, len).unwrap(), [Hit]);
+        // Same bytes as a prefix of a longer key is a different key.
+        let mut longer = key.clone();
+        longer.push(0);
+        if longer.len() <= 128 {
+            assert_eq!(h.tier().lookup(&longer, len + 1).unwrap(), [Miss]);
+        }
+        h.tier()
+            .submit_load(100 + n as u64, &key, len, &[15])
+            .unwrap();
+        h.tier().drain();
+        assert!(h.tier().poll(1)[0].is_ok());
+        assert!(h.row_holds(15, 500 + n as u64), "key length {len}");
+    }
+}
+
+pub fn stats_count_what_happened(cfg: Backend) {
+    let h = Harness::new(&cfg(2, BB), 4, BB);
+    assert!(h.store(1, &[1, 2], &[0, 1]).is_ok());
+    assert!(h.store(2, &[3], &[2]).is_ok());
+    assert!(h.load(3, &[3], &[3]).is_ok());
+    // Store [1, 2] left 2 least recent (the first key ends most recent).
+    assert!(!h.load(4, &[2], &[3]).is_ok());
+    h.lookup(&[1, 3, 9]);
+    let s = h.tier().stats();
+    assert_eq!(s.capacity_bytes, 2 * BB as u64);
+    assert_eq!(s.capacity_blocks, 2);
+    assert_eq!(s.block_bytes, BB as u64);
+    assert_eq!((s.num_blocks, s.used_bytes), (2, 2 * BB as u64));
+    assert_eq!(
+        (s.stores_ok, s.stores_failed, s.loads_ok, s.loads_failed),
+        (2, 0, 1, 1)
+    );
+    assert_eq!((s.bytes_stored, s.bytes_loaded), (3 * BB as u64, BB as u64));
+    assert_eq!((s.lookups, s.hits, s.misses, s.evictions), (3, 2, 1, 1));
+    assert_eq!((s.jobs_in_flight, s.results_queued), (0, 0));
+    assert!(s.metadata_bytes > 0 && s.io_threads >= 1);
+}
+
+/// Emits one `#[test]` per contract test, calling it with `$backend`.
+macro_rules! contract_tests {
+    ($backend:expr; $($name:ident),* $(,)?) => {
+        $( #[test] fn $name() { super::$name($backend) } )*
+    };
+}
+
+/// Instantiates every contract test for one backend.
+macro_rules! contract_suite {
+    ($module:ident, $backend:expr) => {
+        mod $module {
+            contract_tests!(
+                $backend;
+                empty_job_is_reported_as_success,
+                every_job_is_reported_exactly_once,
+                store_skips_present_and_duplicate_keys,
+                bytes_round_trip_exactly,
+                eviction_is_lru_and_honours_touch,
+                store_order_makes_first_key_most_recent,
+                no_space_fails_whole_and_changes_nothing,
+                never_evicts_keys_of_the_same_job,
+                load_of_missing_key_reports_leading_blocks,
+                load_waits_for_a_store_in_flight,
+                lookup_is_pending_while_storing_then_hit,
+                loads_pin_blocks_against_eviction,
+                blocks_in_flight_are_not_evicted,
+                clear_drops_blocks_and_jobs_in_flight_still_report,
+                free_with_jobs_queued_returns_promptly,
+                rejected_submits_produce_no_result,
+                keys_of_every_length_round_trip,
+                stats_count_what_happened,
+            );
+        }
+    };
+}
+
+contract_suite!(memory, crate::common::memory_config);
