@@ -1,0 +1,189 @@
+"""Finding libkvtier.so and declaring its C functions (include/kvtier.h) once."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char_p,
+    c_int32,
+    c_size_t,
+    c_uint32,
+    c_uint64,
+    c_void_p,
+)
+from pathlib import Path
+
+LIBRARY_NAME = "libkvtier.so"
+ENV_LIBRARY = "KVTIER_LIBRARY"
+
+# Status codes: stable numbers from kvtier.h.
+TIER_OK = 0
+TIER_TIMEOUT = 1
+TIER_ERR_NULL_ARG = -1
+TIER_ERR_INVALID_ARG = -2
+TIER_ERR_OUT_OF_RANGE = -3
+TIER_ERR_DUPLICATE_JOB = -4
+TIER_ERR_NO_SPACE = -5
+TIER_ERR_NOT_FOUND = -6
+TIER_ERR_IO = -7
+TIER_ERR_CORRUPT = -8
+TIER_ERR_CONFIG = -9
+TIER_ERR_SHUTDOWN = -10
+TIER_ERR_PANIC = -11
+TIER_ERR_ALLOC = -12
+
+TIER_MISS = 0
+TIER_HIT = 1
+TIER_PENDING = 2
+
+TIER_JOB_STORE = 1
+TIER_JOB_LOAD = 2
+
+TIER_MAX_KEY_LEN = 128
+
+
+class tier_job_result_t(Structure):
+    _fields_ = [
+        ("job_id", c_uint64),
+        ("status", c_int32),
+        ("kind", c_uint32),
+        ("num_blocks", c_uint32),
+        ("num_done", c_uint32),
+        ("bytes", c_uint64),
+        ("elapsed_ns", c_uint64),
+    ]
+
+
+# In header order; the Python TierStats dataclass mirrors these names.
+STATS_FIELDS = (
+    "capacity_bytes",
+    "used_bytes",
+    "num_blocks",
+    "lookups",
+    "hits",
+    "misses",
+    "evictions",
+    "stores_ok",
+    "stores_failed",
+    "loads_ok",
+    "loads_failed",
+    "bytes_stored",
+    "bytes_loaded",
+    "jobs_in_flight",
+    "lookups_pending",
+    "block_bytes",
+    "capacity_blocks",
+    "metadata_bytes",
+    "results_queued",
+    "io_threads",
+)
+
+
+class tier_stats_t(Structure):
+    _fields_ = [(name, c_uint64) for name in STATS_FIELDS]
+
+
+assert ctypes.sizeof(tier_job_result_t) == 40
+assert ctypes.sizeof(tier_stats_t) == 160
+
+
+class LibraryNotFoundError(ImportError):
+    """libkvtier.so could not be found or loaded."""
+
+
+def _repo_root() -> Path | None:
+    # python/kvtier/_lib.py -> the repository holds Cargo.toml two levels up.
+    root = Path(__file__).resolve().parent.parent.parent
+    return root if (root / "Cargo.toml").is_file() else None
+
+
+def candidate_paths() -> list[tuple[str, Path]]:
+    """The places searched for the library, in order, with why each is tried."""
+    env = os.environ.get(ENV_LIBRARY)
+    if env:
+        # An explicit choice is the only candidate: falling back silently
+        # would hide a typo and test a different build than intended.
+        return [(f"${ENV_LIBRARY}", Path(env))]
+    places = [("installed package", Path(__file__).resolve().parent / LIBRARY_NAME)]
+    root = _repo_root()
+    if root is not None:
+        places.append(("repository release build", root / "target" / "release" / LIBRARY_NAME))
+        places.append(("repository debug build", root / "target" / "debug" / LIBRARY_NAME))
+    return places
+
+
+def _load() -> tuple[ctypes.CDLL, Path]:
+    tried = []
+    for why, path in candidate_paths():
+        if not path.is_file():
+            tried.append(f"  {path} ({why}): not found")
+            continue
+        try:
+            return ctypes.CDLL(str(path)), path
+        except OSError as exc:
+            tried.append(f"  {path} ({why}): {exc}")
+    raise LibraryNotFoundError(
+        "kvtier: could not load libkvtier.so. Tried:\n"
+        + "\n".join(tried)
+        + f"\nBuild it with `cargo build --release` in the kvtier repository, "
+        f"install the package with `pip install ./python`, or set {ENV_LIBRARY} "
+        "to the library's path."
+    )
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    P = c_void_p  # byte buffers, int64 arrays and handles all pass as void*
+    sigs = {
+        "tier_version": (c_char_p, []),
+        "tier_status_str": (c_char_p, [c_int32]),
+        "tier_last_error": (c_size_t, [c_void_p, c_size_t]),
+        "tier_config_new": (c_void_p, []),
+        "tier_config_set": (c_int32, [P, c_char_p, c_char_p]),
+        "tier_config_free": (None, [P]),
+        "tier_new": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_void_p)]),
+        "tier_free": (None, [P]),
+        "tier_lookup": (c_int32, [P, P, c_size_t, c_size_t, P]),
+        "tier_touch": (c_int32, [P, P, c_size_t, c_size_t]),
+        "tier_submit_store": (c_int32, [P, c_uint64, P, c_size_t, P, c_size_t]),
+        "tier_submit_load": (c_int32, [P, c_uint64, P, c_size_t, P, c_size_t]),
+        "tier_poll_finished": (c_int32, [P, P, c_size_t, POINTER(c_size_t)]),
+        "tier_wait": (c_int32, [P, c_uint32]),
+        "tier_drain": (c_int32, [P]),
+        "tier_clear": (c_int32, [P]),
+        "tier_stats": (c_int32, [P, POINTER(tier_stats_t)]),
+    }
+    for name, (restype, argtypes) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype = restype
+        fn.argtypes = argtypes
+
+
+lib, library_path = _load()
+_declare(lib)
+
+_status_names: dict[int, str] = {}
+
+
+def status_name(status: int) -> str:
+    name = _status_names.get(status)
+    if name is None:
+        name = lib.tier_status_str(status).decode()
+        _status_names[status] = name
+    return name
+
+
+def last_error() -> str:
+    """This thread's message for the last failed call."""
+    buf = ctypes.create_string_buffer(512)
+    n = lib.tier_last_error(buf, len(buf))
+    if n >= len(buf):
+        buf = ctypes.create_string_buffer(n + 1)
+        lib.tier_last_error(buf, len(buf))
+    return buf.value.decode("utf-8", "replace")
+
+
+def library_version() -> str:
+    return lib.tier_version().decode()

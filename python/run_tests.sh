@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Runs the Python tests (binding, and the vLLM adapter when vLLM is importable).
+#
+#   python/run_tests.sh [pytest args...]
+#
+# Environment:
+#   KVTIER_PYTHON   interpreter to test with (e.g. /tmp/vllm-env/bin/python, to
+#                   run the adapter tests against vLLM); it needs pytest and numpy.
+#                   Default: a venv at <repo>/build/pyenv, created on first use.
+#   KVTIER_LIBRARY  the library to test; default <repo>/target/release/libkvtier.so,
+#                   built with cargo if missing.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+repo="$(cd "$here/.." && pwd)"
+
+if [[ -z "${KVTIER_LIBRARY:-}" ]]; then
+    export KVTIER_LIBRARY="$repo/target/release/libkvtier.so"
+    if [[ ! -f "$KVTIER_LIBRARY" ]]; then
+        echo "run_tests.sh: building $KVTIER_LIBRARY" >&2
+        (cd "$repo" && cargo build --release --lib)
+    fi
+fi
+
+if [[ -n "${KVTIER_PYTHON:-}" ]]; then
+    py="$KVTIER_PYTHON"
+else
+    venv="$repo/build/pyenv"
+    py="$venv/bin/python"
+    if ! "$py" -c "import pytest, numpy" 2>/dev/null; then
+        echo "run_tests.sh: setting up $venv" >&2
+        python3 -m venv "$venv"
+        "$py" -m pip install --quiet --disable-pip-version-check pytest numpy
+    fi
+fi
+
+cd "$here"
+exec "$py" -m pytest -p no:cacheprovider "$@"  # paths default to tests/ (pytest.ini)

@@ -1,0 +1,586 @@
+"""KVTierSecondaryTier against the real vLLM 0.33 classes.
+
+Mirrors the memory-tier behaviours of vLLM's own tier tests (contract digest
+§6) and runs one real TieringOffloadingManager with kvtier as its secondary
+tier. Skipped when vLLM cannot be imported: run with
+``KVTIER_PYTHON=/path/to/venv-with-vllm/bin/python python/run_tests.sh``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+import uuid
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+try:
+    from vllm.v1.kv_offload.base import (
+        Locality,
+        LookupResult,
+        Medium,
+        ReqContext,
+        RequestOffloadingContext,
+        ScheduleEndContext,
+        make_offload_key,
+    )
+    from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+except Exception as exc:  # ImportError, or a vLLM that fails to import
+    pytest.skip(
+        f"vLLM is not importable ({exc!r}); the adapter tests need vLLM 0.33: "
+        "run KVTIER_PYTHON=<python with vllm> python/run_tests.sh",
+        allow_module_level=True,
+    )
+
+import kvtier
+import kvtier.vllm as kv_vllm
+from kvtier.vllm import KVTierSecondaryTier
+
+ROW = 4096
+HIT, MISS, RETRY = LookupResult.HIT, LookupResult.MISS, LookupResult.RETRY
+
+
+def spec(events: bool = False):
+    return SimpleNamespace(
+        kv_events_config=SimpleNamespace(
+            enable_kv_cache_events=events, self_describing_kv_events=False
+        )
+    )
+
+
+def to_key(n: int) -> bytes:
+    return make_offload_key(n.to_bytes(8, "big"), 0)
+
+
+def keys(*ns: int) -> list[bytes]:
+    return [to_key(n) for n in ns]
+
+
+def job(job_id, ks, rows, load=False, ctx=None):
+    return TransferJob(
+        job_id=job_id,
+        keys=list(ks),
+        # vLLM passes int32; wider only to provoke ids beyond int32 range.
+        chunk_ids=np.array(rows, dtype=np.int32 if all(abs(r) < 2**31 for r in rows) else np.int64),
+        is_promotion=load,
+        req_context=ctx or ReqContext(req_id="r"),
+    )
+
+
+def threads_now() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.fixture
+def make():
+    made = []
+
+    def _make(rows=8, row=ROW, arr=None, offloading_spec=None, **cfg):
+        cfg.setdefault("capacity_bytes", "4MiB")
+        cfg.setdefault("io_threads", 2)
+        if arr is None:
+            arr = np.zeros((rows, row), dtype=np.int8)
+        tier = KVTierSecondaryTier(
+            offloading_spec=offloading_spec or spec(),
+            primary_kv_view=memoryview(arr),
+            tier_type="KVTierSecondaryTier",
+            **cfg,
+        )
+        made.append(tier)
+        return tier, arr
+
+    yield _make
+    for tier in made:
+        tier.shutdown()
+
+
+def finished(tier, count: int, timeout: float = 5.0) -> list:
+    """get_finished_jobs until `count` results; asserts no duplicates/extras."""
+    got = []
+    deadline = time.monotonic() + timeout
+    while len(got) < count:
+        assert time.monotonic() < deadline, f"only {len(got)} of {count}: {got}"
+        got.extend(tier.get_finished_jobs())
+        time.sleep(0.002)
+    tier.drain_jobs()  # anything still running would be a job reported twice
+    got.extend(tier.get_finished_jobs())
+    assert len(got) == count, got
+    assert len({r.job_id for r in got}) == count
+    return got
+
+
+def cycle(tier, ks, ctx):
+    """vLLM's lookup cycle: look up, end the step, look up again."""
+    for k in ks:
+        tier.lookup(k, ctx)
+    tier.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+    return [tier.lookup(k, ctx) for k in ks]
+
+
+def fill(arr, rows, seed=7):
+    rng = np.random.default_rng(seed)
+    for r in rows:
+        arr[r] = rng.integers(-128, 128, size=arr.shape[1], dtype=np.int8)
+
+
+# -- the contract ---------------------------------------------------------------
+
+
+def test_is_a_cpu_secondary_tier(make):
+    tier, _ = make()
+    assert isinstance(tier, SecondaryTierManager)
+    assert tier.medium is Medium.CPU and tier.locality is None
+    assert tier.block_size_bytes == ROW
+    assert isinstance(tier.on_new_request(ReqContext("r")), RequestOffloadingContext)
+    assert tier.has_pending_work() is False
+
+
+def test_miss_on_empty(make):
+    tier, _ = make()
+    assert cycle(tier, keys(1, 2, 3), ReqContext("r")) == [MISS] * 3
+
+
+def test_store_then_hit(make):
+    tier, arr = make()
+    tier.submit_store(job(1, keys(1), [0]))
+    assert tier.has_pending_work()
+    [r] = finished(tier, 1)
+    assert (r.job_id, r.success, r.successful_keys) == (1, True, None)
+    assert r.transfer_bytes == ROW and r.transfer_time >= 0
+    assert cycle(tier, keys(1), ReqContext("r")) == [HIT]
+    assert not tier.has_pending_work()
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 5])
+def test_round_trip_into_other_rows(make, n):
+    rows = 12
+    tier, arr = make(rows=rows)
+    fill(arr, range(n))
+    original = arr[:n].copy()
+    ks = keys(*range(n))
+    tier.submit_store(job(1, ks, list(range(n))))
+    assert [(r.job_id, r.success) for r in finished(tier, 1)] == [(1, True)]
+    arr[rows - n :] = 0
+    tier.submit_load(job(2, ks, list(range(rows - n, rows)), load=True))
+    assert [(r.job_id, r.success) for r in finished(tier, 1)] == [(2, True)]
+    assert arr[rows - n :].tobytes() == original.tobytes()
+    assert cycle(tier, ks, ReqContext("r")) == [HIT] * n
+
+
+@pytest.mark.parametrize("bad_row", [8, -1, 2**40])
+def test_out_of_range_row_fails_cleanly(make, bad_row):
+    tier, arr = make(rows=8)
+    tier.submit_store(job(1, keys(1, 2), [0, bad_row]))
+    assert tier.has_pending_work()
+    [r] = finished(tier, 1)
+    assert (r.job_id, r.success) == (1, False)
+    assert cycle(tier, keys(1, 2), ReqContext("r")) == [MISS, MISS]
+    tier.submit_store(job(2, keys(1), [0]))
+    finished(tier, 1)
+    ctx = ReqContext("r2")
+    tier.submit_load(job(3, keys(1), [bad_row], load=True, ctx=ctx))
+    [r] = finished(tier, 1)
+    assert (r.job_id, r.success, r.successful_keys) == (3, False, None)
+    assert tier.lookup(to_key(1), ctx) is MISS  # the failed key, for that request
+    assert tier.lookup(to_key(1), ReqContext("other")) is HIT
+
+
+def test_load_never_stored_key_fails(make):
+    tier, _ = make()
+    tier.submit_load(job(1, keys(9), [0], load=True))
+    [r] = finished(tier, 1)
+    assert (r.job_id, r.success, r.successful_keys) == (1, False, None)
+
+
+def test_partial_load_reports_leading_keys(make):
+    tier, arr = make(rows=8)
+    fill(arr, [0, 1])
+    k1, k2, k3 = keys(1, 2, 3)
+    tier.submit_store(job(1, [k1, k2], [0, 1]))
+    finished(tier, 1)
+    ctx = ReqContext("req")
+    tier.submit_load(job(2, [k1, k2, k3], [5, 6, 7], load=True, ctx=ctx))
+    [r] = finished(tier, 1)
+    assert (r.job_id, r.success, tuple(r.successful_keys)) == (2, False, (k1, k2))
+    assert set(r.successful_keys) <= {k1, k2, k3}
+    assert arr[5:7].tobytes() == arr[0:2].tobytes()
+    assert cycle(tier, [k1, k2, k3], ctx) == [HIT, HIT, MISS]
+    assert cycle(tier, [k1, k2, k3], ReqContext("fresh")) == [HIT, HIT, MISS]
+
+
+def test_failed_first_key_misses_all_for_that_request(make):
+    tier, arr = make(rows=8)
+    k1, k2, k3 = keys(1, 2, 3)
+    tier.submit_store(job(1, [k1, k2], [0, 1]))
+    finished(tier, 1)
+    ctx = ReqContext("req")
+    tier.submit_load(job(2, [k3, k1, k2], [5, 6, 7], load=True, ctx=ctx))
+    [r] = finished(tier, 1)
+    assert (r.success, r.successful_keys) == (False, None)
+    # k1 and k2 are in the tier, but this request must not promote them again.
+    assert cycle(tier, [k3, k1, k2], ctx) == [MISS, MISS, MISS]
+    assert cycle(tier, [k3, k1, k2], ReqContext("fresh")) == [MISS, HIT, HIT]
+    tier.on_request_finished(ctx)  # per-request verdicts are dropped
+    assert tier.lookup(k1, ReqContext("req")) is HIT
+    assert tier._failed_keys == {}
+
+
+def test_two_jobs_report_both_ids(make):
+    tier, _ = make()
+    tier.submit_store(job(1, keys(1), [0]))
+    tier.submit_store(job(2, keys(2), [1]))
+    assert {r.job_id for r in finished(tier, 2)} == {1, 2}
+    assert cycle(tier, keys(1, 2), ReqContext("r")) == [HIT, HIT]
+
+
+def test_drain_then_poll_yields_everything(make):
+    tier, arr = make(rows=32, row=256 * 1024, capacity_bytes="64MiB", io_threads=1)
+    for j in range(16):
+        tier.submit_store(job(j, keys(2 * j, 2 * j + 1), [2 * j, 2 * j + 1]))
+    for j in range(16, 20):
+        tier.submit_load(job(j, keys(2 * (j - 16)), [31], load=True))
+    tier.submit_store(job(99, keys(1), [99]))  # rejected: reported too
+    tier.drain_jobs()
+    results = list(tier.get_finished_jobs())
+    assert sorted(r.job_id for r in results) == list(range(20)) + [99]
+    assert all(r.success for r in results if r.job_id < 16)
+    assert not tier.has_pending_work()
+    assert list(tier.get_finished_jobs()) == []
+
+
+def test_shutdown_with_jobs_queued_returns_promptly(make):
+    base = threads_now()
+    arr = np.zeros((32, 2 << 20), dtype=np.int8)
+    tier, _ = make(arr=arr, capacity_bytes="1GiB", io_threads=1)
+    assert threads_now() > base
+    for j in range(10):
+        tier.submit_store(job(j, keys(*range(100 * j, 100 * j + 16)), list(range(16))))
+    t0 = time.monotonic()
+    tier.shutdown()
+    assert time.monotonic() - t0 < 1.0
+    assert threads_now() == base  # the I/O threads are gone
+    tier.shutdown()  # idempotent
+    arr[:] = 1  # the library no longer touches the buffer
+
+
+def test_lookup_keeps_input_order(make):
+    tier, _ = make()
+    tier.submit_store(job(1, keys(2, 4), [0, 1]))
+    finished(tier, 1)
+    assert cycle(tier, keys(1, 2, 3, 4, 5), ReqContext("r")) == [MISS, HIT, MISS, HIT, MISS]
+
+
+def test_float32_view_with_2mib_rows(make):
+    arr = np.zeros((8, 524288), dtype=np.float32)
+    view = memoryview(arr)
+    assert view.strides == (2 << 20, 4)
+    tier, _ = make(arr=arr, capacity_bytes="64MiB")
+    assert tier.block_size_bytes == 2 << 20
+    rng = np.random.default_rng(3)
+    arr[:4] = rng.standard_normal((4, 524288), dtype=np.float32)
+    ks = keys(1, 2, 3, 4)
+    tier.submit_store(job(1, ks, [0, 1, 2, 3]))
+    [r] = finished(tier, 1)
+    assert r.success and r.transfer_bytes == 4 * (2 << 20)
+    tier.submit_load(job(2, ks, [7, 6, 5, 4], load=True))
+    assert finished(tier, 1)[0].success
+    assert arr[[7, 6, 5, 4]].tobytes() == arr[:4].tobytes()
+
+
+def test_store_events(make):
+    tier, _ = make(offloading_spec=spec(events=True), enable_kv_events=True, locality="LOCAL")
+    assert list(tier.take_events()) == []
+    tier.submit_store(job(1, keys(3, 1, 2), [0, 1, 2]))
+    finished(tier, 1)
+    [event] = list(tier.take_events())
+    assert event.keys == keys(3, 1, 2)
+    assert (event.medium, event.removed, event.locality) == (Medium.CPU, False, Locality.LOCAL)
+    assert list(tier.take_events()) == []
+    tier.submit_load(job(2, keys(3), [4], load=True))  # loads emit nothing
+    tier.submit_store(job(3, keys(7), [99]))  # failed stores emit nothing
+    finished(tier, 2)
+    assert list(tier.take_events()) == []
+
+
+def test_events_need_the_global_flag(make):
+    tier, _ = make(offloading_spec=spec(events=False), enable_kv_events=True)
+    tier.submit_store(job(1, keys(1), [0]))
+    finished(tier, 1)
+    assert list(tier.take_events()) == []
+
+
+def test_locality_is_validated(make):
+    tier, _ = make(locality="REMOTE")
+    assert tier.locality is Locality.REMOTE
+    with pytest.raises(ValueError):
+        make(locality="local")
+
+
+def test_touch_reaches_the_library(make):
+    tier, _ = make(rows=4, capacity_bytes=2 * ROW)
+    a, b, c = keys(1, 2, 3)
+    tier.submit_store(job(1, [a, b], [0, 1]))  # a ends most recent
+    finished(tier, 1)
+    tier.touch([b], ReqContext("r"))  # now a is least recent
+    tier.touch([], ReqContext("r"))
+    tier.submit_store(job(2, [c], [2]))
+    assert finished(tier, 1)[0].success
+    assert cycle(tier, [a, b, c], ReqContext("r")) == [MISS, HIT, HIT]
+
+
+def test_store_without_space_fails_the_job(make):
+    tier, _ = make(rows=8, capacity_bytes=2 * ROW)
+    tier.submit_store(job(1, keys(1, 2, 3), [0, 1, 2]))
+    [r] = finished(tier, 1)
+    assert r.success is False
+    assert cycle(tier, keys(1, 2, 3), ReqContext("r")) == [MISS] * 3
+
+
+# -- never raise into the scheduler -------------------------------------------------
+
+
+def test_pending_maps_to_retry_and_errors_to_miss(make, monkeypatch):
+    tier, _ = make()
+    monkeypatch.setattr(tier._tier, "lookup_one", lambda key: kvtier.LookupState.PENDING)
+    assert tier.lookup(to_key(1), ReqContext("r")) is RETRY
+
+    def boom(key):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(tier._tier, "lookup_one", boom)
+    assert tier.lookup(to_key(1), ReqContext("r")) is MISS
+
+
+def test_real_pending_store_is_retry(make):
+    arr = np.zeros((64, 1 << 20), dtype=np.int8)
+    tier, _ = make(arr=arr, capacity_bytes="128MiB", io_threads=1)
+    ks = keys(*range(64))
+    tier.submit_store(job(1, ks, list(range(64))))
+    assert tier.lookup(ks[-1], ReqContext("r")) in (RETRY, HIT)
+    finished(tier, 1)
+    assert tier.lookup(ks[-1], ReqContext("r")) is HIT
+
+
+@pytest.mark.parametrize(
+    "bad_keys",
+    [
+        [b"x" * 200],  # longer than the library accepts
+        [b"abc", b"abcdef"],  # mixed lengths
+        [1, 2],  # not bytes at all
+    ],
+)
+def test_rejected_submit_becomes_a_failed_result(make, bad_keys):
+    tier, _ = make()
+    ctx = ReqContext("r")
+    tier.submit_store(job(1, bad_keys, list(range(len(bad_keys)))))
+    tier.submit_load(job(2, bad_keys, list(range(len(bad_keys))), load=True, ctx=ctx))
+    results = finished(tier, 2)
+    assert sorted((r.job_id, r.success, r.successful_keys) for r in results) == [
+        (1, False, None),
+        (2, False, None),
+    ]
+
+
+def test_mismatched_rows_and_missing_fields_are_reported(make):
+    tier, _ = make()
+    tier.submit_store(job(1, keys(1, 2), [0]))  # two keys, one row
+    tier.submit_store(SimpleNamespace(job_id=2, keys=keys(1)))  # no rows at all
+    assert sorted((r.job_id, r.success) for r in finished(tier, 2)) == [(1, False), (2, False)]
+
+
+def test_duplicate_job_id_is_reported_once(make):
+    tier, _ = make(rows=64, row=1 << 20, capacity_bytes="128MiB", io_threads=1)
+    tier.submit_store(job(5, keys(*range(64)), list(range(64))))
+    tier.submit_store(job(5, keys(1000), [0]))
+    assert [r.job_id for r in finished(tier, 1)] == [5]
+
+
+def test_nothing_raises_after_shutdown(make):
+    tier, _ = make()
+    tier.submit_store(job(1, keys(1), [0]))
+    tier.shutdown()
+    ctx = ReqContext("r")
+    assert tier.lookup(to_key(1), ctx) is MISS
+    tier.touch(keys(1), ctx)
+    tier.submit_store(job(2, keys(1), [0]))
+    tier.submit_load(job(3, keys(1), [1], load=True, ctx=ctx))
+    assert sorted(r.job_id for r in tier.get_finished_jobs()) == [2, 3]
+    tier.drain_jobs()
+    tier.on_request_finished(ctx)
+    assert list(tier.take_events()) == []
+    assert tier.has_pending_work() is False
+    tier.shutdown()
+
+
+def test_bad_kvtier_config_fails_at_construction(make):
+    with pytest.raises(kvtier.KVTierError) as info:
+        make(no_such_option=1)
+    assert info.value.status == kvtier.TIER_ERR_CONFIG
+    with pytest.raises(kvtier.KVTierError):
+        make(capacity_bytes=100)  # below one row
+
+
+# -- vLLM plumbing ------------------------------------------------------------------
+
+
+def test_factory_loads_it_from_module_path():
+    config = {
+        "type": "KVTierSecondaryTier",
+        "module_path": "kvtier.vllm",
+        "capacity_bytes": "2MiB",
+        "io_threads": 3,
+    }
+    assert SecondaryTierFactory.get_tier_class(config) is KVTierSecondaryTier
+    arr = np.zeros((4, ROW), dtype=np.int8)
+    tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(arr), spec())
+    try:
+        assert isinstance(tier, KVTierSecondaryTier)
+        assert tier.tier_type == "KVTierSecondaryTier"
+        stats = tier.stats()
+        assert (stats.capacity_bytes, stats.io_threads, stats.block_bytes) == (2 << 20, 3, ROW)
+        assert config["type"] == "KVTierSecondaryTier"  # the factory copies it
+    finally:
+        tier.shutdown()
+
+
+def test_older_names_and_result_fields(make, monkeypatch):
+    @dataclasses.dataclass
+    class OldJobResult:
+        job_id: int
+        success: bool
+
+    monkeypatch.setattr(kv_vllm, "JobResult", OldJobResult)
+    monkeypatch.setattr(kv_vllm, "_RESULT_FIELDS", frozenset({"job_id", "success"}))
+    tier, arr = make()
+    old_job = SimpleNamespace(job_id=1, keys=keys(1), block_ids=[0], req_context=ReqContext("r"))
+    tier.submit_store(old_job)
+    load = SimpleNamespace(job_id=2, keys=keys(1, 2), block_ids=[3, 4], req_context=ReqContext("r"))
+    tier.submit_load(load)
+    results = []
+    deadline = time.monotonic() + 5
+    while len(results) < 2 and time.monotonic() < deadline:
+        results.extend(tier.get_finished())  # the older method name
+    assert sorted((r.job_id, r.success) for r in results) == [(1, True), (2, False)]
+    assert all(type(r) is OldJobResult for r in results)
+    tier.request_finished(ReqContext("r"))
+
+
+def test_accepts_unexpected_vllm_kwargs():
+    arr = np.zeros((4, ROW), dtype=np.int8)
+    tier = KVTierSecondaryTier(spec(), memoryview(arr), tier_name="kv0", capacity_bytes="1MiB")
+    try:
+        assert tier.tier_type == "kv0"
+    finally:
+        tier.shutdown()
+
+
+# -- one real TieringOffloadingManager --------------------------------------------
+
+
+def test_tiering_manager_cascades_and_promotes():
+    from vllm.v1.kv_offload.cpu.shared_offload_region import SharedOffloadRegion
+    from vllm.v1.kv_offload.tiering.manager import (
+        CPUPrimaryTierOffloadingManager,
+        TieringOffloadingManager,
+    )
+
+    rows, row = 4, 64 * 1024
+    region = SharedOffloadRegion(
+        engine_id=f"kvtier-test-{uuid.uuid4().hex[:12]}",
+        num_chunks=rows,
+        rank=None,
+        kv_bytes_per_chunk=row,
+        cpu_page_size=row,
+    )
+    primary = CPUPrimaryTierOffloadingManager(num_chunks=rows, mmap_region=region)
+    view = primary.get_kv_memoryview()
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "KVTierSecondaryTier", "module_path": "kvtier.vllm", "capacity_bytes": "1MiB", "io_threads": 2},
+        view,
+        spec(),
+    )
+    manager = TieringOffloadingManager(primary_tier=primary, secondary_tiers=[tier])
+    data = np.asarray(view)
+    assert data.shape == (rows, row)
+
+    loads = []
+    real_submit_load = tier.submit_load
+
+    def spy_load(job_metadata):
+        loads.append((job_metadata.job_id, job_metadata.req_context.req_id, list(job_metadata.keys)))
+        real_submit_load(job_metadata)
+
+    tier.submit_load = spy_load
+
+    def steps(limit=500):
+        for _ in range(limit):
+            with manager.lock:
+                manager.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+                if not manager.has_pending_work():
+                    return
+            time.sleep(0.005)
+        raise AssertionError("the manager never went idle")
+
+    def store(req_id, ks, seed):
+        ctx = ReqContext(req_id)
+        with manager.lock:
+            manager.on_new_request(ctx)
+            out = manager.prepare_store(ks, ctx)
+            assert out is not None and out.keys_to_store == ks
+            payload = np.random.default_rng(seed).integers(-128, 128, size=(len(ks), row), dtype=np.int8)
+            data[np.asarray(out.store_spec.chunk_ids)] = payload  # the "GPU -> CPU" copy
+            manager.complete_store(ks, ctx)  # cascades to kvtier
+        steps()
+        with manager.lock:
+            manager.on_request_finished(ctx)
+        return payload, out
+
+    try:
+        keys_a = keys(0, 1, 2, 3)
+        payload_a, _ = store("A", keys_a, seed=1)
+        assert [tier.lookup(k, ReqContext("x")) for k in keys_a] == [HIT] * 4
+        assert tier.stats().stores_ok == 1
+
+        # B fills the primary tier: A's chunks are evicted there, kept in kvtier.
+        keys_b = keys(10, 11, 12, 13)
+        _, out_b = store("B", keys_b, seed=2)
+        assert set(out_b.evicted_keys) == set(keys_a)
+        ctx = ReqContext("C")
+        with manager.lock:
+            manager.on_new_request(ctx)
+            assert [primary.lookup(k, ctx) for k in keys_a] == [MISS] * 4
+            assert [manager.lookup(k, ctx) for k in keys_a] == [LookupResult.HIT_PENDING] * 4
+            assert loads == []  # promotion is submitted at step end, not in lookup
+        steps()
+        assert len(loads) == 1 and loads[0][1] == "C" and loads[0][2] == keys_a
+        with manager.lock:
+            assert [manager.lookup(k, ctx) for k in keys_a] == [HIT] * 4
+            spec_c = manager.prepare_load(keys_a, ctx)
+            assert data[np.asarray(spec_c.chunk_ids)].tobytes() == payload_a.tobytes()
+            manager.complete_load(keys_a, ctx)
+            manager.on_request_finished(ctx)
+        stats = tier.stats()
+        assert (stats.stores_ok, stats.loads_ok, stats.loads_failed) == (2, 1, 0)
+
+        # reset_cache drains kvtier and asserts every job was reported.
+        ctx = ReqContext("D")
+        with manager.lock:
+            manager.on_new_request(ctx)
+            out = manager.prepare_store(keys(20), ctx)
+            data[np.asarray(out.store_spec.chunk_ids)] = 5
+            manager.complete_store(keys(20), ctx)
+            assert tier.has_pending_work() or manager.has_pending_work()
+            manager.reset_cache()
+            assert not manager.has_pending_work()
+            manager.on_reset_flushed()
+            manager.on_request_finished(ctx)
+        assert tier.lookup(to_key(20), ReqContext("x")) is HIT
+    finally:
+        data = view = None  # drop the test's own exports of the mapping
+        manager.shutdown()
+    assert region.mmap_obj is None  # nothing of ours kept the mapping exported
+    assert not os.path.exists(region.mmap_path)

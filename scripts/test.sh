@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs every test (C/C++ through the real library, ASan/UBSan, valgrind when
+# installed, the Rust tests, the benchmark smoke test) on a fresh machine that
+# has cargo, a C/C++ compiler and python3. Installs cmake if it is missing.
+#
+# Environment: BUILD_DIR (default build), JOBS (parallel builds and tests, default 2).
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+BUILD_DIR=${BUILD_DIR:-build}
+JOBS=${JOBS:-2}
+
+# Runs a command as root (directly, or through sudo if that exists), without prompts.
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        env DEBIAN_FRONTEND=noninteractive "$@"
+    elif command -v sudo >/dev/null 2>&1; then
+        sudo env DEBIAN_FRONTEND=noninteractive "$@"
+    else
+        return 1
+    fi
+}
+
+install_cmake() {
+    echo "test.sh: cmake not found; installing it" >&2
+    if command -v apt-get >/dev/null 2>&1; then
+        if as_root apt-get install -y cmake || { as_root apt-get update && as_root apt-get install -y cmake; }; then
+            return 0
+        fi
+    fi
+    echo "test.sh: apt-get could not install cmake; trying pip" >&2
+    python3 -m pip install --user cmake || python3 -m pip install --user --break-system-packages cmake
+    PATH="$(python3 -m site --user-base)/bin:$PATH"
+    export PATH
+}
+
+if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; then
+    install_cmake
+fi
+cmake --version | sed -n 1p
+
+cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
+cmake --build "$BUILD_DIR" -j "$JOBS"
+# `ctest --test-dir` needs cmake >= 3.20; running from the build directory works everywhere.
+cd "$BUILD_DIR"
+ctest --output-on-failure -j "$JOBS"
