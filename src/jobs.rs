@@ -75,8 +75,8 @@ pub(crate) struct Job {
     tasks_left: AtomicU32,
     /// Earliest failure: `pos << 32 | -code`, or NO_FAILURE.
     failure: AtomicU64,
-    /// Store: indices into `items` whose copy failed (rare, so a locked Vec).
-    failed_items: Mutex<Vec<usize>>,
+    /// Indices into `items` whose copy failed, and why (rare: a locked Vec).
+    failed_items: Mutex<Vec<(usize, ErrorKind)>>,
     bytes: AtomicU64,
 }
 
@@ -130,15 +130,15 @@ impl Job {
 
     pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
         let mut failed = self.failed_items.lock();
-        if !failed.contains(&item) {
-            failed.push(item);
+        if !failed.iter().any(|&(i, _)| i == item) {
+            failed.push((item, kind));
         }
         drop(failed);
         self.fail(self.items[item].pos, kind);
     }
 
-    /// Store: indices into `items` whose copy failed.
-    pub(crate) fn failed_items(&self) -> Vec<usize> {
+    /// Indices into `items` whose copy failed, and why.
+    pub(crate) fn failed_items(&self) -> Vec<(usize, ErrorKind)> {
         self.failed_items.lock().clone()
     }
 

@@ -529,3 +529,4 @@ macro_rules! contract_suite {
 }
 
 contract_suite!(memory, crate::common::memory_config);
+contract_suite!(disk, crate::common::disk_config);
