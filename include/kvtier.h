@@ -98,8 +98,10 @@ typedef struct tier_job_result_t {
      */
     uint32_t num_blocks;
     /**
-     * Store: the job's blocks present in the tier after it. Load: leading
-     * blocks copied before the first failure (num_blocks on success).
+     * Store: the job's blocks (keys, counting repeats) in the tier when the
+     * job completed, stored or being stored by another job; num_blocks on
+     * success unless a tier_clear or eviction intervened. Load: leading blocks
+     * copied before the first failure (num_blocks on success).
      */
     uint32_t num_done;
     /**

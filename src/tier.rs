@@ -322,7 +322,8 @@ impl Tier {
         {
             bail!(
                 OutOfRange,
-                "block_ids[{i}]: {id} is outside the primary buffer's rows 0..{rows}"
+                "block_ids[{i}]: {id} is not a row of the primary buffer (rows are 0 to {}, {rows} in all)",
+                rows - 1
             );
         }
         Ok(())
@@ -538,13 +539,11 @@ impl Shared {
         } = st;
         let mut new: Vec<(u32, u64)> = Vec::new();
         pinned.clear();
-        let mut present = 0u32;
         for pos in 0..job.num_blocks {
             let key = job.key(pos);
             let hash = index.hash(key);
             match index.find(key, hash) {
                 Some(slot) => {
-                    present += 1;
                     if index.state(slot) == SlotState::Ready {
                         // Protect it from this job's own evictions.
                         index.pin(slot);
@@ -574,7 +573,6 @@ impl Shared {
         for &slot in pinned.iter() {
             index.unpin(slot);
         }
-        job.already_present = present;
         if !enough {
             job.fail(0, ErrorKind::NoSpace);
             return;
@@ -760,7 +758,7 @@ impl Shared {
     fn finish(&self, job: Arc<Job>) {
         let mut unblocked = Vec::new();
         let mut released = Vec::new();
-        if !job.items.is_empty() {
+        if job.num_blocks > 0 && (job.kind == JobKind::Store || !job.items.is_empty()) {
             let mut st = self.state.lock();
             match job.kind {
                 JobKind::Store => {
@@ -771,6 +769,16 @@ impl Shared {
                         st.index.finish_store(item.slot, ok);
                         Self::wake_waiters(&mut st, item.slot, ok, &mut unblocked);
                     }
+                    // What the job leaves behind, whatever happened meanwhile
+                    // (a clear, evictions of keys it found present).
+                    let present = (0..job.num_blocks)
+                        .filter(|&p| {
+                            st.index
+                                .find(job.key(p), st.index.hash(job.key(p)))
+                                .is_some()
+                        })
+                        .count();
+                    job.set_present_after(present as u32);
                 }
                 JobKind::Load => {
                     for (i, kind) in job.failed_items() {

@@ -178,10 +178,15 @@ impl Model {
         }
     }
 
+    /// Job positions whose key is in the tier (stored or being stored).
+    fn present(&self, keys: &[u64]) -> u32 {
+        keys.iter().filter(|&&k| self.linked(k).is_some()).count() as u32
+    }
+
     /// The job ran: apply its completion. Returns it for row checks.
     fn run(&mut self, job_id: u64) -> Job {
         self.runnable.retain(|&j| j != job_id);
-        let job = self.jobs.remove(&job_id).expect("job");
+        let mut job = self.jobs.remove(&job_id).expect("job");
         match job.kind {
             JobKind::Store => {
                 for &(_, id) in job.items.iter().rev() {
@@ -217,6 +222,10 @@ impl Model {
                     }
                 }
             }
+        }
+        if job.kind == JobKind::Store {
+            // What the job leaves behind: a clear meanwhile leaves nothing.
+            job.expected.num_done = self.present(&job.keys);
         }
         self.completed.push_back(job.expected);
         job
