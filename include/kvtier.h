@@ -98,8 +98,10 @@ typedef struct tier_job_result_t {
      */
     uint32_t num_blocks;
     /**
-     * Store: the job's blocks present in the tier after it. Load: leading
-     * blocks copied before the first failure (num_blocks on success).
+     * Store: the job's blocks (keys, counting repeats) in the tier when the
+     * job completed, stored or being stored by another job; num_blocks on
+     * success unless a tier_clear or eviction intervened. Load: leading blocks
+     * copied before the first failure (num_blocks on success).
      */
     uint32_t num_done;
     /**
@@ -316,9 +318,17 @@ struct tier_config_t *tier_config_new(void);
 /**
  * Sets one configuration option from strings.
  *
- * Keys: "backend" ("memory"); "capacity_bytes" (bytes, or a number with KiB,
- * MiB, GiB or TiB); "io_threads" (1..=256); "idle_spin_us" (0..=1000000: how
- * long idle workers poll for work before sleeping).
+ * Keys: "backend" ("memory" or "disk"); "capacity_bytes" (bytes, or a number
+ * with KiB, MiB, GiB or TiB); "io_threads" (1..=256; default min(cores, 4) for
+ * memory, 8 for disk); "idle_spin_us" (0..=1000000: how long idle workers poll
+ * for work before sleeping).
+ * Disk backend: "path" (directory, created owner-only if missing, parent must
+ * exist); "namespace" (names the block layout: model, dtype, geometry; blocks
+ * of other namespaces or block sizes are never loaded); "o_direct" ("auto",
+ * "on", "off"); "sync" ("none", or "data": fsync before a block is published);
+ * "shared" ("false", or "true": several processes or hosts use the directory;
+ * see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
+ * the file system is reused, default 1000).
  * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
  * text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
  * Ownership: `key` and `value` are copied; the caller keeps them.
@@ -375,7 +385,10 @@ void tier_free(struct tier_t *tier);
  * writes one state per key to `out_states`, in input order: TIER_HIT (stored
  * and readable), TIER_MISS, or TIER_PENDING (being stored; ask again).
  *
- * Never waits for a copy. Does not change recency (see tier_touch).
+ * Never waits for a copy or for storage: the answer comes from the in-memory
+ * index. A shared disk tier answers TIER_PENDING for a key it has not seen and
+ * asks the file system on a worker; a later lookup gets TIER_HIT or TIER_MISS.
+ * Does not change recency (see tier_touch).
  * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len outside
  * 1..=TIER_MAX_KEY_LEN). `out_states` is written only on success.
  * Ownership: both buffers are borrowed for the call.
@@ -503,6 +516,20 @@ tier_status_t tier_drain(struct tier_t *tier);
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_clear(struct tier_t *tier);
+
+/**
+ * Copies a one-line description of the tier into `buf`: library version,
+ * backend and its storage choices (e.g. whether O_DIRECT is in use and why),
+ * I/O threads. For logs.
+ *
+ * Returns the description's full length in bytes, excluding the NUL (0 if
+ * `tier` is NULL). Writes at most `cap - 1` bytes plus a NUL.
+ * NULL: `buf` may be NULL (or `cap` 0) to query the length only.
+ * Threads: any thread, concurrently with other calls.
+ */
+size_t tier_describe(struct tier_t *tier,
+                     char *buf,
+                     size_t cap);
 
 /**
  * Writes a snapshot of the tier's state and counters to `*out`.

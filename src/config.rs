@@ -2,12 +2,15 @@
 //! and the bindings use.
 
 use crate::error::{bail, Result};
+use std::path::PathBuf;
 
 /// Where blocks live.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum BackendKind {
     /// An in-process arena of fixed-size slots (the default).
     Memory,
+    /// One file per block under a directory: persistent, shareable.
+    Disk,
 }
 
 impl BackendKind {
@@ -15,6 +18,60 @@ impl BackendKind {
     pub fn name(self) -> &'static str {
         match self {
             BackendKind::Memory => "memory",
+            BackendKind::Disk => "disk",
+        }
+    }
+}
+
+/// Whether the disk backend bypasses the page cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DirectIo {
+    /// Probe the directory; use O_DIRECT if it works, else buffered I/O.
+    Auto,
+    /// Require O_DIRECT (`tier_new` fails if the file system refuses it).
+    On,
+    /// Buffered I/O through the page cache.
+    Off,
+}
+
+/// What the disk backend makes durable before a block becomes visible.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SyncMode {
+    /// Nothing: a block survives a process crash, not a power loss.
+    None,
+    /// The file's data (and then its directory entry) is synced before the
+    /// block is published: it survives a power loss.
+    Data,
+}
+
+/// Disk backend options (used when `backend` is `disk`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DiskConfig {
+    /// Root directory; created (owner-only) if missing, but not its parents.
+    pub path: Option<PathBuf>,
+    /// Names the block layout (model, dtype, geometry…): blocks of different
+    /// namespaces or block sizes are never mixed.
+    pub namespace: String,
+    /// O_DIRECT policy.
+    pub direct_io: DirectIo,
+    /// Durability before publishing.
+    pub sync: SyncMode,
+    /// Several processes (or hosts) use the directory at once.
+    pub shared: bool,
+    /// Shared mode: how long a "not on disk" answer for a key is reused before
+    /// the file system is asked again, in milliseconds.
+    pub probe_ttl_ms: u32,
+}
+
+impl Default for DiskConfig {
+    fn default() -> DiskConfig {
+        DiskConfig {
+            path: None,
+            namespace: String::new(),
+            direct_io: DirectIo::Auto,
+            sync: SyncMode::None,
+            shared: false,
+            probe_ttl_ms: 1000,
         }
     }
 }
@@ -39,6 +96,8 @@ pub struct TierConfig {
     /// microseconds. Spinning hides the cost of waking a sleeping thread (several
     /// microseconds) from back-to-back small jobs; 0 sleeps at once.
     pub idle_spin_us: u32,
+    /// Disk backend options.
+    pub disk: DiskConfig,
 }
 
 impl Default for TierConfig {
@@ -48,12 +107,24 @@ impl Default for TierConfig {
             capacity_bytes: DEFAULT_CAPACITY_BYTES,
             io_threads: None,
             idle_spin_us: 50,
+            disk: DiskConfig::default(),
         }
     }
 }
 
 /// The keys [`TierConfig::set`] accepts, for messages and documentation.
-pub const CONFIG_KEYS: &[&str] = &["backend", "capacity_bytes", "io_threads", "idle_spin_us"];
+pub const CONFIG_KEYS: &[&str] = &[
+    "backend",
+    "capacity_bytes",
+    "io_threads",
+    "idle_spin_us",
+    "path",
+    "namespace",
+    "o_direct",
+    "sync",
+    "shared",
+    "probe_ttl_ms",
+];
 
 impl TierConfig {
     /// Sets one option from its string form, as `tier_config_set` does.
@@ -66,9 +137,10 @@ impl TierConfig {
             "backend" => {
                 self.backend = match value.to_ascii_lowercase().as_str() {
                     "memory" => BackendKind::Memory,
+                    "disk" => BackendKind::Disk,
                     _ => bail!(
                         Config,
-                        "backend: unknown backend {value:?} (expected \"memory\")"
+                        "backend: unknown backend {value:?} (expected \"memory\" or \"disk\")"
                     ),
                 }
             }
@@ -87,6 +159,47 @@ impl TierConfig {
                 }
                 self.idle_spin_us = n as u32;
             }
+            "path" => {
+                if value.is_empty() {
+                    bail!(Config, "path: empty");
+                }
+                self.disk.path = Some(PathBuf::from(value));
+            }
+            "namespace" => {
+                if value.len() > 4096 {
+                    bail!(Config, "namespace: longer than 4096 bytes");
+                }
+                self.disk.namespace = value.to_string();
+            }
+            "o_direct" => {
+                self.disk.direct_io = match value.to_ascii_lowercase().as_str() {
+                    "auto" => DirectIo::Auto,
+                    "on" | "true" | "1" => DirectIo::On,
+                    "off" | "false" | "0" => DirectIo::Off,
+                    _ => bail!(Config, "o_direct: {value:?} is not auto, on or off"),
+                }
+            }
+            "sync" => {
+                self.disk.sync = match value.to_ascii_lowercase().as_str() {
+                    "none" => SyncMode::None,
+                    "data" => SyncMode::Data,
+                    _ => bail!(Config, "sync: {value:?} is not none or data"),
+                }
+            }
+            "shared" => {
+                self.disk.shared = match value.to_ascii_lowercase().as_str() {
+                    "true" | "1" | "on" | "yes" => true,
+                    "false" | "0" | "off" | "no" => false,
+                    _ => bail!(Config, "shared: {value:?} is not true or false"),
+                }
+            }
+            "probe_ttl_ms" => {
+                let n = parse_uint(key, value)?;
+                if n > 3_600_000 {
+                    bail!(Config, "probe_ttl_ms: {n} is above 3600000 (one hour)");
+                }
+                self.disk.probe_ttl_ms = n as u32;
+            }
             _ => bail!(
                 Config,
                 "unknown configuration key {key:?} (known keys: {})",
@@ -98,11 +211,15 @@ impl TierConfig {
 
     /// The worker count this configuration resolves to.
     pub fn resolved_io_threads(&self) -> usize {
-        self.io_threads.unwrap_or_else(|| {
-            let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-            // Memory copies saturate the memory bus with few threads; more only
-            // steal cores from the engine.
-            cores.clamp(1, 4)
+        self.io_threads.unwrap_or_else(|| match self.backend {
+            BackendKind::Memory => {
+                let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+                // Memory copies saturate the memory bus with few threads; more
+                // only steal cores from the engine.
+                cores.clamp(1, 4)
+            }
+            // Threads mostly wait on the device; SSDs need queue depth.
+            BackendKind::Disk => 8,
         })
     }
 }
@@ -215,5 +332,38 @@ mod tests {
         cfg.set("backend", "Memory").unwrap();
         assert_eq!(cfg.io_threads, Some(3));
         assert_eq!(cfg.capacity_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn disk_keys_parse() {
+        let mut cfg = TierConfig::default();
+        cfg.set("backend", "disk").unwrap();
+        cfg.set("path", "/tmp/x").unwrap();
+        cfg.set("namespace", "llama-3-8b/bf16").unwrap();
+        cfg.set("o_direct", "off").unwrap();
+        cfg.set("sync", "data").unwrap();
+        cfg.set("shared", "true").unwrap();
+        cfg.set("probe_ttl_ms", "250").unwrap();
+        assert_eq!(cfg.backend, BackendKind::Disk);
+        assert_eq!(
+            cfg.disk.path.as_deref(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
+        assert_eq!(cfg.disk.direct_io, DirectIo::Off);
+        assert_eq!(cfg.disk.sync, SyncMode::Data);
+        assert!(cfg.disk.shared);
+        assert_eq!(cfg.disk.probe_ttl_ms, 250);
+        for (k, v) in [
+            ("o_direct", "maybe"),
+            ("sync", "all"),
+            ("shared", "2"),
+            ("path", ""),
+        ] {
+            assert_eq!(
+                cfg.set(k, v).unwrap_err().kind(),
+                ErrorKind::Config,
+                "{k}={v}"
+            );
+        }
     }
 }

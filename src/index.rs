@@ -194,6 +194,10 @@ pub(crate) struct Index {
     /// Keys of freed blocks that held data, for backends that must release
     /// storage (`None`: not tracked).
     released: Option<Vec<(u32, Vec<u8>)>>,
+    /// With `released`: keys of allocated but unlinked slots (cleared or
+    /// forgotten while a job still uses them), with their count. Their storage
+    /// is still in use although lookups no longer see them.
+    unlinked_keys: HashMap<Box<[u8]>, u32>,
 }
 
 impl Index {
@@ -211,12 +215,35 @@ impl Index {
             lru_tail: NIL,
             ready: 0,
             released: None,
+            unlinked_keys: HashMap::new(),
         }
     }
 
     /// Starts recording the keys of freed blocks (see [`Index::take_released`]).
     pub(crate) fn track_releases(&mut self) {
         self.released.get_or_insert_with(Vec::new);
+    }
+
+    /// Whether any slot (linked, or unlinked but still in use) holds `key`.
+    pub(crate) fn holds_key(&self, key: &[u8]) -> bool {
+        self.find(key, self.hash(key)).is_some() || self.unlinked_keys.contains_key(key)
+    }
+
+    fn note_unlinked(&mut self, s: u32, delta: i32) {
+        if self.released.is_none() {
+            return;
+        }
+        let mut buf = [0u8; MAX_KEY_LEN];
+        let len = self.key_of(s, &mut buf);
+        let key = &buf[..len];
+        if delta > 0 {
+            *self.unlinked_keys.entry(key.into()).or_insert(0) += 1;
+        } else if let Some(n) = self.unlinked_keys.get_mut(key) {
+            *n -= 1;
+            if *n == 0 {
+                self.unlinked_keys.remove(key);
+            }
+        }
     }
 
     /// Blocks freed since the last call, with their keys, if tracked.
@@ -521,10 +548,12 @@ impl Index {
             self.ready -= 1;
         }
         self.slots[s as usize].linked = false;
+        self.note_unlinked(s, 1);
     }
 
     fn free_slot(&mut self, s: u32) {
         debug_assert!(!self.slots[s as usize].linked);
+        self.note_unlinked(s, -1);
         if self.released.is_some() && self.slots[s as usize].state == SlotState::Ready {
             let mut buf = [0u8; MAX_KEY_LEN];
             let len = self.key_of(s, &mut buf);
@@ -562,6 +591,27 @@ impl Index {
         s
     }
 
+    /// Adds a readable block found in storage (recovery, probes) as the most
+    /// recently used. The caller has checked `free_slots() > 0` and that the key
+    /// is absent.
+    pub(crate) fn insert_ready(&mut self, key: &[u8], hash: u64) -> u32 {
+        let s = self.insert_storing(key, hash);
+        self.finish_store(s, true);
+        s
+    }
+
+    /// Forgets a block whose storage turned out missing or corrupt: it looks up
+    /// as MISS at once, and its slot is freed when the last pin goes.
+    pub(crate) fn forget(&mut self, s: u32) {
+        if self.slots[s as usize].state != SlotState::Ready || !self.slots[s as usize].linked {
+            return;
+        }
+        self.unlink(s);
+        if self.slots[s as usize].pins == 0 {
+            self.free_slot(s);
+        }
+    }
+
     /// Finishes a store into `s`: on success the block becomes readable and most
     /// recently used; on failure it disappears (or turns Dead while pinned).
     pub(crate) fn finish_store(&mut self, s: u32, ok: bool) {
@@ -595,6 +645,7 @@ impl Index {
             self.slots[s as usize].linked = false;
             self.slots[s as usize].prev = NIL;
             self.slots[s as usize].next = NIL;
+            self.note_unlinked(s, 1);
             if slot.state == SlotState::Ready && slot.pins == 0 {
                 self.free_slot(s);
             }
@@ -746,6 +797,11 @@ mod tests {
         ix.pin(a);
         ix.track_releases();
         ix.clear();
+        assert!(
+            ix.holds_key(&key(1)) && ix.holds_key(&key(3)),
+            "still in use"
+        );
+        assert!(!ix.holds_key(&key(2)));
         assert_eq!(ix.take_released(), vec![(1, key(2))]);
         assert_eq!(ix.allocated(), 2);
         for i in 1..=3 {
@@ -755,9 +811,25 @@ mod tests {
         ix.finish_store(c, true);
         assert_eq!(ix.allocated(), 0);
         assert_eq!(ix.take_released(), vec![(a, key(1)), (c, key(3))]);
+        assert!(!ix.holds_key(&key(1)) && ix.unlinked_keys.is_empty());
         // The same key can be stored again while nothing is left of the old one.
         store(&mut ix, &key(3));
         assert_eq!(lookup(&ix, &key(3)), LookupState::Hit);
+    }
+
+    #[test]
+    fn forget_drops_a_pinned_block_at_its_last_unpin() {
+        let mut ix = Index::new(4, KeyHasher::with_seed(1));
+        let s = store(&mut ix, &key(1));
+        ix.pin(s);
+        ix.forget(s);
+        assert_eq!(lookup(&ix, &key(1)), LookupState::Miss);
+        assert_eq!(ix.allocated(), 1);
+        assert!(ix.unpin(s));
+        assert_eq!(ix.allocated(), 0);
+        let h = ix.hash(&key(2));
+        ix.insert_ready(&key(2), h);
+        assert_eq!(lookup(&ix, &key(2)), LookupState::Hit);
     }
 
     #[test]

@@ -28,7 +28,8 @@ pub struct JobResult {
     pub error: Option<ErrorKind>,
     /// Blocks (keys) in the job.
     pub num_blocks: u32,
-    /// Store: the job's blocks present in the tier after it. Load: leading blocks
+    /// Store: the job's blocks (keys, counting repeats) in the tier when the job
+    /// completed, stored or being stored by another job. Load: leading blocks
     /// copied before the first failure (all of them on success).
     pub num_done: u32,
     /// Bytes copied by this job.
@@ -70,13 +71,14 @@ pub(crate) struct Job {
     pub key_len: usize,
     /// Blocks to copy, in key order.
     pub items: Vec<Item>,
-    /// Store: positions whose key was already present or in flight.
-    pub already_present: u32,
+    /// Store: positions whose key is in the tier (stored or being stored) when
+    /// the job completes; set under the index lock at completion.
+    present_after: AtomicU32,
     tasks_left: AtomicU32,
     /// Earliest failure: `pos << 32 | -code`, or NO_FAILURE.
     failure: AtomicU64,
-    /// Store: indices into `items` whose copy failed (rare, so a locked Vec).
-    failed_items: Mutex<Vec<usize>>,
+    /// Indices into `items` whose copy failed, and why (rare: a locked Vec).
+    failed_items: Mutex<Vec<(usize, ErrorKind)>>,
     bytes: AtomicU64,
 }
 
@@ -96,7 +98,7 @@ impl Job {
             keys,
             key_len,
             items: Vec::new(),
-            already_present: 0,
+            present_after: AtomicU32::new(0),
             tasks_left: AtomicU32::new(0),
             failure: AtomicU64::new(NO_FAILURE),
             failed_items: Mutex::new(Vec::new()),
@@ -130,15 +132,15 @@ impl Job {
 
     pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
         let mut failed = self.failed_items.lock();
-        if !failed.contains(&item) {
-            failed.push(item);
+        if !failed.iter().any(|&(i, _)| i == item) {
+            failed.push((item, kind));
         }
         drop(failed);
         self.fail(self.items[item].pos, kind);
     }
 
-    /// Store: indices into `items` whose copy failed.
-    pub(crate) fn failed_items(&self) -> Vec<usize> {
+    /// Indices into `items` whose copy failed, and why.
+    pub(crate) fn failed_items(&self) -> Vec<(usize, ErrorKind)> {
         self.failed_items.lock().clone()
     }
 
@@ -167,6 +169,10 @@ impl Job {
             .collect()
     }
 
+    pub(crate) fn set_present_after(&self, n: u32) {
+        self.present_after.store(n, Ordering::Release);
+    }
+
     /// Marks one task done; true for the last one.
     pub(crate) fn task_done(&self) -> bool {
         self.tasks_left.fetch_sub(1, Ordering::AcqRel) == 1
@@ -177,10 +183,7 @@ impl Job {
         let failure = self.failure();
         let num_done = match self.kind {
             JobKind::Load => failure.map_or(self.num_blocks, |(pos, _)| pos),
-            JobKind::Store if matches!(failure, Some((_, ErrorKind::NoSpace))) => {
-                self.already_present
-            }
-            JobKind::Store => self.num_blocks - self.failed_items().len() as u32,
+            JobKind::Store => self.present_after.load(Ordering::Acquire),
         };
         JobResult {
             job_id: self.id,

@@ -4,7 +4,7 @@
 //! Locks: `state` (index and load dependencies) and the completion queue are
 //! never held together, and no byte is copied under either.
 
-use crate::backend::{memory::MemoryBackend, Backend};
+use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::completion::Completions;
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{bail, ErrorKind, Result};
@@ -13,17 +13,28 @@ use crate::index::{Index, LookupState, SlotState, MAX_KEY_LEN};
 use crate::jobs::{Item, Job, JobKind, JobResult, Task};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
-use crate::workers::WorkQueue;
+use crate::workers::{Work, WorkQueue};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Below this many bytes a job is copied by one worker: splitting costs more
 /// than it saves.
 const MIN_TASK_BYTES: usize = 4 << 20;
+
+/// Forget "not in storage" answers beyond this many remembered keys.
+const MAX_PROBE_MEMORY: usize = 65_536;
+
+/// What is known about a key absent from the index but maybe in storage.
+enum Probe {
+    /// A worker is asking storage.
+    InFlight,
+    /// Storage did not have it; ask again after this instant.
+    Missing(Instant),
+}
 
 /// A load waiting for stores in flight of some of its keys.
 struct WaitingLoad {
@@ -38,6 +49,8 @@ struct State {
     /// Storing slot → waiting loads (wait id, key position in that load).
     waiters: HashMap<u32, Vec<(u64, u32)>>,
     next_wait_id: u64,
+    /// Shared disk tiers: keys being or recently probed.
+    probes: HashMap<Vec<u8>, Probe>,
     victims: Vec<u32>,
     scratch: Vec<u32>,
 }
@@ -50,6 +63,7 @@ struct Shared {
     done: Completions,
     counters: Counters,
     io_threads: usize,
+    probe_ttl: Duration,
 }
 
 /// A secondary tier over a caller's primary buffer.
@@ -136,6 +150,7 @@ impl Tier {
         }
         let backend: Box<dyn Backend> = match config.backend {
             BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
+            BackendKind::Disk => Box::new(DiskBackend::open(&config.disk, block_bytes)?),
         };
         let io_threads = if spawn {
             config.resolved_io_threads()
@@ -146,6 +161,21 @@ impl Tier {
         if backend.wants_discards() {
             index.track_releases();
         }
+        let mut evicted_at_open = 0;
+        for key in backend.recover()? {
+            // Oldest first, so when storage holds more than the capacity the
+            // oldest blocks are the ones evicted again.
+            let mut victims = Vec::new();
+            if index.free_slots() == 0 && index.pick_victims(1, &mut victims) {
+                index.evict(victims[0]);
+                evicted_at_open += 1;
+            }
+            let hash = index.hash(&key);
+            if index.free_slots() > 0 && index.find(&key, hash).is_none() {
+                index.insert_ready(&key, hash);
+            }
+        }
+        let released_at_open = index.take_released();
         let shared = Arc::new(Shared {
             primary,
             backend,
@@ -154,6 +184,7 @@ impl Tier {
                 waiting: HashMap::new(),
                 waiters: HashMap::new(),
                 next_wait_id: 0,
+                probes: HashMap::new(),
                 victims: Vec::new(),
                 scratch: Vec::new(),
             }),
@@ -161,7 +192,10 @@ impl Tier {
             done: Completions::default(),
             counters: Counters::default(),
             io_threads,
+            probe_ttl: Duration::from_millis(config.disk.probe_ttl_ms as u64),
         });
+        Counters::add(&shared.counters.evictions, evicted_at_open);
+        shared.discard(released_at_open);
         let mut tier = Tier {
             shared,
             workers: Vec::new(),
@@ -173,8 +207,8 @@ impl Tier {
                 let worker = std::thread::Builder::new()
                     .name(format!("kvtier-io-{i}"))
                     .spawn(move || {
-                        while let Some(task) = shared.queue.next(spin) {
-                            shared.run_task(task);
+                        while let Some(work) = shared.queue.next(spin) {
+                            shared.run(work);
                         }
                     });
                 match worker {
@@ -199,17 +233,48 @@ impl Tier {
 
     /// Writes the state of each of the `out.len()` keys packed in `keys` into
     /// `out` as a [`LookupState`] byte, without blocking on any copy.
+    ///
+    /// A shared disk tier answers PENDING for a key it has not seen and asks
+    /// storage on a worker; a later lookup gets HIT or MISS.
     pub fn lookup_into(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> Result<()> {
         check_keys(keys, key_len, out.len())?;
         if out.is_empty() {
             return Ok(());
         }
-        let counts = self
-            .shared
-            .state
-            .lock()
-            .index
-            .lookup_batch(keys, key_len, out);
+        let mut to_probe = Vec::new();
+        let counts = {
+            let mut st = self.shared.state.lock();
+            let mut counts = st.index.lookup_batch(keys, key_len, out);
+            if self.shared.backend.probes_absent_keys() && counts.misses > 0 {
+                let now = Instant::now();
+                for (i, state) in out.iter_mut().enumerate() {
+                    if *state != LookupState::Miss as u8 {
+                        continue;
+                    }
+                    let key = &keys[i * key_len..][..key_len];
+                    match st.probes.get(key) {
+                        Some(Probe::Missing(until)) if now < *until => continue,
+                        Some(Probe::InFlight) => {}
+                        _ => {
+                            st.probes.insert(key.to_vec(), Probe::InFlight);
+                            to_probe.push(key.to_vec());
+                        }
+                    }
+                    *state = LookupState::Pending as u8;
+                    counts.misses -= 1;
+                    counts.pending += 1;
+                }
+                if st.probes.len() > MAX_PROBE_MEMORY {
+                    st.probes.retain(|_, p| matches!(p, Probe::InFlight));
+                }
+            }
+            counts
+        };
+        if !to_probe.is_empty() {
+            self.shared
+                .queue
+                .push_all(to_probe.into_iter().map(Work::Probe));
+        }
         let c = &self.shared.counters;
         Counters::add(&c.lookups, out.len() as u64);
         Counters::add(&c.hits, counts.hits);
@@ -257,7 +322,8 @@ impl Tier {
         {
             bail!(
                 OutOfRange,
-                "block_ids[{i}]: {id} is outside the primary buffer's rows 0..{rows}"
+                "block_ids[{i}]: {id} is not a row of the primary buffer (rows are 0 to {}, {rows} in all)",
+                rows - 1
             );
         }
         Ok(())
@@ -359,6 +425,16 @@ impl Tier {
         self.shared.discard(released);
     }
 
+    /// One line describing the backend and its storage choices (for logs).
+    pub fn describe(&self) -> String {
+        format!(
+            "kvtier {}: {}, {} I/O threads",
+            crate::VERSION,
+            self.shared.backend.describe(),
+            self.shared.io_threads
+        )
+    }
+
     /// A snapshot of the counters.
     pub fn stats(&self) -> Stats {
         let s = &self.shared;
@@ -397,6 +473,26 @@ impl Tier {
         }
     }
 
+    /// Test seam: makes backend writes fail as if the device were full.
+    #[doc(hidden)]
+    pub fn simulate_full_device(&self, full: bool) {
+        self.shared.backend.simulate_full_device(full);
+    }
+
+    /// Runs all queued background work (probes, discards) on this thread
+    /// (manual tiers only); returns how many items ran.
+    #[doc(hidden)]
+    pub fn run_background(&self) -> usize {
+        assert!(
+            self.workers.is_empty(),
+            "run_background is for manual tiers"
+        );
+        let work = self.shared.queue.take_background();
+        let n = work.len();
+        work.into_iter().for_each(|w| self.shared.run(w));
+        n
+    }
+
     /// Runs the queued task of job `job_id` on this thread (manual tiers only).
     /// False if that job has no queued task (finished, or waiting on a store).
     #[doc(hidden)]
@@ -417,9 +513,14 @@ impl Tier {
 
 impl Drop for Tier {
     fn drop(&mut self) {
-        self.shared.queue.shut_down();
+        let discards = self.shared.queue.shut_down();
         for worker in self.workers.drain(..) {
             let _ = worker.join();
+        }
+        // Evicted blocks' storage is still released: otherwise a disk tier
+        // would find them again on its next open.
+        for work in discards {
+            self.shared.run(work);
         }
     }
 }
@@ -438,13 +539,11 @@ impl Shared {
         } = st;
         let mut new: Vec<(u32, u64)> = Vec::new();
         pinned.clear();
-        let mut present = 0u32;
         for pos in 0..job.num_blocks {
             let key = job.key(pos);
             let hash = index.hash(key);
             match index.find(key, hash) {
                 Some(slot) => {
-                    present += 1;
                     if index.state(slot) == SlotState::Ready {
                         // Protect it from this job's own evictions.
                         index.pin(slot);
@@ -474,7 +573,6 @@ impl Shared {
         for &slot in pinned.iter() {
             index.unpin(slot);
         }
-        job.already_present = present;
         if !enough {
             job.fail(0, ErrorKind::NoSpace);
             return;
@@ -530,11 +628,62 @@ impl Shared {
         None
     }
 
-    /// Lets the backend release storage of freed blocks, outside the lock.
+    /// Hands released blocks to a worker, which lets the backend release their
+    /// storage.
     fn discard(&self, released: Vec<(u32, Vec<u8>)>) {
-        for (slot, key) in released {
-            self.backend.discard(slot, &key);
+        if !released.is_empty() {
+            let keys = released.into_iter().map(|(_, key)| key).collect();
+            self.queue.push_all([Work::Discard(keys)]);
         }
+    }
+
+    /// Whether a block of `key` is in use: stored, being stored, or cleared
+    /// but still pinned by a load.
+    fn is_live(&self, key: &[u8]) -> bool {
+        self.state.lock().index.holds_key(key)
+    }
+
+    fn run(&self, work: Work) {
+        match work {
+            Work::Copy(task) => self.run_task(task),
+            Work::Discard(keys) => {
+                for key in keys {
+                    self.backend.discard(&key, &|k| self.is_live(k));
+                }
+            }
+            Work::Probe(key) => self.run_probe(key),
+        }
+    }
+
+    /// Asks storage for a key another process may have stored; a block found
+    /// joins the index (making room like a store would).
+    fn run_probe(&self, key: Vec<u8>) {
+        let found = self.backend.probe(&key);
+        let released = {
+            let mut st = self.state.lock();
+            let State {
+                index,
+                probes,
+                victims,
+                ..
+            } = &mut *st;
+            probes.remove(&key);
+            let hash = index.hash(&key);
+            if index.find(&key, hash).is_none() {
+                let room = index.free_slots() > 0 || index.pick_victims(1, victims);
+                if found && room {
+                    if index.free_slots() == 0 {
+                        index.evict(victims[0]);
+                        Counters::add(&self.counters.evictions, 1);
+                    }
+                    index.insert_ready(&key, hash);
+                } else {
+                    probes.insert(key, Probe::Missing(Instant::now() + self.probe_ttl));
+                }
+            }
+            index.take_released()
+        };
+        self.discard(released);
     }
 
     /// Queues a planned job's copies, or completes it at once if there are none.
@@ -546,7 +695,8 @@ impl Shared {
         let job_bytes = job.items.len() * self.primary.block_bytes();
         let max_tasks = self.io_threads.min(job_bytes / MIN_TASK_BYTES).max(1);
         let min_items = job.items.len().div_ceil(max_tasks);
-        self.queue.push_all(job.into_tasks(max_tasks, min_items));
+        let tasks = job.into_tasks(max_tasks, min_items);
+        self.queue.push_all(tasks.into_iter().map(Work::Copy));
     }
 
     /// A worker runs one task: copies its blocks, then, if it is the job's last
@@ -571,10 +721,11 @@ impl Shared {
                         }
                         self.backend
                             .load(&self.primary, item.row, item.slot, job.key(item.pos))
+                            .map(|()| block_bytes)
                     }
                 };
                 match outcome {
-                    Ok(()) => job.add_bytes(block_bytes),
+                    Ok(bytes) => job.add_bytes(bytes),
                     Err(e) => {
                         job.item_failed(i, e.kind());
                         if job.kind == JobKind::Load {
@@ -607,19 +758,36 @@ impl Shared {
     fn finish(&self, job: Arc<Job>) {
         let mut unblocked = Vec::new();
         let mut released = Vec::new();
-        if !job.items.is_empty() {
+        if job.num_blocks > 0 && (job.kind == JobKind::Store || !job.items.is_empty()) {
             let mut st = self.state.lock();
             match job.kind {
                 JobKind::Store => {
                     let failed = job.failed_items();
                     // Reverse order: the job's first key ends most recent.
                     for (i, item) in job.items.iter().enumerate().rev() {
-                        let ok = !failed.contains(&i);
+                        let ok = !failed.iter().any(|&(f, _)| f == i);
                         st.index.finish_store(item.slot, ok);
                         Self::wake_waiters(&mut st, item.slot, ok, &mut unblocked);
                     }
+                    // What the job leaves behind, whatever happened meanwhile
+                    // (a clear, evictions of keys it found present).
+                    let present = (0..job.num_blocks)
+                        .filter(|&p| {
+                            st.index
+                                .find(job.key(p), st.index.hash(job.key(p)))
+                                .is_some()
+                        })
+                        .count();
+                    job.set_present_after(present as u32);
                 }
                 JobKind::Load => {
+                    for (i, kind) in job.failed_items() {
+                        // The stored block is gone or bad: the key must MISS
+                        // from now on, or the engine would retry it forever.
+                        if matches!(kind, ErrorKind::Corrupt | ErrorKind::NotFound) {
+                            st.index.forget(job.items[i].slot);
+                        }
+                    }
                     for item in &job.items {
                         st.index.unpin(item.slot);
                     }

@@ -1,8 +1,9 @@
 //! The work queue and the I/O worker threads that drain it.
 //!
-//! Loads are served before stores: a load is on a request's critical path, a
-//! store is background work. Idle workers poll briefly before sleeping, so a
-//! stream of small jobs does not pay a thread wake-up per job.
+//! Order of service: loads (a request waits for them), probes (a lookup waits
+//! for them), stores (background), discards (housekeeping). Idle workers poll
+//! briefly before sleeping, so a stream of small jobs does not pay a thread
+//! wake-up per job.
 
 use crate::jobs::{JobKind, Task};
 use parking_lot::{Condvar, Mutex};
@@ -10,15 +11,47 @@ use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+/// One unit of work for a worker.
+pub(crate) enum Work {
+    /// Copy a run of one job's blocks.
+    Copy(Task),
+    /// Does storage hold this key (shared disk tiers)?
+    Probe(Vec<u8>),
+    /// Release the storage of evicted or cleared blocks.
+    Discard(Vec<Vec<u8>>),
+}
+
 #[derive(Default)]
 struct Queues {
-    loads: VecDeque<Task>,
-    stores: VecDeque<Task>,
+    loads: VecDeque<Work>,
+    probes: VecDeque<Work>,
+    stores: VecDeque<Work>,
+    discards: VecDeque<Work>,
 }
 
 impl Queues {
-    fn pop(&mut self) -> Option<Task> {
-        self.loads.pop_front().or_else(|| self.stores.pop_front())
+    fn pop(&mut self) -> Option<Work> {
+        self.loads
+            .pop_front()
+            .or_else(|| self.probes.pop_front())
+            .or_else(|| self.stores.pop_front())
+            .or_else(|| self.discards.pop_front())
+    }
+
+    fn is_empty(&self) -> bool {
+        self.loads.is_empty()
+            && self.probes.is_empty()
+            && self.stores.is_empty()
+            && self.discards.is_empty()
+    }
+
+    fn push(&mut self, work: Work) {
+        match &work {
+            Work::Copy(t) if t.job.kind == JobKind::Load => self.loads.push_back(work),
+            Work::Copy(_) => self.stores.push_back(work),
+            Work::Probe(_) => self.probes.push_back(work),
+            Work::Discard(_) => self.discards.push_back(work),
+        }
     }
 }
 
@@ -41,14 +74,11 @@ impl WorkQueue {
         }
     }
 
-    pub(crate) fn push_all(&self, tasks: impl IntoIterator<Item = Task>) {
+    pub(crate) fn push_all(&self, work: impl IntoIterator<Item = Work>) {
         let mut q = self.queues.lock();
         let mut added = 0;
-        for task in tasks {
-            match task.job.kind {
-                JobKind::Load => q.loads.push_back(task),
-                JobKind::Store => q.stores.push_back(task),
-            }
+        for w in work {
+            q.push(w);
             added += 1;
         }
         self.queued.fetch_add(added, Ordering::SeqCst);
@@ -59,24 +89,24 @@ impl WorkQueue {
         }
     }
 
-    fn try_pop(&self) -> Option<Task> {
+    fn try_pop(&self) -> Option<Work> {
         let mut q = self.queues.lock();
-        let task = q.pop()?;
+        let work = q.pop()?;
         self.queued.fetch_sub(1, Ordering::SeqCst);
-        Some(task)
+        Some(work)
     }
 
-    /// Next task for a worker; None once shut down. Polls for `spin` before
+    /// Next work for a worker; None once shut down. Polls for `spin` before
     /// sleeping.
-    pub(crate) fn next(&self, spin: Duration) -> Option<Task> {
+    pub(crate) fn next(&self, spin: Duration) -> Option<Work> {
         let mut spin_until: Option<Instant> = None;
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
             }
             if self.queued.load(Ordering::SeqCst) > 0 {
-                if let Some(task) = self.try_pop() {
-                    return Some(task);
+                if let Some(work) = self.try_pop() {
+                    return Some(work);
                 }
             }
             let deadline = *spin_until.get_or_insert_with(|| Instant::now() + spin);
@@ -88,10 +118,7 @@ impl WorkQueue {
             }
             let mut q = self.queues.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
-            while q.loads.is_empty()
-                && q.stores.is_empty()
-                && !self.shutdown.load(Ordering::Acquire)
-            {
+            while q.is_empty() && !self.shutdown.load(Ordering::Acquire) {
                 self.available.wait(&mut q);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
@@ -100,31 +127,49 @@ impl WorkQueue {
         }
     }
 
-    /// Removes the queued task of job `job_id` (manual stepping in tests).
+    /// Removes the queued copy task of job `job_id` (manual stepping in tests).
     pub(crate) fn take_job(&self, job_id: u64) -> Option<Task> {
         let mut q = self.queues.lock();
-        let Queues { loads, stores } = &mut *q;
+        let Queues { loads, stores, .. } = &mut *q;
         for list in [loads, stores] {
-            if let Some(i) = list.iter().position(|t| t.job.id == job_id) {
+            let found = list
+                .iter()
+                .position(|w| matches!(w, Work::Copy(t) if t.job.id == job_id));
+            if let Some(i) = found {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
-                return list.remove(i);
+                if let Some(Work::Copy(task)) = list.remove(i) {
+                    return Some(task);
+                }
             }
         }
         None
+    }
+
+    /// Removes all queued background work (probes and discards).
+    pub(crate) fn take_background(&self) -> Vec<Work> {
+        let mut q = self.queues.lock();
+        let Queues {
+            probes, discards, ..
+        } = &mut *q;
+        let work: Vec<Work> = probes.drain(..).chain(discards.drain(..)).collect();
+        self.queued.fetch_sub(work.len(), Ordering::SeqCst);
+        work
     }
 
     pub(crate) fn is_shut_down(&self) -> bool {
         self.shutdown.load(Ordering::Acquire)
     }
 
-    /// Stops the workers: queued tasks are dropped, running ones stop after
-    /// their current block.
-    pub(crate) fn shut_down(&self) {
+    /// Stops the workers: queued copies and probes are dropped, running copies
+    /// stop after their current block. Returns queued discards, which the
+    /// caller still runs so that evicted storage is released.
+    pub(crate) fn shut_down(&self) -> Vec<Work> {
         let mut q = self.queues.lock();
         self.shutdown.store(true, Ordering::Release);
-        q.loads.clear();
-        q.stores.clear();
+        let discards = q.discards.drain(..).collect();
+        *q = Queues::default();
         self.queued.store(0, Ordering::SeqCst);
         self.available.notify_all();
+        discards
     }
 }

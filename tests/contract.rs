@@ -360,6 +360,11 @@ pub fn clear_drops_blocks_and_jobs_in_flight_still_report(cfg: Backend) {
         vec![1, 2, 3]
     );
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
+    assert_eq!(
+        results[1].num_done, 0,
+        "the cleared store left nothing behind"
+    );
+    assert_eq!(results[2].num_done, 2);
     assert!(
         h.row_holds(4, 1) && h.row_holds(5, 2),
         "pinned before clear, loaded intact"
@@ -529,3 +534,4 @@ macro_rules! contract_suite {
 }
 
 contract_suite!(memory, crate::common::memory_config);
+contract_suite!(disk, crate::common::disk_config);

@@ -47,6 +47,7 @@ fn header_declares_every_export_and_the_version() {
         "tier_drain",
         "tier_clear",
         "tier_stats",
+        "tier_describe",
     ] {
         assert!(
             header.contains(&format!("{name}(")),

@@ -73,7 +73,7 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<()> {
+    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<u64> {
         let dst = self.slot_ptr(slot);
         primary.with_row(row, |src| {
             assert_eq!(src.len(), self.block_bytes);
@@ -81,7 +81,7 @@ impl Backend for MemoryBackend {
             // store alone (see the Sync note); src is a distinct allocation.
             unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
         });
-        Ok(())
+        Ok(self.block_bytes as u64)
     }
 
     fn load(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<()> {
@@ -92,6 +92,10 @@ impl Backend for MemoryBackend {
             unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
         });
         Ok(())
+    }
+
+    fn describe(&self) -> String {
+        format!("memory: {} slots of {} bytes", self.slots, self.block_bytes)
     }
 }
 

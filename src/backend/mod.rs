@@ -2,6 +2,7 @@
 //! every backend; a backend only moves one block between a primary row and its
 //! storage, on a worker thread, outside the index lock.
 
+pub(crate) mod disk;
 pub(crate) mod memory;
 
 use crate::error::Result;
@@ -10,19 +11,44 @@ use crate::primary::PrimaryBuffer;
 /// One block's storage operations. `slot` is the block's slot number in the
 /// index (unique among live blocks, reused after release); `key` is its key.
 pub(crate) trait Backend: Send + Sync {
-    /// Copies primary row `row` into the block's storage.
-    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, key: &[u8]) -> Result<()>;
+    /// Copies primary row `row` into the block's storage; returns the bytes
+    /// written (0 if the storage already held the block).
+    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, key: &[u8]) -> Result<u64>;
 
-    /// Copies the block's stored bytes into primary row `row`.
+    /// Copies the block's stored bytes into primary row `row`. A `Corrupt` or
+    /// `NotFound` error means the stored block is gone: the tier forgets the key.
+    /// Other errors are transient and keep it.
     fn load(&self, primary: &PrimaryBuffer, row: usize, slot: u32, key: &[u8]) -> Result<()>;
 
-    /// Whether [`Backend::discard`] must be called for released blocks.
+    /// Whether released blocks must be handed to [`Backend::discard`].
     fn wants_discards(&self) -> bool {
         false
     }
 
-    /// The block was evicted or cleared and its slot already reused or free.
-    /// Called outside the index lock, so a new store of the same key may be
-    /// running: a backend keyed by key (not slot) must tolerate that.
-    fn discard(&self, _slot: u32, _key: &[u8]) {}
+    /// Releases the storage of an evicted or cleared block, on a worker thread.
+    /// The key may have been stored again meanwhile: `is_live` tells whether
+    /// it is in the index now, in which case its storage must be kept.
+    fn discard(&self, _key: &[u8], _is_live: &dyn Fn(&[u8]) -> bool) {}
+
+    /// Keys of blocks already in storage when the tier opens, oldest first.
+    fn recover(&self) -> Result<Vec<Vec<u8>>> {
+        Ok(Vec::new())
+    }
+
+    /// Whether keys absent from the index may exist in storage (written by
+    /// another process) and must be probed.
+    fn probes_absent_keys(&self) -> bool {
+        false
+    }
+
+    /// Whether storage holds a complete block for `key` (worker thread).
+    fn probe(&self, _key: &[u8]) -> bool {
+        false
+    }
+
+    /// One line for logs and `tier_describe`.
+    fn describe(&self) -> String;
+
+    /// Test seam: while set, writes fail as if the device were full.
+    fn simulate_full_device(&self, _full: bool) {}
 }

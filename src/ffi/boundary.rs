@@ -15,20 +15,22 @@ fn set_last_error(message: String) {
     LAST_ERROR.with(|e| *e.borrow_mut() = message);
 }
 
-/// Copies this thread's last error message into `buf` (NUL-terminated,
-/// truncated to `cap - 1` bytes) and returns its full length.
-pub(crate) fn copy_last_error(buf: Option<&mut [u8]>) -> usize {
-    LAST_ERROR.with(|e| {
-        let message = e.borrow();
-        if let Some(buf) = buf {
-            if let Some(room) = buf.len().checked_sub(1) {
-                let n = room.min(message.len());
-                buf[..n].copy_from_slice(&message.as_bytes()[..n]);
-                buf[n] = 0;
-            }
+/// Copies `text` into `buf` (NUL-terminated, truncated to `cap - 1` bytes) and
+/// returns its full length.
+pub(crate) fn copy_text(text: &str, buf: Option<&mut [u8]>) -> usize {
+    if let Some(buf) = buf {
+        if let Some(room) = buf.len().checked_sub(1) {
+            let n = room.min(text.len());
+            buf[..n].copy_from_slice(&text.as_bytes()[..n]);
+            buf[n] = 0;
         }
-        message.len()
-    })
+    }
+    text.len()
+}
+
+/// Copies this thread's last error message into `buf`; see [`copy_text`].
+pub(crate) fn copy_last_error(buf: Option<&mut [u8]>) -> usize {
+    LAST_ERROR.with(|e| copy_text(&e.borrow(), buf))
 }
 
 fn panic_message(payload: &(dyn Any + Send)) -> &str {

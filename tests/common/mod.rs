@@ -99,6 +99,8 @@ pub struct Harness {
     pub buffer: Buffer,
     pub block_bytes: usize,
     pub rows: usize,
+    /// A scratch directory of a disk tier, removed with the harness.
+    pub scratch_dir: Option<std::path::PathBuf>,
 }
 
 impl Harness {
@@ -121,11 +123,13 @@ impl Harness {
             Tier::new(config, primary)
         }
         .unwrap();
+        let scratch_dir = config.disk.path.clone().filter(|p| is_scratch(p));
         Harness {
             tier: Some(tier),
             buffer,
             block_bytes,
             rows,
+            scratch_dir,
         }
     }
 
@@ -219,7 +223,35 @@ impl Drop for Harness {
     fn drop(&mut self) {
         // The tier must go before the buffer it points into.
         self.tier.take();
+        if let Some(dir) = &self.scratch_dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
+}
+
+fn is_scratch(path: &std::path::Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .is_some_and(|n| n.starts_with("kvtier-test-"))
+}
+
+/// A fresh, empty directory under the system temp dir, unique per call.
+pub fn scratch_dir() -> std::path::PathBuf {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("kvtier-test-{}-{n}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A disk tier configuration in a fresh scratch directory.
+pub fn disk_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    let mut c = memory_config(capacity_blocks, block_bytes);
+    c.backend = kvtier::BackendKind::Disk;
+    c.io_threads = Some(4);
+    c.disk.path = Some(scratch_dir());
+    c.disk.namespace = "contract".into();
+    c
 }
 
 /// The configurations the contract suite runs on, by name.

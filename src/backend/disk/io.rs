@@ -1,0 +1,290 @@
+//! The system calls the disk backend makes, behind a small safe surface: file
+//! descriptors that close themselves, aligned buffers, vectored positional I/O
+//! that finishes short transfers, and errno classification.
+
+use std::ffi::CString;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+/// An owned file descriptor.
+pub(crate) struct Fd(libc::c_int);
+
+impl Fd {
+    pub(crate) fn raw(&self) -> libc::c_int {
+        self.0
+    }
+}
+
+impl Drop for Fd {
+    fn drop(&mut self) {
+        // SAFETY: we own the descriptor and close it once.
+        unsafe { libc::close(self.0) };
+    }
+}
+
+pub(crate) fn cpath(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+}
+
+/// `open(2)` with close-on-exec and without following a final symlink.
+pub(crate) fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<Fd> {
+    let c = cpath(path)?;
+    // SAFETY: a valid NUL-terminated path; the result is checked.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+            mode as libc::c_uint,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(Fd(fd))
+}
+
+/// A new file that must not exist yet (no symlink is followed), for writing.
+pub(crate) fn create_exclusive(path: &Path, direct: bool) -> io::Result<Fd> {
+    let direct = if direct { libc::O_DIRECT } else { 0 };
+    open(
+        path,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | direct,
+        0o600,
+    )
+}
+
+pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<Fd> {
+    let direct = if direct { libc::O_DIRECT } else { 0 };
+    open(path, libc::O_RDONLY | direct, 0)
+}
+
+fn iovecs(parts: &[&[u8]]) -> Vec<libc::iovec> {
+    parts
+        .iter()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec {
+            iov_base: p.as_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect()
+}
+
+/// Writes all of `parts` at `offset`, retrying short writes and EINTR.
+pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
+    let mut iov = iovecs(parts);
+    let mut first = 0;
+    while first < iov.len() {
+        // SAFETY: the iovecs describe live slices borrowed for this call.
+        let n = unsafe {
+            libc::pwritev(
+                fd.raw(),
+                iov[first..].as_ptr(),
+                (iov.len() - first) as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::WriteZero));
+        }
+        offset += n as u64;
+        first = advance(&mut iov, first, n as usize);
+    }
+    Ok(())
+}
+
+/// Reads into all of `parts` from `offset`; returns the bytes read, which is
+/// less than requested only at end of file.
+pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], mut offset: u64) -> io::Result<usize> {
+    let mut iov: Vec<libc::iovec> = parts
+        .iter_mut()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec {
+            iov_base: p.as_mut_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    let mut first = 0;
+    let mut total = 0;
+    while first < iov.len() {
+        // SAFETY: the iovecs describe live, exclusively borrowed slices.
+        let n = unsafe {
+            libc::preadv(
+                fd.raw(),
+                iov[first..].as_ptr(),
+                (iov.len() - first) as libc::c_int,
+                offset as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            break;
+        }
+        offset += n as u64;
+        total += n as usize;
+        first = advance(&mut iov, first, n as usize);
+    }
+    Ok(total)
+}
+
+/// Drops `n` transferred bytes from the front of `iov[first..]`.
+fn advance(iov: &mut [libc::iovec], mut first: usize, mut n: usize) -> usize {
+    while n > 0 && first < iov.len() {
+        if n >= iov[first].iov_len {
+            n -= iov[first].iov_len;
+            first += 1;
+        } else {
+            // SAFETY: stays within the same slice (n < iov_len).
+            iov[first].iov_base =
+                unsafe { (iov[first].iov_base as *mut u8).add(n) } as *mut libc::c_void;
+            iov[first].iov_len -= n;
+            n = 0;
+        }
+    }
+    first
+}
+
+pub(crate) fn fdatasync(fd: &Fd) -> io::Result<()> {
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::fdatasync(fd.raw()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// fsync of a directory, so a rename into it survives a power loss.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    let fd = open(dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::fsync(fd.raw()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Takes an advisory lock on `fd` without waiting: exclusive or shared.
+pub(crate) fn try_flock(fd: &Fd, exclusive: bool) -> io::Result<()> {
+    let op = if exclusive {
+        libc::LOCK_EX
+    } else {
+        libc::LOCK_SH
+    } | libc::LOCK_NB;
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::flock(fd.raw(), op) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Creates one directory with owner-only permissions.
+pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
+    let c = cpath(path)?;
+    // SAFETY: a valid NUL-terminated path.
+    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// A 4096-byte-aligned, zero-initialized heap buffer.
+pub(crate) struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: plain owned bytes.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub(crate) fn new(len: usize) -> AlignedBuf {
+        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).expect("layout");
+        // SAFETY: non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr =
+            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        AlignedBuf { ptr, len }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        // SAFETY: owned, initialized, len bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: owned, initialized, len bytes, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(1), 4096).expect("layout");
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
+    }
+}
+
+/// True for errors that say the storage itself is bad or gone, as opposed to
+/// a transient condition (descriptors, permissions, interrupts, symlink loops)
+/// after which the file must be kept.
+pub(crate) fn is_missing(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+/// True for errors that mean the device is full.
+pub(crate) fn is_full(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vectored_io_round_trips_through_a_file() {
+        let dir = std::env::temp_dir().join(format!("kvtier-io-{}", std::process::id()));
+        let _ = std::fs::create_dir(&dir);
+        let path = dir.join("f");
+        let _ = std::fs::remove_file(&path);
+        let fd = create_exclusive(&path, false).unwrap();
+        assert_eq!(
+            create_exclusive(&path, false).err().unwrap().raw_os_error(),
+            Some(libc::EEXIST)
+        );
+        write_all_at(&fd, &[b"hello ", b"", b"world"], 0).unwrap();
+        drop(fd);
+        let fd = open_read(&path, false).unwrap();
+        let mut a = [0u8; 3];
+        let mut b = [0u8; 20];
+        let n = read_at(&fd, &mut [&mut a, &mut b], 0).unwrap();
+        assert_eq!(n, 11);
+        assert_eq!(&a, b"hel");
+        assert_eq!(&b[..8], b"lo world");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn aligned_buffers_are_aligned_and_zeroed() {
+        let b = AlignedBuf::new(8192);
+        assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+    }
+}

@@ -1,0 +1,468 @@
+//! The disk backend: one file per block, written to a temporary name and
+//! published by rename, verified by checksum on every load.
+//!
+//! What it guarantees, beyond the common contract:
+//! - A file under a final name is always complete: stores write a temporary
+//!   file (exclusive create, no symlink followed), optionally sync it, and
+//!   rename it into place. A crash leaves at worst temporary files, which the
+//!   next open deletes.
+//! - A load verifies header (magic, version, namespace, block size, key) and
+//!   payload checksum. A short, torn, corrupted or foreign file fails that block
+//!   with TIER_ERR_CORRUPT and is deleted; a missing one fails with
+//!   TIER_ERR_NOT_FOUND; either way the key becomes a MISS. Transient errors
+//!   (descriptors, permissions, interrupts, symlink loops) fail the block with
+//!   TIER_ERR_IO and leave the file alone.
+//! - Reopening a directory rebuilds the index from the files (LRU order by
+//!   modification time, oldest first), deleting leftover temporary files.
+//! - Eviction deletes files, on a worker, never a file that a newer store of the
+//!   same key has published (publish and delete of one key are serialized by a
+//!   striped lock, and deletion re-checks that the key is not live).
+//!
+//! Shared mode (`shared=true`): several processes (or hosts on a network file
+//! system) use one directory. Each process's index holds the blocks it stored
+//! and the ones it found on disk; a key absent from it is looked up on the file
+//! system by a worker (the lookup answers PENDING, then HIT or MISS; a MISS is
+//! reused for `probe_ttl_ms`). Capacity is accounted per process over the blocks
+//! in its own index, and eviction deletes those files whoever wrote them, so the
+//! directory holds at most the sum of the processes' capacities; another
+//! process that still lists a deleted block gets NOT_FOUND on load and drops it.
+
+mod format;
+mod io;
+mod layout;
+
+use self::format::{file_len, xxh64, Header, ALIGN, HEADER_LEN};
+use self::io::{AlignedBuf, Fd};
+use super::Backend;
+use crate::config::{DirectIo, DiskConfig, SyncMode};
+use crate::error::{bail, Error, ErrorKind, Result};
+use crate::primary::PrimaryBuffer;
+use parking_lot::Mutex;
+use std::cell::RefCell;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+/// Temporary files older than this are debris even in shared mode, where a
+/// younger one may belong to another process's store in progress.
+const SHARED_TMP_GRACE: Duration = Duration::from_secs(600);
+const STRIPES: usize = 256;
+
+thread_local! {
+    /// Per-worker aligned scratch: header, and a bounce buffer for rows that
+    /// O_DIRECT cannot use in place.
+    static SCRATCH: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
+}
+
+fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    SCRATCH.with(|cell| {
+        let mut slot = cell.borrow_mut();
+        if slot.as_ref().is_none_or(|b| b.len() < len) {
+            *slot = Some(AlignedBuf::new(len));
+        }
+        f(&mut slot.as_mut().expect("scratch").as_mut_slice()[..len])
+    })
+}
+
+fn io_error(what: &str, path: &Path, err: std::io::Error) -> Error {
+    let kind = if io::is_missing(&err) {
+        ErrorKind::NotFound
+    } else {
+        ErrorKind::Io
+    };
+    Error::new(kind, format!("{what} {}: {err}", path.display()))
+}
+
+/// A block found on disk when the tier opens.
+pub(crate) struct Recovered {
+    pub key: Vec<u8>,
+    pub modified: SystemTime,
+}
+
+pub(crate) struct DiskBackend {
+    ns_dir: PathBuf,
+    ns_fp: u64,
+    block_bytes: usize,
+    direct: bool,
+    direct_note: String,
+    sync: SyncMode,
+    shared: bool,
+    /// Serializes publish (rename) and delete of the same key.
+    stripes: Vec<Mutex<()>>,
+    tmp_counter: AtomicU64,
+    /// Test seam for a full device where no small file system can be mounted.
+    simulate_full: AtomicBool,
+    /// Holds the directory lock for the tier's lifetime.
+    _lock: Fd,
+}
+
+impl DiskBackend {
+    pub(crate) fn open(cfg: &DiskConfig, block_bytes: usize) -> Result<DiskBackend> {
+        let Some(root) = cfg.path.clone() else {
+            bail!(
+                Config,
+                "path: the disk backend needs a directory (set \"path\")"
+            );
+        };
+        match std::fs::metadata(&root) {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => bail!(
+                Config,
+                "path: {} exists and is not a directory",
+                root.display()
+            ),
+            Err(e) if io::is_missing(&e) => {
+                if let Err(e) = io::mkdir(&root) {
+                    bail!(
+                        Config,
+                        "path: cannot create {}: {e} (its parent must exist and be writable)",
+                        root.display()
+                    );
+                }
+            }
+            Err(e) => bail!(Config, "path: cannot use {}: {e}", root.display()),
+        }
+        let ns_dir = root.join(layout::namespace_dir(&cfg.namespace, block_bytes));
+        match io::mkdir(&ns_dir) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => bail!(Config, "path: cannot create {}: {e}", ns_dir.display()),
+        }
+        let lock = Self::lock_dir(&ns_dir, cfg.shared)?;
+        let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
+        Ok(DiskBackend {
+            ns_fp: layout::namespace_fingerprint(&cfg.namespace),
+            ns_dir,
+            block_bytes,
+            direct,
+            direct_note,
+            sync: cfg.sync,
+            shared: cfg.shared,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            tmp_counter: AtomicU64::new(0),
+            simulate_full: AtomicBool::new(false),
+            _lock: lock,
+        })
+    }
+
+    /// One exclusive user, or any number of shared users, per namespace dir:
+    /// two exclusive tiers would delete each other's files as "debris".
+    fn lock_dir(ns_dir: &Path, shared: bool) -> Result<Fd> {
+        let path = ns_dir.join(".lock");
+        let fd = match io::open(&path, libc::O_RDWR | libc::O_CREAT, 0o600) {
+            Ok(fd) => fd,
+            Err(e) => bail!(Config, "path: cannot open {}: {e}", path.display()),
+        };
+        if let Err(e) = io::try_flock(&fd, !shared) {
+            if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                bail!(
+                    Config,
+                    "path: {} is in use by another kvtier tier{}",
+                    ns_dir.display(),
+                    if shared {
+                        " opened with shared=false"
+                    } else {
+                        " (open every user with shared=true to share it)"
+                    }
+                );
+            }
+            bail!(Config, "path: cannot lock {}: {e}", path.display());
+        }
+        Ok(fd)
+    }
+
+    /// Writes one aligned page with O_DIRECT to see whether the file system
+    /// accepts it (tmpfs on old kernels, overlayfs and some NFS setups do not).
+    fn choose_direct_io(ns_dir: &Path, policy: DirectIo) -> Result<(bool, String)> {
+        if policy == DirectIo::Off {
+            return Ok((false, "o_direct=off: buffered I/O".into()));
+        }
+        let probe = ns_dir.join(format!(".odirect-probe.{}", std::process::id()));
+        let _ = std::fs::remove_file(&probe);
+        let outcome = io::create_exclusive(&probe, true).and_then(|fd| {
+            let page = AlignedBuf::new(ALIGN);
+            io::write_all_at(&fd, &[page.as_slice()], 0)
+        });
+        let _ = std::fs::remove_file(&probe);
+        match (outcome, policy) {
+            (Ok(()), _) => Ok((true, "O_DIRECT: page cache bypassed".into())),
+            (Err(e), DirectIo::On) => {
+                bail!(
+                    Config,
+                    "o_direct=on: {} does not support O_DIRECT: {e}",
+                    ns_dir.display()
+                )
+            }
+            (Err(e), _) => Ok((
+                false,
+                format!("o_direct=auto: O_DIRECT refused ({e}); buffered I/O"),
+            )),
+        }
+    }
+
+    fn stripe(&self, key: &[u8]) -> &Mutex<()> {
+        &self.stripes[xxh64(key, 2) as usize % STRIPES]
+    }
+
+    fn path_of(&self, key: &[u8]) -> PathBuf {
+        layout::block_path(&self.ns_dir, key)
+    }
+
+    fn header(&self, key: &[u8], payload: &[u8]) -> Header {
+        Header {
+            namespace_fp: self.ns_fp,
+            payload_len: self.block_bytes as u64,
+            key: key.to_vec(),
+            payload_sum: xxh64(payload, 0),
+        }
+    }
+
+    /// O_DIRECT can transfer a row in place only if it is aligned.
+    fn in_place(&self, row: &[u8]) -> bool {
+        self.direct && row.as_ptr() as usize % ALIGN == 0 && row.len() % ALIGN == 0
+    }
+
+    fn exists_complete(&self, path: &Path) -> bool {
+        std::fs::symlink_metadata(path)
+            .is_ok_and(|m| m.is_file() && m.len() == file_len(self.block_bytes) as u64)
+    }
+
+    fn write_tmp(&self, tmp: &Path, key: &[u8], row: &[u8]) -> std::io::Result<()> {
+        let fd = match io::create_exclusive(tmp, self.direct) {
+            Err(e) if io::is_missing(&e) => {
+                let dir = tmp.parent().expect("fan-out dir");
+                match io::mkdir(dir) {
+                    Err(e) if e.raw_os_error() != Some(libc::EEXIST) => return Err(e),
+                    _ => io::create_exclusive(tmp, self.direct)?,
+                }
+            }
+            other => other?,
+        };
+        if self.simulate_full.load(Ordering::Relaxed) {
+            return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        let header = self.header(key, row);
+        if self.in_place(row) {
+            with_scratch(HEADER_LEN, |h| {
+                header.encode(h);
+                io::write_all_at(&fd, &[h, row], 0)
+            })?;
+        } else {
+            with_scratch(file_len(self.block_bytes), |buf| {
+                let (h, payload) = buf.split_at_mut(HEADER_LEN);
+                header.encode(h);
+                payload[..row.len()].copy_from_slice(row);
+                payload[row.len()..].fill(0);
+                io::write_all_at(&fd, &[buf], 0)
+            })?;
+        }
+        if self.sync == SyncMode::Data {
+            io::fdatasync(&fd)?;
+        }
+        Ok(())
+    }
+
+    fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
+        let fd = io::open_read(path, self.direct).map_err(|e| io_error("open", path, e))?;
+        let want = file_len(self.block_bytes);
+        let in_place = self.in_place(row);
+        let (header, read) = if in_place {
+            with_scratch(HEADER_LEN, |h| {
+                let n = io::read_at(&fd, &mut [h, row], 0)?;
+                Ok((Header::decode(h), n))
+            })
+        } else {
+            with_scratch(want, |buf| {
+                let n = io::read_at(&fd, &mut [buf], 0)?;
+                let len = row.len();
+                row.copy_from_slice(&buf[HEADER_LEN..HEADER_LEN + len]);
+                Ok((Header::decode(&buf[..HEADER_LEN]), n))
+            })
+        }
+        .map_err(|e: std::io::Error| io_error("read", path, e))?;
+        let expected_read = if in_place {
+            HEADER_LEN + row.len()
+        } else {
+            want
+        };
+        let problem = match header {
+            _ if read < expected_read => {
+                Some(format!("short file ({read} of {expected_read} bytes)"))
+            }
+            Err(why) => Some(why),
+            Ok(h) if h.namespace_fp != self.ns_fp => Some("block of another namespace".into()),
+            Ok(h) if h.payload_len != self.block_bytes as u64 => Some(format!(
+                "block of {} bytes, expected {}",
+                h.payload_len, self.block_bytes
+            )),
+            Ok(h) if h.key != key => Some("header names another key".into()),
+            Ok(h) if h.payload_sum != xxh64(row, 0) => Some("payload checksum mismatch".into()),
+            Ok(_) => None,
+        };
+        if let Some(problem) = problem {
+            // A bad file would fail every later load: remove it.
+            let _ = std::fs::remove_file(path);
+            bail!(Corrupt, "{}: {problem}; file removed", path.display());
+        }
+        Ok(())
+    }
+
+    /// Blocks on disk from earlier runs, oldest first, deleting temporary files
+    /// (in shared mode only stale ones) and files of the wrong size.
+    pub(crate) fn scan(&self) -> Result<Vec<Recovered>> {
+        let mut found = Vec::new();
+        let fans = match std::fs::read_dir(&self.ns_dir) {
+            Ok(d) => d,
+            Err(e) => bail!(Io, "cannot scan {}: {e}", self.ns_dir.display()),
+        };
+        let want_len = file_len(self.block_bytes) as u64;
+        let now = SystemTime::now();
+        for fan in fans.flatten() {
+            if !fan.file_type().is_ok_and(|t| t.is_dir()) {
+                continue;
+            }
+            let Ok(files) = std::fs::read_dir(fan.path()) else {
+                continue;
+            };
+            for file in files.flatten() {
+                let name = file.file_name();
+                let Some(name) = name.to_str() else { continue };
+                let Ok(meta) = file.metadata() else { continue };
+                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
+                if name.ends_with(layout::TMP_EXT) {
+                    let stale = now.duration_since(modified).unwrap_or_default() > SHARED_TMP_GRACE;
+                    if !self.shared || stale {
+                        let _ = std::fs::remove_file(file.path());
+                    }
+                    continue;
+                }
+                if !name.ends_with(layout::BLOCK_EXT) || !meta.is_file() {
+                    continue;
+                }
+                if meta.len() != want_len {
+                    let _ = std::fs::remove_file(file.path());
+                    continue;
+                }
+                let key = if layout::is_hashed_name(name) {
+                    self.read_key(&file.path())
+                } else {
+                    layout::key_from_name(name)
+                };
+                match key {
+                    Some(key)
+                        if !key.is_empty()
+                            && key.len() <= crate::MAX_KEY_LEN
+                            && self.path_of(&key) == file.path() =>
+                    {
+                        found.push(Recovered { key, modified })
+                    }
+                    // Misplaced or unreadable: no lookup would ever find it.
+                    _ => {
+                        let _ = std::fs::remove_file(file.path());
+                    }
+                }
+            }
+        }
+        found.sort_by_key(|r| r.modified);
+        Ok(found)
+    }
+
+    fn read_key(&self, path: &Path) -> Option<Vec<u8>> {
+        let fd = io::open_read(path, false).ok()?;
+        let mut h = vec![0u8; HEADER_LEN];
+        let n = io::read_at(&fd, &mut [&mut h], 0).ok()?;
+        (n == HEADER_LEN).then(|| Header::decode(&h).ok().map(|h| h.key))?
+    }
+}
+
+impl Backend for DiskBackend {
+    fn store(&self, primary: &PrimaryBuffer, row: usize, _slot: u32, key: &[u8]) -> Result<u64> {
+        let path = self.path_of(key);
+        // Another process may have published this key already.
+        if self.shared && self.exists_complete(&path) {
+            return Ok(0);
+        }
+        let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
+        let mut tmp = path.clone().into_os_string();
+        tmp.push(format!(".{}-{n}{}", std::process::id(), layout::TMP_EXT));
+        let tmp = PathBuf::from(tmp);
+        let written = primary.with_row(row, |data| self.write_tmp(&tmp, key, data));
+        let published = written.and_then(|()| {
+            let _guard = self.stripe(key).lock();
+            std::fs::rename(&tmp, &path)
+        });
+        if let Err(e) = published {
+            let _ = std::fs::remove_file(&tmp);
+            let what = if io::is_full(&e) {
+                "no space to store"
+            } else {
+                "cannot store"
+            };
+            bail!(Io, "{what} {}: {e}", path.display());
+        }
+        if self.sync == SyncMode::Data {
+            if let Err(e) = io::sync_dir(path.parent().expect("fan-out dir")) {
+                bail!(Io, "cannot sync directory of {}: {e}", path.display());
+            }
+        }
+        Ok(self.block_bytes as u64)
+    }
+
+    fn load(&self, primary: &PrimaryBuffer, row: usize, _slot: u32, key: &[u8]) -> Result<()> {
+        let path = self.path_of(key);
+        primary.with_row_mut(row, |dst| self.read_verified(&path, key, dst))
+    }
+
+    fn wants_discards(&self) -> bool {
+        true
+    }
+
+    fn discard(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
+        let _guard = self.stripe(key).lock();
+        // A newer store of the key may have published (or be about to publish)
+        // the file: then it is not ours to delete.
+        if !is_live(key) {
+            let _ = std::fs::remove_file(self.path_of(key));
+        }
+    }
+
+    fn recover(&self) -> Result<Vec<Vec<u8>>> {
+        Ok(self.scan()?.into_iter().map(|r| r.key).collect())
+    }
+
+    fn probes_absent_keys(&self) -> bool {
+        self.shared
+    }
+
+    fn probe(&self, key: &[u8]) -> bool {
+        self.exists_complete(&self.path_of(key))
+    }
+
+    fn simulate_full_device(&self, full: bool) {
+        self.simulate_full.store(full, Ordering::Relaxed);
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "disk: {} ({}, sync={}, shared={})",
+            self.ns_dir.display(),
+            self.direct_note,
+            match self.sync {
+                SyncMode::None => "none",
+                SyncMode::Data => "data",
+            },
+            self.shared
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padded_payload_is_aligned() {
+        assert_eq!(format::padded(1), ALIGN);
+        assert_eq!(format::padded(ALIGN + 1), 2 * ALIGN);
+    }
+}

@@ -1,0 +1,594 @@
+//! The disk backend beyond the common contract (which tests/contract.rs runs on
+//! it too): file layout, restart, crash safety, corruption, faults, sharing.
+
+mod common;
+
+use common::*;
+use kvtier::{ErrorKind, LookupState::*, TierConfig};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BB: usize = 4096;
+
+fn config(dir: &Path, capacity_blocks: usize) -> TierConfig {
+    let mut c = disk_config(capacity_blocks, BB);
+    c.disk.path = Some(dir.to_path_buf());
+    c
+}
+
+/// The namespace directory a tier made under `root`.
+fn ns_dir(root: &Path) -> PathBuf {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(dirs.len(), 1, "{dirs:?}");
+    dirs.pop().unwrap()
+}
+
+/// Every file under `dir` whose name ends with `ext`.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(files(&p, ext));
+        } else if p.to_string_lossy().ends_with(ext) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The block file of key `i`.
+fn block_file(root: &Path, i: u64) -> PathBuf {
+    let name = format!("{}.kvb", hex(&key(i)));
+    files(&ns_dir(root), ".kvb")
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_str() == Some(&name))
+        .unwrap_or_else(|| panic!("no file for key {i}"))
+}
+
+/// Stores keys `ids` (each from a row holding its pattern) and checks success.
+fn store_all(h: &Harness, job: u64, ids: &[u64]) {
+    for (r, &i) in ids.iter().enumerate() {
+        h.fill(r, i);
+    }
+    let rows: Vec<i64> = (0..ids.len() as i64).collect();
+    let r = h.store(job, ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// Waits until background discards have deleted files down to `n`.
+fn wait_for_files(dir: &Path, n: usize) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let count = files(dir, ".kvb").len();
+        if count == n || Instant::now() > deadline {
+            return count;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn files_are_laid_out_by_key_with_owner_only_root() {
+    let dir = scratch_dir();
+    let h = Harness::new(&config(&dir, 16), 16, BB);
+    store_all(&h, 1, &[1, 2, 3]);
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    let ns = ns_dir(&dir);
+    assert!(ns
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .starts_with("contract-"));
+    let blocks = files(&ns, ".kvb");
+    assert_eq!(blocks.len(), 3);
+    for p in &blocks {
+        assert_eq!(
+            std::fs::metadata(p).unwrap().len(),
+            2 * BB as u64,
+            "header + payload"
+        );
+        let fan = p.parent().unwrap().file_name().unwrap().to_str().unwrap();
+        assert_eq!(fan.len(), 3, "fan-out directory");
+    }
+    assert!(files(&ns, ".tmp").is_empty());
+    assert!(
+        h.tier().describe().contains("disk:"),
+        "{}",
+        h.tier().describe()
+    );
+}
+
+#[test]
+fn reopening_rebuilds_the_index_and_loads_byte_exact() {
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&config(&dir, 64), 64, BB);
+        for job in 0..4 {
+            let ids: Vec<u64> = (job * 10..job * 10 + 10).collect();
+            store_all(&h, job, &ids);
+        }
+        let long = vec![7u8; 128];
+        h.fill(0, 999);
+        h.tier().submit_store(9, &long, 128, &[0]).unwrap();
+        assert!(h.result_of(9).is_ok());
+        h.scratch_dir = None; // keep the directory
+    }
+    // Debris of an interrupted store.
+    let fan = files(&ns_dir(&dir), ".kvb")[0]
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::write(fan.join("00ff.kvb.123-4.tmp"), b"partial").unwrap();
+    let h = Harness::new(&config(&dir, 64), 64, BB);
+    assert!(
+        files(&ns_dir(&dir), ".tmp").is_empty(),
+        "temp debris removed at open"
+    );
+    assert_eq!(h.tier().stats().num_blocks, 41);
+    let ids: Vec<u64> = (0..40).collect();
+    assert!(h.lookup(&ids).iter().all(|&s| s == Hit));
+    let rows: Vec<i64> = (0..40).collect();
+    let r = h.load(1, &ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    for &i in &ids {
+        assert!(h.row_holds(i as usize, i), "block {i}");
+    }
+    h.tier().submit_load(2, &[7u8; 128], 128, &[63]).unwrap();
+    assert!(h.result_of(2).is_ok());
+    assert!(
+        h.row_holds(63, 999),
+        "a long key (hashed file name) is recovered"
+    );
+}
+
+#[test]
+fn reopening_with_less_capacity_keeps_the_newest_blocks() {
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&config(&dir, 16), 16, BB);
+        for i in 0..8 {
+            store_all(&h, i, &[i]);
+            // File times order the blocks at the next open.
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        h.scratch_dir = None;
+    }
+    let h = Harness::new(&config(&dir, 4), 16, BB);
+    assert_eq!(h.present(&(0..8).collect::<Vec<_>>()), vec![4, 5, 6, 7]);
+    assert_eq!(
+        wait_for_files(&ns_dir(&dir), 4),
+        4,
+        "evicted at open, files deleted"
+    );
+}
+
+#[test]
+fn other_namespaces_and_block_sizes_are_never_mixed() {
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&config(&dir, 16), 16, BB);
+        store_all(&h, 1, &[1, 2]);
+        h.scratch_dir = None;
+    }
+    let mut other = config(&dir, 16);
+    other.disk.namespace = "another-model".into();
+    {
+        let mut h = Harness::new(&other, 16, BB);
+        assert_eq!(h.lookup(&[1, 2]), [Miss, Miss]);
+        h.scratch_dir = None;
+    }
+    let h = Harness::new(&config(&dir, 16), 16, 2 * BB);
+    assert_eq!(h.lookup(&[1, 2]), [Miss, Miss], "another block size");
+}
+
+#[test]
+fn evictions_delete_files() {
+    let dir = scratch_dir();
+    let h = Harness::new(&config(&dir, 4), 8, BB);
+    for i in 0..10 {
+        store_all(&h, i, &[i]);
+    }
+    assert_eq!(wait_for_files(&ns_dir(&dir), 4), 4);
+    assert_eq!(h.present(&(0..10).collect::<Vec<_>>()), vec![6, 7, 8, 9]);
+    h.tier().clear();
+    assert_eq!(wait_for_files(&ns_dir(&dir), 0), 0);
+}
+
+#[test]
+fn damaged_files_fail_their_block_only_and_become_misses() {
+    let dir = scratch_dir();
+    let h = Harness::new(&config(&dir, 32), 32, BB);
+    store_all(&h, 1, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    let ns = ns_dir(&dir);
+
+    // Truncated: a short read.
+    let f = block_file(&dir, 3);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f)
+        .unwrap()
+        .set_len(5000)
+        .unwrap();
+    let r = h.load(10, &[1, 2, 3, 4], &[20, 21, 22, 23]);
+    assert_eq!((r.error, r.num_done), (Some(ErrorKind::Corrupt), 2));
+    assert!(h.row_holds(20, 1) && h.row_holds(21, 2));
+    assert!(!f.exists(), "a corrupt file is removed");
+    assert_eq!(h.lookup(&[2, 3, 4]), [Hit, Miss, Hit]);
+
+    // A flipped payload byte.
+    let f = block_file(&dir, 4);
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[BB + 100] ^= 0x40;
+    std::fs::write(&f, &bytes).unwrap();
+    let r = h.load(11, &[4], &[20]);
+    assert_eq!((r.error, r.num_done), (Some(ErrorKind::Corrupt), 0));
+    assert_eq!(h.lookup(&[4]), [Miss]);
+
+    // Two files swapped: each header names the other key.
+    let (f5, f6) = (block_file(&dir, 5), block_file(&dir, 6));
+    let tmp = ns.join("swap");
+    std::fs::rename(&f5, &tmp).unwrap();
+    std::fs::rename(&f6, &f5).unwrap();
+    std::fs::rename(&tmp, &f6).unwrap();
+    let r = h.load(12, &[1, 5], &[20, 21]);
+    assert_eq!((r.error, r.num_done), (Some(ErrorKind::Corrupt), 1));
+    let r = h.load(13, &[6], &[22]);
+    assert_eq!(r.error, Some(ErrorKind::Corrupt));
+    assert_eq!(h.lookup(&[5, 6]), [Miss, Miss]);
+
+    // A file of another namespace under our key's name.
+    let foreign_dir = scratch_dir();
+    let mut foreign_cfg = config(&foreign_dir, 4);
+    foreign_cfg.disk.namespace = "other".into();
+    let foreign = Harness::new(&foreign_cfg, 4, BB);
+    store_all(&foreign, 1, &[7]);
+    let f7 = block_file(&dir, 7);
+    std::fs::copy(block_file(&foreign_dir, 7), &f7).unwrap();
+    let r = h.load(14, &[7], &[20]);
+    assert_eq!(r.error, Some(ErrorKind::Corrupt));
+    assert_eq!(h.lookup(&[7]), [Miss]);
+
+    // A file deleted behind the tier's back: not found, and a miss.
+    std::fs::remove_file(block_file(&dir, 8)).unwrap();
+    let r = h.load(15, &[8], &[20]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound));
+    assert_eq!(h.lookup(&[8]), [Miss]);
+
+    // Untouched blocks still load; the damaged keys can be stored again.
+    let r = h.load(16, &[1, 2], &[30, 31]);
+    assert!(r.is_ok() && h.row_holds(30, 1) && h.row_holds(31, 2));
+    store_all(&h, 17, &[3, 4]);
+    assert_eq!(h.lookup(&[3, 4]), [Hit, Hit]);
+}
+
+#[test]
+fn transient_errors_keep_the_file() {
+    let dir = scratch_dir();
+    let h = Harness::new(&config(&dir, 8), 8, BB);
+    store_all(&h, 1, &[1]);
+    // A symlink where the file was: opening it fails with ELOOP (no symlink is
+    // followed), which says nothing about the data.
+    let f = block_file(&dir, 1);
+    let aside = f.with_extension("aside");
+    std::fs::rename(&f, &aside).unwrap();
+    std::os::unix::fs::symlink(&aside, &f).unwrap();
+    let r = h.load(2, &[1], &[5]);
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(std::fs::symlink_metadata(&f).is_ok(), "kept");
+    assert_eq!(h.lookup(&[1]), [Hit]);
+    std::fs::remove_file(&f).unwrap();
+    std::fs::rename(&aside, &f).unwrap();
+    assert!(h.load(3, &[1], &[5]).is_ok());
+    assert!(h.row_holds(5, 1));
+}
+
+#[test]
+fn buffered_synced_and_unaligned_blocks_round_trip() {
+    for (o_direct, sync, bb) in [
+        ("off", "none", BB),
+        ("on", "data", BB),
+        ("auto", "none", 1000),
+    ] {
+        let dir = scratch_dir();
+        let mut c = disk_config(8, bb);
+        c.disk.path = Some(dir.clone());
+        c.set("o_direct", o_direct).unwrap();
+        c.set("sync", sync).unwrap();
+        let h = Harness::new(&c, 8, bb);
+        store_all(&h, 1, &[1, 2]);
+        let r = h.load(2, &[1, 2], &[6, 7]);
+        assert!(r.is_ok(), "{o_direct} {sync} {bb}: {r:?}");
+        assert!(
+            h.row_holds(6, 1) && h.row_holds(7, 2),
+            "{o_direct} {sync} {bb}"
+        );
+        let d = h.tier().describe();
+        assert_eq!(
+            d.contains("O_DIRECT: page cache bypassed"),
+            o_direct != "off",
+            "{d}"
+        );
+    }
+}
+
+#[test]
+fn bad_paths_fail_at_open_with_a_clear_message() {
+    let mut c = disk_config(8, BB);
+    for (path, expect) in [
+        ("/nonexistent-parent-kvtier/tier", "parent"),
+        ("/dev/null/tier", "/dev/null"),
+    ] {
+        c.disk.path = Some(path.into());
+        let buf = Buffer::new(8 * BB);
+        let primary = unsafe { kvtier::PrimaryBuffer::new(buf.ptr(), buf.len(), BB) }.unwrap();
+        let err = kvtier::Tier::new(&c, primary).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+        assert!(err.message().contains(expect), "{err}");
+    }
+    c.disk.path = None;
+    let buf = Buffer::new(8 * BB);
+    let primary = unsafe { kvtier::PrimaryBuffer::new(buf.ptr(), buf.len(), BB) }.unwrap();
+    assert!(kvtier::Tier::new(&c, primary)
+        .unwrap_err()
+        .message()
+        .contains("path"));
+}
+
+#[test]
+fn a_directory_has_one_exclusive_user() {
+    let dir = scratch_dir();
+    let _first = Harness::new(&config(&dir, 8), 8, BB);
+    let buf = Buffer::new(8 * BB);
+    let primary = unsafe { kvtier::PrimaryBuffer::new(buf.ptr(), buf.len(), BB) }.unwrap();
+    let err = kvtier::Tier::new(&config(&dir, 8), primary).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.message().contains("in use"), "{err}");
+}
+
+/// Mounts a tmpfs of `bytes` at a fresh directory, if this process may.
+fn small_file_system(bytes: usize) -> Option<PathBuf> {
+    let dir = scratch_dir();
+    std::fs::create_dir_all(&dir).ok()?;
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+        .arg(&dir)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    ok.then_some(dir)
+}
+
+#[test]
+fn a_full_device_fails_stores_and_recovers_when_space_returns() {
+    let mounted = small_file_system(96 * 1024);
+    let root = mounted.clone().unwrap_or_else(scratch_dir);
+    if mounted.is_none() {
+        eprintln!("cannot mount a small tmpfs here: simulating a full device instead");
+    }
+    let tier_dir = root.join("tier");
+    let h = Harness::new(&config(&tier_dir, 64), 64, BB);
+    store_all(&h, 1, &[1, 2, 3]);
+    let mut job = 10;
+    let failed = loop {
+        if mounted.is_none() && job == 14 {
+            h.tier().simulate_full_device(true);
+        }
+        let ids = [job * 2, job * 2 + 1];
+        for (r, &i) in ids.iter().enumerate() {
+            h.fill(r, i);
+        }
+        let r = h.store(job, &ids, &[0, 1]);
+        if !r.is_ok() {
+            break r;
+        }
+        job += 1;
+        assert!(job < 100, "the device never filled up");
+    };
+    assert_eq!(failed.error, Some(ErrorKind::Io), "{failed:?}");
+    let ids = [job * 2, job * 2 + 1];
+    assert!(
+        h.lookup(&ids).contains(&Miss),
+        "a failed block is not published"
+    );
+    assert!(
+        files(&ns_dir(&tier_dir), ".tmp").is_empty(),
+        "no temp debris"
+    );
+    // Nothing already stored is damaged.
+    let r = h.load(200, &[1, 2, 3], &[10, 11, 12]);
+    assert!(
+        r.is_ok() && h.row_holds(10, 1) && h.row_holds(12, 3),
+        "{r:?}"
+    );
+    // Space returns: the tier works again.
+    h.tier().simulate_full_device(false);
+    h.tier().clear();
+    wait_for_files(&ns_dir(&tier_dir), 0);
+    store_all(&h, 201, &[500, 501]);
+    assert!(h.load(202, &[500, 501], &[20, 21]).is_ok() && h.row_holds(21, 501));
+    drop(h);
+    if let Some(dir) = mounted {
+        let _ = Command::new("umount").arg(&dir).status();
+        let _ = std::fs::remove_dir_all(&dir);
+    } else {
+        let _ = std::fs::remove_dir_all(&root);
+    }
+}
+
+// ---- several processes ----
+
+/// Runs this test binary's `child` test in a new process with `role`.
+fn spawn_child(role: &str, dir: &Path) -> std::process::Child {
+    Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("KVTIER_CHILD_ROLE", role)
+        .env("KVTIER_CHILD_DIR", dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+fn shared_config(dir: &Path) -> TierConfig {
+    let mut c = config(dir, 256);
+    c.disk.shared = true;
+    c.disk.probe_ttl_ms = 50;
+    c
+}
+
+/// The other process in multi-process tests (ignored when run directly).
+#[test]
+#[ignore]
+fn child() {
+    let (Ok(role), Ok(dir)) = (
+        std::env::var("KVTIER_CHILD_ROLE"),
+        std::env::var("KVTIER_CHILD_DIR"),
+    ) else {
+        return;
+    };
+    let dir = PathBuf::from(dir);
+    match role.as_str() {
+        // Stores blocks forever, one per job, until killed.
+        "store-forever" => {
+            let mut c = config(&dir, 1 << 20);
+            c.io_threads = Some(4);
+            let mut h = Harness::new(&c, 16, BB);
+            h.scratch_dir = None;
+            for r in 0..16 {
+                h.fill(r, r as u64);
+            }
+            for job in 0u64.. {
+                let ids: Vec<u64> = (job * 16..job * 16 + 16).collect();
+                for (r, &i) in ids.iter().enumerate() {
+                    h.fill(r, i);
+                }
+                h.tier()
+                    .submit_store(job, &keys(&ids), KEY_LEN, &(0..16).collect::<Vec<_>>())
+                    .unwrap();
+                h.tier().drain();
+                h.tier().poll(16);
+            }
+        }
+        // Stores keys 1000..1010 into a shared directory and exits.
+        "shared-store" => {
+            let mut h = Harness::new(&shared_config(&dir), 16, BB);
+            h.scratch_dir = None; // the parent owns the directory
+            store_all(&h, 1, &(1000..1010).collect::<Vec<_>>());
+        }
+        // Finds keys 2000..2005 stored by the parent, checks their bytes.
+        "shared-load" => {
+            let mut h = Harness::new(&shared_config(&dir), 16, BB);
+            h.scratch_dir = None;
+            let ids: Vec<u64> = (2000..2005).collect();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while h.lookup(&ids).iter().any(|&s| s != Hit) {
+                assert!(Instant::now() < deadline, "never found the parent's blocks");
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let r = h.load(1, &ids, &(0..5).collect::<Vec<_>>());
+            assert!(r.is_ok(), "{r:?}");
+            for (r, &i) in ids.iter().enumerate() {
+                assert!(h.row_holds(r, i), "block {i}");
+            }
+        }
+        other => panic!("unknown role {other}"),
+    }
+}
+
+#[test]
+fn a_killed_writer_leaves_no_debris_and_only_whole_blocks() {
+    let dir = scratch_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut child = spawn_child("store-forever", &dir);
+    // Let it publish a good number of blocks, then kill it mid-stream.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while dir.read_dir().map_or(0, |d| d.count()) == 0 || files(&dir, ".kvb").len() < 300 {
+        assert!(Instant::now() < deadline, "the child stored too little");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let h = Harness::new(&config(&dir, 1 << 20), 64, BB);
+    assert!(
+        files(&dir, ".tmp").is_empty(),
+        "temp debris left after reopening"
+    );
+    let n = h.tier().stats().num_blocks;
+    assert!(n >= 300, "{n} blocks recovered");
+    // Every key that looks up HIT loads byte-exact.
+    let ids: Vec<u64> = (0..n + 64).collect();
+    let present = h.present(&ids);
+    assert_eq!(present.len() as u64, n);
+    for (c, chunk) in present.chunks(64).enumerate() {
+        let rows: Vec<i64> = (0..chunk.len() as i64).collect();
+        let r = h.load(c as u64, chunk, &rows);
+        assert!(r.is_ok(), "{r:?}");
+        for (row, &i) in chunk.iter().enumerate() {
+            assert!(h.row_holds(row, i), "block {i}");
+        }
+    }
+}
+
+#[test]
+fn two_processes_share_a_directory() {
+    let dir = scratch_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let h = Harness::new(&shared_config(&dir), 16, BB);
+    let theirs: Vec<u64> = (1000..1010).collect();
+    assert!(h.lookup(&theirs).iter().all(|&s| s != Hit));
+    // The other process stores; this one finds the blocks without restarting.
+    assert!(spawn_child("shared-store", &dir).wait().unwrap().success());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut saw_pending = false;
+    loop {
+        let states = h.lookup(&theirs);
+        saw_pending |= states.contains(&Pending);
+        if states.iter().all(|&s| s == Hit) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "never found the other process's blocks: {states:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        saw_pending,
+        "an unseen key is probed (PENDING), not answered MISS"
+    );
+    let r = h.load(1, &theirs, &(0..10).collect::<Vec<_>>());
+    assert!(r.is_ok(), "{r:?}");
+    for (r, &i) in theirs.iter().enumerate() {
+        assert!(h.row_holds(r, i), "block {i}");
+    }
+    // And the other way round.
+    store_all(&h, 2, &(2000..2005).collect::<Vec<_>>());
+    assert!(spawn_child("shared-load", &dir).wait().unwrap().success());
+    // A key nobody stored settles on MISS.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.lookup(&[77]) != [Miss] {
+        assert!(Instant::now() < deadline);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
