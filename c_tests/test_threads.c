@@ -118,7 +118,9 @@ static void verify(struct thread_state *t, const struct job *job, const tier_job
         CHECK(r->status == TIER_OK || r->status == TIER_ERR_NO_SPACE);
         CHECK(r->bytes % BLOCK == 0 && r->bytes <= job->n * BLOCK);
         if (r->status == TIER_OK) {
-            CHECK(r->num_done == job->n);
+            /* All present at completion, unless a clear or an eviction of a
+             * key it found present raced it. */
+            CHECK(r->num_done <= job->n);
             t->stores_ok++;
         } else {
             CHECK(r->bytes == 0);

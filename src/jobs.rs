@@ -29,8 +29,9 @@ pub struct JobResult {
     /// Blocks (keys) in the job.
     pub num_blocks: u32,
     /// Store: the job's blocks (keys, counting repeats) in the tier when the job
-    /// completed, stored or being stored by another job. Load: leading blocks
-    /// copied before the first failure (all of them on success).
+    /// completed, stored or being stored by another job: `num_blocks` on
+    /// success unless a [`Tier::clear`](crate::Tier::clear) came first. Load:
+    /// leading blocks copied before the first failure (all of them on success).
     pub num_done: u32,
     /// Bytes copied by this job.
     pub bytes: u64,
@@ -71,6 +72,8 @@ pub(crate) struct Job {
     pub key_len: usize,
     /// Blocks to copy, in key order.
     pub items: Vec<Item>,
+    /// Store: slots of keys already present, pinned until the job completes.
+    pub pinned: Vec<u32>,
     /// Store: positions whose key is in the tier (stored or being stored) when
     /// the job completes; set under the index lock at completion.
     present_after: AtomicU32,
@@ -98,6 +101,7 @@ impl Job {
             keys,
             key_len,
             items: Vec::new(),
+            pinned: Vec::new(),
             present_after: AtomicU32::new(0),
             tasks_left: AtomicU32::new(0),
             failure: AtomicU64::new(NO_FAILURE),

@@ -531,24 +531,18 @@ impl Shared {
     /// flight, or part of this job, and claims slots. If there is not enough
     /// room, records NO_SPACE and changes nothing.
     fn plan_store(&self, st: &mut State, job: &mut Job, block_ids: &[i64]) {
-        let State {
-            index,
-            victims,
-            scratch: pinned,
-            ..
-        } = st;
+        let State { index, victims, .. } = st;
         let mut new: Vec<(u32, u64)> = Vec::new();
-        pinned.clear();
+        let mut pinned = Vec::new();
         for pos in 0..job.num_blocks {
             let key = job.key(pos);
             let hash = index.hash(key);
             match index.find(key, hash) {
                 Some(slot) => {
-                    if index.state(slot) == SlotState::Ready {
-                        // Protect it from this job's own evictions.
-                        index.pin(slot);
-                        pinned.push(slot);
-                    }
+                    // Keys of the job are not evicted while it runs, by its own
+                    // evictions or anyone else's.
+                    index.pin(slot);
+                    pinned.push(slot);
                 }
                 None => new.push((pos, hash)),
             }
@@ -570,13 +564,14 @@ impl Shared {
                 index.evict(v);
             }
         }
-        for &slot in pinned.iter() {
-            index.unpin(slot);
-        }
         if !enough {
+            for slot in pinned {
+                index.unpin(slot);
+            }
             job.fail(0, ErrorKind::NoSpace);
             return;
         }
+        job.pinned = pinned;
         job.items = new
             .into_iter()
             .map(|(pos, hash)| Item {
@@ -779,6 +774,9 @@ impl Shared {
                         })
                         .count();
                     job.set_present_after(present as u32);
+                    for &slot in &job.pinned {
+                        st.index.unpin(slot);
+                    }
                 }
                 JobKind::Load => {
                     for (i, kind) in job.failed_items() {

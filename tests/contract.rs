@@ -206,6 +206,33 @@ pub fn never_evicts_keys_of_the_same_job(cfg: Backend) {
     assert_eq!(h.present(&[1, 3, 4]), vec![1, 3]);
 }
 
+pub fn keys_of_a_store_in_flight_are_not_evicted(cfg: Backend) {
+    let h = Harness::manual(&cfg(2, BB), 4, BB);
+    h.tier()
+        .submit_store(1, &keys(&[1]), KEY_LEN, &[0])
+        .unwrap();
+    assert!(h.tier().run_queued_job(1));
+    // Job 2 finds 1 present and stores 2: while it runs, 1 is not evictable.
+    h.tier()
+        .submit_store(2, &keys(&[1, 2]), KEY_LEN, &[0, 1])
+        .unwrap();
+    h.tier()
+        .submit_store(3, &keys(&[3]), KEY_LEN, &[2])
+        .unwrap();
+    assert!(h.tier().run_queued_job(2));
+    let results = h.tier().poll(8);
+    let r3 = results.iter().find(|r| r.job_id == 3).unwrap();
+    assert_eq!(r3.error, Some(ErrorKind::NoSpace));
+    let r2 = results.iter().find(|r| r.job_id == 2).unwrap();
+    assert_eq!((r2.error, r2.num_done, r2.bytes), (None, 2, BB as u64));
+    // Once it completed, 1 (least recent) is evictable again.
+    h.tier()
+        .submit_store(4, &keys(&[3]), KEY_LEN, &[2])
+        .unwrap();
+    assert!(h.tier().run_queued_job(4));
+    assert_eq!(h.lookup(&[1, 2, 3]), [Miss, Hit, Hit]);
+}
+
 pub fn load_of_missing_key_reports_leading_blocks(cfg: Backend) {
     let h = Harness::new(&cfg(8, BB), 8, BB);
     for (row, i) in [(0, 1), (1, 2), (2, 3)] {
@@ -518,6 +545,7 @@ macro_rules! contract_suite {
                 store_order_makes_first_key_most_recent,
                 no_space_fails_whole_and_changes_nothing,
                 never_evicts_keys_of_the_same_job,
+                keys_of_a_store_in_flight_are_not_evicted,
                 load_of_missing_key_reports_leading_blocks,
                 load_waits_for_a_store_in_flight,
                 lookup_is_pending_while_storing_then_hit,

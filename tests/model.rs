@@ -38,6 +38,8 @@ struct Job {
     rows: Vec<i64>,
     /// (position, entry id) of blocks to copy.
     items: Vec<(u32, u64)>,
+    /// Store: entries of keys found present, pinned until completion.
+    pinned: Vec<u64>,
     deps: usize,
     expected: JobResult,
 }
@@ -87,6 +89,10 @@ impl Model {
                 new.push(k);
             }
         }
+        let pinned: Vec<u64> = keys
+            .iter()
+            .filter_map(|&k| self.linked(k).map(|e| self.entries[e].id))
+            .collect();
         let free = self.capacity - self.entries.len();
         if new.len() > free {
             let victims: Vec<u64> = self
@@ -114,6 +120,10 @@ impl Model {
             self.completed.push_back(expected);
             return;
         }
+        for &id in &pinned {
+            let e = self.by_id(id);
+            self.entries[e].pins += 1;
+        }
         let mut items = Vec::new();
         for k in new {
             let pos = keys.iter().position(|&x| x == k).unwrap() as u32;
@@ -134,6 +144,7 @@ impl Model {
                 keys: keys.to_vec(),
                 rows: rows.to_vec(),
                 items,
+                pinned,
                 deps: 0,
                 expected,
             },
@@ -169,6 +180,7 @@ impl Model {
                 keys: keys.to_vec(),
                 rows: rows.to_vec(),
                 items,
+                pinned: Vec::new(),
                 deps,
                 expected,
             },
@@ -226,6 +238,16 @@ impl Model {
         if job.kind == JobKind::Store {
             // What the job leaves behind: a clear meanwhile leaves nothing.
             job.expected.num_done = self.present(&job.keys);
+            for &id in &job.pinned {
+                let e = self.by_id(id);
+                self.entries[e].pins -= 1;
+                if self.entries[e].pins == 0
+                    && !self.entries[e].linked
+                    && self.entries[e].state == State::Ready
+                {
+                    self.entries.remove(e);
+                }
+            }
         }
         self.completed.push_back(job.expected);
         job

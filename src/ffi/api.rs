@@ -265,9 +265,10 @@ unsafe fn submit(
 /// on the tier's threads.
 ///
 /// Keys already stored or being stored count as done and are not copied again;
-/// duplicate keys in the job are stored once. Room comes from free capacity,
-/// then from evicting least recently used blocks that are not being loaded, not
-/// being stored, and not keys of this job. If that is not enough the job fails
+/// duplicate keys in the job are stored once; keys of the job are not evicted
+/// while it runs. Room comes from free capacity, then from evicting least
+/// recently used blocks that are not being loaded, not being stored, and not
+/// keys of a store in flight. If that is not enough the job fails
 /// as a whole with TIER_ERR_NO_SPACE and the tier is unchanged. While copying,
 /// the new keys look up as TIER_PENDING; on success they become TIER_HIT and
 /// most recently used (the first key most recent).

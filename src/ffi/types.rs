@@ -79,9 +79,9 @@ pub struct tier_job_result_t {
     /// Blocks (keys) in the job.
     pub num_blocks: u32,
     /// Store: the job's blocks (keys, counting repeats) in the tier when the
-    /// job completed, stored or being stored by another job; num_blocks on
-    /// success unless a tier_clear or eviction intervened. Load: leading blocks
-    /// copied before the first failure (num_blocks on success).
+    /// job completed, stored or being stored by another job: num_blocks on
+    /// success unless a tier_clear came first. Load: leading blocks copied
+    /// before the first failure (num_blocks on success).
     pub num_done: u32,
     /// Bytes copied by the job.
     pub bytes: u64,
