@@ -1,12 +1,23 @@
 //! The key index: which key owns which storage slot, in which state, and the LRU
 //! order of the readable ones.
 //!
-//! Memory layout is chosen for a million-block tier: a slot array of 56-byte
-//! records (key inline up to 40 bytes, state, pins, LRU links as u32 indices)
-//! and an open-addressing table of 8-byte buckets (32-bit hash tag + slot
-//! number). That is about 75 bytes per resident block, with no allocation per
-//! block, and lets a batch of lookups prefetch its table buckets and slots before
-//! touching them, so a lookup costs about the same at 1,000 and 1,000,000 blocks.
+//! Memory layout is chosen for a million-block tier, where the whole index
+//! (about 77 bytes per block, no allocation per block) no longer fits in cache
+//! but the part lookups and touches read does:
+//! - an open-addressing table of 8-byte buckets (32-bit hash tag + slot),
+//!   16 MiB per million blocks;
+//! - a 4-byte hot word per slot (30 more hash bits + lookup state), 4 MiB;
+//! - the LRU links (two u32 per slot), 8 MiB;
+//! - the 48-byte records (key inline up to 40 bytes, state, pins), which only
+//!   jobs read: they verify the full key, while lookups and touches decide by
+//!   62 bits of hash (a collision could only make a lookup answer HIT for a
+//!   key whose load then fails cleanly, never move wrong bytes).
+//!
+//! Batches of lookups and touches run as a software pipeline: hash a key and
+//! prefetch its bucket, probe the bucket of a key a few places back and
+//! prefetch its hot word, decide a key a few places further back (touch adds
+//! stages that prefetch the LRU links it will rewrite). The memory reads of
+//! successive keys overlap instead of waiting one after another.
 //!
 //! Slot numbers double as the storage location in the memory backend's arena.
 
@@ -17,8 +28,12 @@ use std::collections::HashMap;
 pub const MAX_KEY_LEN: usize = 128;
 const INLINE_KEY: usize = 40;
 const NIL: u32 = u32::MAX;
-/// Lookups processed together, so their memory accesses overlap.
-const BATCH: usize = 32;
+/// Pipeline distance between hashing, probing and verifying a key.
+const AHEAD: usize = 16;
+/// Ring of in-flight lookups (a power of two above 2 * AHEAD).
+const RING: usize = 64;
+/// Ring of in-flight touches (a power of two above 4 * AHEAD).
+const TOUCH_RING: usize = 128;
 
 /// The state of an allocated slot.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,6 +61,7 @@ pub enum LookupState {
     Pending = 2,
 }
 
+/// One block's record, read by jobs (which verify full keys), not by lookups.
 #[derive(Clone, Copy)]
 struct Slot {
     key: [u8; INLINE_KEY],
@@ -55,8 +71,6 @@ struct Slot {
     /// are still in use by a job stay allocated but unlinked until released.
     linked: bool,
     pins: u32,
-    prev: u32,
-    next: u32,
 }
 
 impl Slot {
@@ -66,6 +80,18 @@ impl Slot {
         state: SlotState::Free,
         linked: false,
         pins: 0,
+    };
+}
+
+/// A slot's neighbours in the LRU list (NIL at the ends and when unlisted).
+#[derive(Clone, Copy)]
+struct Link {
+    prev: u32,
+    next: u32,
+}
+
+impl Link {
+    const NONE: Link = Link {
         prev: NIL,
         next: NIL,
     };
@@ -79,6 +105,11 @@ struct Table {
     buckets: Vec<u64>,
     mask: usize,
     len: usize,
+}
+
+#[inline(always)]
+fn tag_of(hash: u64) -> u32 {
+    (hash >> 32) as u32
 }
 
 impl Table {
@@ -159,6 +190,28 @@ impl Table {
     }
 }
 
+/// A slot's lookup word: 30 more bits of the key's hash (beyond the table's
+/// 32-bit tag) and what a lookup answers for it. Zero for slots lookups must
+/// not see (free, or unlinked by a clear).
+#[inline(always)]
+fn hot_word(hash: u64, state: LookupState) -> u32 {
+    (hash as u32) & !3 | state as u32
+}
+
+#[inline(always)]
+fn hot_matches(word: u32, hash: u64) -> bool {
+    word != 0 && word & !3 == (hash as u32) & !3
+}
+
+#[inline(always)]
+fn hot_state(word: u32) -> LookupState {
+    match word & 3 {
+        1 => LookupState::Hit,
+        2 => LookupState::Pending,
+        _ => LookupState::Miss,
+    }
+}
+
 #[inline(always)]
 fn prefetch<T>(p: *const T) {
     // SAFETY: a prefetch is a hint; it never faults, even on a bad address, and
@@ -183,6 +236,9 @@ pub(crate) struct LookupCounts {
 pub(crate) struct Index {
     hasher: KeyHasher,
     slots: Vec<Slot>,
+    /// Per slot: see [`hot_word`]. 4 bytes a block, so it stays in cache.
+    hot: Vec<u32>,
+    links: Vec<Link>,
     free: Vec<u32>,
     capacity: u32,
     table: Table,
@@ -207,6 +263,8 @@ impl Index {
         Index {
             hasher,
             slots: Vec::new(),
+            hot: Vec::new(),
+            links: Vec::new(),
             free: Vec::new(),
             capacity,
             table: Table::with_capacity(capacity.min(1024) as usize),
@@ -272,11 +330,15 @@ impl Index {
         self.capacity - self.allocated()
     }
 
-    /// Bytes of heap this index holds (capacity, not just length).
+    /// Bytes of memory the index uses: the parts of its arrays in use (their
+    /// unused growth reserve is address space, not resident memory) and the
+    /// whole hash table.
     pub(crate) fn metadata_bytes(&self) -> usize {
-        self.slots.capacity() * std::mem::size_of::<Slot>()
-            + self.free.capacity() * 4
-            + self.table.buckets.capacity() * 8
+        self.slots.len() * std::mem::size_of::<Slot>()
+            + self.hot.len() * 4
+            + self.links.len() * std::mem::size_of::<Link>()
+            + self.free.len() * 4
+            + self.table.buckets.len() * 8
             + self.long_keys.values().map(|k| k.len() + 32).sum::<usize>()
     }
 
@@ -308,7 +370,12 @@ impl Index {
         len
     }
 
-    fn probe_from(&self, key: &[u8], tag: u32, mut i: usize) -> Option<u32> {
+    /// The linked slot holding `key`, whose hash is `hash`, verified against
+    /// the full key (for jobs, which must never mistake one block for another).
+    #[inline]
+    pub(crate) fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
+        let tag = tag_of(hash);
+        let mut i = self.table.home(tag);
         loop {
             let b = self.table.buckets[i];
             if b == 0 {
@@ -324,80 +391,88 @@ impl Index {
         }
     }
 
-    /// The linked slot holding `key`, whose hash is `hash`.
-    #[inline]
-    pub(crate) fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
-        let tag = (hash >> 32) as u32;
-        self.probe_from(key, tag, self.table.home(tag))
+    /// The first bucket at or after `from` whose tag is that of `hash`:
+    /// (position, slot), or None at the end of the probe run.
+    #[inline(always)]
+    fn next_candidate(&self, hash: u64, mut i: usize) -> Option<(usize, u32)> {
+        let tag = tag_of(hash);
+        loop {
+            let b = self.table.buckets[i];
+            if b == 0 {
+                return None;
+            }
+            if (b >> 32) as u32 == tag {
+                return Some((i, (b as u32) - 1));
+            }
+            i = (i + 1) & self.table.mask;
+        }
+    }
+
+    /// The linked slot whose key has this 64-bit hash (32 bits in the table,
+    /// 30 more in the slot's hot word), and its lookup state, without reading
+    /// the key: two keys share 62 bits of hash with probability 2^-62, and a
+    /// wrong answer could only send a load to a key it then fails to find,
+    /// because jobs verify the full key.
+    #[inline(always)]
+    fn find_hashed(
+        &self,
+        hash: u64,
+        mut candidate: Option<(usize, u32)>,
+    ) -> Option<(u32, LookupState)> {
+        while let Some((i, slot)) = candidate {
+            let word = self.hot[slot as usize];
+            if hot_matches(word, hash) {
+                return Some((slot, hot_state(word)));
+            }
+            candidate = self.next_candidate(hash, (i + 1) & self.table.mask);
+        }
+        None
     }
 
     pub(crate) fn state(&self, slot: u32) -> SlotState {
         self.slots[slot as usize].state
     }
 
-    fn lookup_state(&self, slot: Option<u32>) -> LookupState {
-        match slot.map(|s| self.slots[s as usize].state) {
-            Some(SlotState::Ready) => LookupState::Hit,
-            Some(SlotState::Storing) => LookupState::Pending,
-            _ => LookupState::Miss,
-        }
-    }
-
-    /// Resolves `n` packed keys of `key_len` bytes into slots, `BATCH` at a
-    /// time: hash all and prefetch their buckets, then probe all and prefetch
-    /// the candidate slots, then compare keys. Calls `f(i, slot)` in order.
-    fn resolve_batch(&self, keys: &[u8], key_len: usize, mut f: impl FnMut(usize, Option<u32>)) {
-        let n = keys.len() / key_len;
-        let mut hashes = [0u64; BATCH];
-        let mut candidates = [(0usize, NIL); BATCH];
-        let mut start = 0;
-        while start < n {
-            let count = (n - start).min(BATCH);
-            for j in 0..count {
-                let key = &keys[(start + j) * key_len..][..key_len];
-                let h = self.hasher.hash(key);
-                hashes[j] = h;
-                prefetch(&self.table.buckets[self.table.home((h >> 32) as u32)]);
+    /// Resolves `n` keys (`key_at(j)` is the j-th) by hash as a pipeline: step
+    /// i hashes key i and prefetches its bucket, probes the bucket of key
+    /// i - AHEAD and prefetches the candidate's hot word, and resolves key
+    /// i - 2 * AHEAD, calling `f(j, found)` in order of j. The memory reads of
+    /// successive keys overlap instead of waiting one after another.
+    fn resolve_stream<'k>(
+        &self,
+        n: usize,
+        key_at: impl Fn(usize) -> &'k [u8],
+        mut f: impl FnMut(usize, Option<(u32, LookupState)>),
+    ) {
+        let mut hashes = [0u64; RING];
+        let mut candidates = [None; RING];
+        for i in 0..n + 2 * AHEAD {
+            if i < n {
+                let h = self.hasher.hash(key_at(i));
+                hashes[i % RING] = h;
+                prefetch(&self.table.buckets[self.table.home(tag_of(h))]);
             }
-            for j in 0..count {
-                let tag = (hashes[j] >> 32) as u32;
-                let mut i = self.table.home(tag);
-                candidates[j] = loop {
-                    let b = self.table.buckets[i];
-                    if b == 0 {
-                        break (i, NIL);
-                    }
-                    if (b >> 32) as u32 == tag {
-                        let slot = (b as u32) - 1;
-                        prefetch(&self.slots[slot as usize]);
-                        break (i, slot);
-                    }
-                    i = (i + 1) & self.table.mask;
-                };
+            if let Some(j) = i.checked_sub(AHEAD).filter(|&j| j < n) {
+                let h = hashes[j % RING];
+                let candidate = self.next_candidate(h, self.table.home(tag_of(h)));
+                if let Some((_, slot)) = candidate {
+                    prefetch(&self.hot[slot as usize]);
+                }
+                candidates[j % RING] = candidate;
             }
-            for j in 0..count {
-                let key = &keys[(start + j) * key_len..][..key_len];
-                let (bucket, slot) = candidates[j];
-                let found = if slot == NIL {
-                    None
-                } else if self.key_eq(slot, key) {
-                    Some(slot)
-                } else {
-                    // A tag collision: keep probing past the candidate.
-                    let tag = (hashes[j] >> 32) as u32;
-                    self.probe_from(key, tag, (bucket + 1) & self.table.mask)
-                };
-                f(start + j, found);
+            if let Some(j) = i.checked_sub(2 * AHEAD) {
+                f(j, self.find_hashed(hashes[j % RING], candidates[j % RING]));
             }
-            start += count;
         }
     }
 
     /// Writes one [`LookupState`] per key into `out`.
     pub(crate) fn lookup_batch(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> LookupCounts {
         let mut counts = LookupCounts::default();
-        self.resolve_batch(keys, key_len, |i, slot| {
-            let state = self.lookup_state(slot);
+        let n = keys.len() / key_len;
+        let key_at = |j: usize| &keys[j * key_len..][..key_len];
+        self.resolve_stream(n, key_at, |i, found| {
+            let state = found.map_or(LookupState::Miss, |(_, state)| state);
             match state {
                 LookupState::Hit => counts.hits += 1,
                 LookupState::Miss => counts.misses += 1,
@@ -411,23 +486,65 @@ impl Index {
     /// Makes the readable keys among `keys` most recently used, the first key
     /// most recent of all (see [`Tier::touch`](crate::Tier::touch)). Returns how
     /// many were found.
-    pub(crate) fn touch_batch(
-        &mut self,
-        keys: &[u8],
-        key_len: usize,
-        scratch: &mut Vec<u32>,
-    ) -> u64 {
-        scratch.clear();
-        self.resolve_batch(keys, key_len, |_, slot| {
-            if let Some(s) = slot {
-                scratch.push(s);
-            }
-        });
+    ///
+    /// A pipeline like [`Index::resolve_stream`] with two more stages: once a
+    /// key resolves, prefetch its links; a stage later, its neighbours'; a
+    /// stage later, relink it. Keys are taken last to first, so that the first
+    /// ends most recent, and relinked in that order.
+    pub(crate) fn touch_batch(&mut self, keys: &[u8], key_len: usize) -> u64 {
+        const STAGES: usize = 5;
+        let n = keys.len() / key_len;
+        let key_at = |j: usize| &keys[(n - 1 - j) * key_len..][..key_len];
+        let mut hashes = [0u64; TOUCH_RING];
+        let mut candidates = [None; TOUCH_RING];
+        let mut found = [NIL; TOUCH_RING];
         let mut touched = 0;
-        for &s in scratch.iter().rev() {
-            if self.slots[s as usize].state == SlotState::Ready {
-                self.move_to_mru(s);
-                touched += 1;
+        for i in 0..n + (STAGES - 1) * AHEAD {
+            if i < n {
+                let h = self.hasher.hash(key_at(i));
+                hashes[i % TOUCH_RING] = h;
+                prefetch(&self.table.buckets[self.table.home(tag_of(h))]);
+            }
+            if let Some(j) = i.checked_sub(AHEAD).filter(|&j| j < n) {
+                let h = hashes[j % TOUCH_RING];
+                let candidate = self.next_candidate(h, self.table.home(tag_of(h)));
+                if let Some((_, slot)) = candidate {
+                    prefetch(&self.hot[slot as usize]);
+                }
+                candidates[j % TOUCH_RING] = candidate;
+            }
+            if let Some(j) = i.checked_sub(2 * AHEAD).filter(|&j| j < n) {
+                let resolved = self.find_hashed(hashes[j % TOUCH_RING], candidates[j % TOUCH_RING]);
+                found[j % TOUCH_RING] = match resolved {
+                    Some((slot, LookupState::Hit)) => {
+                        prefetch(&self.links[slot as usize]);
+                        slot
+                    }
+                    _ => NIL,
+                };
+            }
+            if let Some(j) = i.checked_sub(3 * AHEAD).filter(|&j| j < n) {
+                let slot = found[j % TOUCH_RING];
+                if slot != NIL {
+                    let Link { prev, next } = self.links[slot as usize];
+                    if prev != NIL {
+                        prefetch(&self.links[prev as usize]);
+                    }
+                    if next != NIL {
+                        prefetch(&self.links[next as usize]);
+                    }
+                }
+            }
+            if let Some(j) = i.checked_sub(4 * AHEAD) {
+                let slot = found[j % TOUCH_RING];
+                // Hit in the hot word: in the table, Ready, so in the LRU list.
+                if slot != NIL {
+                    if self.lru_tail != slot {
+                        self.lru_unlink(slot);
+                        self.lru_push_mru(slot);
+                    }
+                    touched += 1;
+                }
             }
         }
         touched
@@ -436,44 +553,32 @@ impl Index {
     // ---- LRU list (Ready, linked slots only) ----
 
     fn lru_unlink(&mut self, s: u32) {
-        let Slot { prev, next, .. } = self.slots[s as usize];
+        let Link { prev, next } = self.links[s as usize];
         if prev == NIL {
             self.lru_head = next;
         } else {
-            self.slots[prev as usize].next = next;
+            self.links[prev as usize].next = next;
         }
         if next == NIL {
             self.lru_tail = prev;
         } else {
-            self.slots[next as usize].prev = prev;
+            self.links[next as usize].prev = prev;
         }
-        let slot = &mut self.slots[s as usize];
-        slot.prev = NIL;
-        slot.next = NIL;
+        self.links[s as usize] = Link::NONE;
     }
 
     fn lru_push_mru(&mut self, s: u32) {
         let tail = self.lru_tail;
-        {
-            let slot = &mut self.slots[s as usize];
-            slot.prev = tail;
-            slot.next = NIL;
-        }
+        self.links[s as usize] = Link {
+            prev: tail,
+            next: NIL,
+        };
         if tail == NIL {
             self.lru_head = s;
         } else {
-            self.slots[tail as usize].next = s;
+            self.links[tail as usize].next = s;
         }
         self.lru_tail = s;
-    }
-
-    /// Makes a Ready, linked slot the most recently used.
-    pub(crate) fn move_to_mru(&mut self, s: u32) {
-        debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
-        if self.lru_tail != s && self.slots[s as usize].linked {
-            self.lru_unlink(s);
-            self.lru_push_mru(s);
-        }
     }
 
     /// Readable keys from least to most recently used (tests and debugging).
@@ -485,7 +590,7 @@ impl Index {
         while s != NIL {
             let len = self.key_of(s, &mut buf);
             out.push(buf[..len].to_vec());
-            s = self.slots[s as usize].next;
+            s = self.links[s as usize].next;
         }
         out
     }
@@ -521,7 +626,7 @@ impl Index {
             if self.slots[s as usize].pins == 0 {
                 out.push(s);
             }
-            s = self.slots[s as usize].next;
+            s = self.links[s as usize].next;
         }
         out.len() == need
     }
@@ -539,10 +644,9 @@ impl Index {
         if !self.slots[s as usize].linked {
             return;
         }
-        let mut buf = [0u8; MAX_KEY_LEN];
-        let len = self.key_of(s, &mut buf);
-        let tag = (self.hasher.hash(&buf[..len]) >> 32) as u32;
-        self.table.remove(tag, s);
+        let hash = self.slot_hash(s);
+        self.table.remove(tag_of(hash), s);
+        self.hot[s as usize] = 0;
         if self.slots[s as usize].state == SlotState::Ready {
             self.lru_unlink(s);
             self.ready -= 1;
@@ -562,6 +666,8 @@ impl Index {
             }
         }
         self.slots[s as usize] = Slot::EMPTY;
+        self.hot[s as usize] = 0;
+        self.links[s as usize] = Link::NONE;
         self.long_keys.remove(&s);
         self.free.push(s);
     }
@@ -575,6 +681,8 @@ impl Index {
             Some(s) => s,
             None => {
                 self.slots.push(Slot::EMPTY);
+                self.hot.push(0);
+                self.links.push(Link::NONE);
                 (self.slots.len() - 1) as u32
             }
         };
@@ -587,8 +695,15 @@ impl Index {
         if key.len() > INLINE_KEY {
             self.long_keys.insert(s, key[INLINE_KEY..].into());
         }
-        self.table.insert((hash >> 32) as u32, s);
+        self.table.insert(tag_of(hash), s);
+        self.hot[s as usize] = hot_word(hash, LookupState::Pending);
         s
+    }
+
+    fn slot_hash(&self, s: u32) -> u64 {
+        let mut buf = [0u8; MAX_KEY_LEN];
+        let len = self.key_of(s, &mut buf);
+        self.hasher.hash(&buf[..len])
     }
 
     /// Adds a readable block found in storage (recovery, probes) as the most
@@ -620,6 +735,7 @@ impl Index {
         if ok {
             self.slots[s as usize].state = SlotState::Ready;
             if linked {
+                self.hot[s as usize] = hot_word(self.slot_hash(s), LookupState::Hit);
                 self.lru_push_mru(s);
                 self.ready += 1;
                 return;
@@ -643,8 +759,8 @@ impl Index {
                 continue;
             }
             self.slots[s as usize].linked = false;
-            self.slots[s as usize].prev = NIL;
-            self.slots[s as usize].next = NIL;
+            self.hot[s as usize] = 0;
+            self.links[s as usize] = Link::NONE;
             self.note_unlinked(s, 1);
             if slot.state == SlotState::Ready && slot.pins == 0 {
                 self.free_slot(s);
@@ -756,8 +872,7 @@ mod tests {
         assert_eq!(ix.lru_order(), vec![key(0), key(1), key(2), key(3)]);
         // Touch [1, 0]: key 1 (first) ends most recent.
         let keys: Vec<u8> = [key(1), key(0), key(99)].concat();
-        let mut scratch = Vec::new();
-        assert_eq!(ix.touch_batch(&keys, 36, &mut scratch), 2);
+        assert_eq!(ix.touch_batch(&keys, 36), 2);
         assert_eq!(ix.lru_order(), vec![key(2), key(3), key(0), key(1)]);
         let s2 = ix.find(&key(2), ix.hash(&key(2))).unwrap();
         ix.pin(s2);
@@ -834,6 +949,7 @@ mod tests {
 
     #[test]
     fn slot_record_stays_small() {
-        assert_eq!(std::mem::size_of::<Slot>(), 56);
+        assert_eq!(std::mem::size_of::<Slot>(), 48);
+        assert_eq!(std::mem::size_of::<Link>(), 8);
     }
 }

@@ -52,7 +52,6 @@ struct State {
     /// Shared disk tiers: keys being or recently probed.
     probes: HashMap<Vec<u8>, Probe>,
     victims: Vec<u32>,
-    scratch: Vec<u32>,
 }
 
 struct Shared {
@@ -186,7 +185,6 @@ impl Tier {
                 next_wait_id: 0,
                 probes: HashMap::new(),
                 victims: Vec::new(),
-                scratch: Vec::new(),
             }),
             queue: WorkQueue::new(),
             done: Completions::default(),
@@ -307,9 +305,7 @@ impl Tier {
         if keys.is_empty() {
             return Ok(());
         }
-        let mut st = self.shared.state.lock();
-        let State { index, scratch, .. } = &mut *st;
-        index.touch_batch(keys, key_len, scratch);
+        self.shared.state.lock().index.touch_batch(keys, key_len);
         Ok(())
     }
 

@@ -1,9 +1,10 @@
 //! The work queue and the I/O worker threads that drain it.
 //!
 //! Order of service: loads (a request waits for them), probes (a lookup waits
-//! for them), stores (background), discards (housekeeping). Idle workers poll
-//! briefly before sleeping, so a stream of small jobs does not pay a thread
-//! wake-up per job.
+//! for them), stores (background), discards (housekeeping). One idle worker
+//! polls briefly before sleeping, so a stream of small jobs does not pay a
+//! thread wake-up per job; the others sleep at once, so idle workers do not
+//! compete with the engine's threads for cores.
 
 use crate::jobs::{JobKind, Task};
 use parking_lot::{Condvar, Mutex};
@@ -59,7 +60,10 @@ pub(crate) struct WorkQueue {
     queues: Mutex<Queues>,
     available: Condvar,
     queued: AtomicUsize,
+    /// Workers waiting on `available` (changed under the `queues` lock).
     sleepers: AtomicUsize,
+    /// 1 while a worker polls for work (at most one does).
+    spinning: AtomicUsize,
     shutdown: AtomicBool,
 }
 
@@ -70,6 +74,7 @@ impl WorkQueue {
             available: Condvar::new(),
             queued: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
+            spinning: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
         }
     }
@@ -82,10 +87,12 @@ impl WorkQueue {
             added += 1;
         }
         self.queued.fetch_add(added, Ordering::SeqCst);
-        if self.sleepers.load(Ordering::SeqCst) > 0 {
-            for _ in 0..added {
-                self.available.notify_one();
-            }
+        // A polling worker takes one task without being woken. It announces it
+        // is giving up before it takes the lock to sleep, so either it sees
+        // these tasks or this sees it gone.
+        let wake = added.saturating_sub(self.spinning.load(Ordering::SeqCst));
+        for _ in 0..wake.min(self.sleepers.load(Ordering::SeqCst)) {
+            self.available.notify_one();
         }
     }
 
@@ -96,25 +103,45 @@ impl WorkQueue {
         Some(work)
     }
 
-    /// Next work for a worker; None once shut down. Polls for `spin` before
-    /// sleeping.
+    fn poll(&self) -> Option<Work> {
+        if self.queued.load(Ordering::SeqCst) > 0 {
+            self.try_pop()
+        } else {
+            None
+        }
+    }
+
+    /// Next work for a worker; None once shut down. If no other worker is
+    /// polling, polls for `spin` before sleeping.
     pub(crate) fn next(&self, spin: Duration) -> Option<Work> {
-        let mut spin_until: Option<Instant> = None;
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
             }
-            if self.queued.load(Ordering::SeqCst) > 0 {
-                if let Some(work) = self.try_pop() {
-                    return Some(work);
-                }
+            if let Some(work) = self.poll() {
+                return Some(work);
             }
-            let deadline = *spin_until.get_or_insert_with(|| Instant::now() + spin);
-            if Instant::now() < deadline {
-                for _ in 0..64 {
-                    std::hint::spin_loop();
+            let polling = !spin.is_zero()
+                && self
+                    .spinning
+                    .compare_exchange(0, 1, Ordering::SeqCst, Ordering::SeqCst)
+                    .is_ok();
+            if polling {
+                let deadline = Instant::now() + spin;
+                let mut found = None;
+                while found.is_none()
+                    && !self.shutdown.load(Ordering::Acquire)
+                    && Instant::now() < deadline
+                {
+                    for _ in 0..64 {
+                        std::hint::spin_loop();
+                    }
+                    found = self.poll();
                 }
-                continue;
+                self.spinning.store(0, Ordering::SeqCst);
+                if found.is_some() {
+                    return found;
+                }
             }
             let mut q = self.queues.lock();
             self.sleepers.fetch_add(1, Ordering::SeqCst);
@@ -122,8 +149,6 @@ impl WorkQueue {
                 self.available.wait(&mut q);
             }
             self.sleepers.fetch_sub(1, Ordering::SeqCst);
-            drop(q);
-            spin_until = None;
         }
     }
 
