@@ -11,6 +11,17 @@ fn main() {
 
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
     let part = |name: &str| std::env::var(name).expect("version part");
+    // ELF soname with the major version: programs record libkvtier.so.MAJOR in
+    // DT_NEEDED, so a compatible update of the library replaces it in place.
+    if !matches!(
+        std::env::var("CARGO_CFG_TARGET_OS").as_deref(),
+        Ok("macos" | "ios" | "windows")
+    ) {
+        println!(
+            "cargo:rustc-cdylib-link-arg=-Wl,-soname,libkvtier.so.{}",
+            part("CARGO_PKG_VERSION_MAJOR")
+        );
+    }
     let mut config =
         cbindgen::Config::from_file(root.join("cbindgen.toml")).expect("cbindgen.toml");
     config.after_includes = Some(format!(

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test (C/C++ through the real library, ASan/UBSan, valgrind when
-# installed, the Rust tests, the benchmark smoke test) on a fresh machine that
-# has cargo, a C/C++ compiler and python3. Installs cmake if it is missing.
+# installed, the C++ wrapper, header checks, install and consumer builds, the
+# Rust tests, the benchmark smoke test) on a fresh machine that has cargo, a
+# C/C++ compiler and python3. Installs cmake and pkg-config if they are missing.
 #
 # Environment: BUILD_DIR (default build), JOBS (parallel builds and tests, default 2).
 set -euo pipefail
@@ -35,8 +36,21 @@ install_cmake() {
     export PATH
 }
 
+# The consumer_pkgconfig tests build against the installed kvtier.pc; without
+# pkg-config they fail (they do not skip).
+install_pkg_config() {
+    echo "test.sh: pkg-config not found; installing it" >&2
+    if command -v apt-get >/dev/null 2>&1; then
+        as_root apt-get install -y pkg-config || { as_root apt-get update && as_root apt-get install -y pkg-config; } ||
+            echo "test.sh: apt-get could not install pkg-config" >&2
+    fi
+}
+
 if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; then
     install_cmake
+fi
+if ! command -v pkg-config >/dev/null 2>&1 && ! command -v pkgconf >/dev/null 2>&1; then
+    install_pkg_config
 fi
 cmake --version | sed -n 1p
 

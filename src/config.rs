@@ -61,6 +61,9 @@ pub struct DiskConfig {
     /// Shared mode: how long a "not on disk" answer for a key is reused before
     /// the file system is asked again, in milliseconds.
     pub probe_ttl_ms: u32,
+    /// Create all fan-out directories when the tier opens (once per
+    /// directory), instead of each on the first store that needs it.
+    pub prepare_dirs: bool,
 }
 
 impl Default for DiskConfig {
@@ -72,6 +75,7 @@ impl Default for DiskConfig {
             sync: SyncMode::None,
             shared: false,
             probe_ttl_ms: 1000,
+            prepare_dirs: false,
         }
     }
 }
@@ -124,6 +128,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "sync",
     "shared",
     "probe_ttl_ms",
+    "prepare_dirs",
 ];
 
 impl TierConfig {
@@ -186,13 +191,8 @@ impl TierConfig {
                     _ => bail!(Config, "sync: {value:?} is not none or data"),
                 }
             }
-            "shared" => {
-                self.disk.shared = match value.to_ascii_lowercase().as_str() {
-                    "true" | "1" | "on" | "yes" => true,
-                    "false" | "0" | "off" | "no" => false,
-                    _ => bail!(Config, "shared: {value:?} is not true or false"),
-                }
-            }
+            "shared" => self.disk.shared = parse_bool(key, value)?,
+            "prepare_dirs" => self.disk.prepare_dirs = parse_bool(key, value)?,
             "probe_ttl_ms" => {
                 let n = parse_uint(key, value)?;
                 if n > 3_600_000 {
@@ -221,6 +221,14 @@ impl TierConfig {
             // Threads mostly wait on the device; SSDs need queue depth.
             BackendKind::Disk => 8,
         })
+    }
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "true" | "1" | "on" | "yes" => Ok(true),
+        "false" | "0" | "off" | "no" => Ok(false),
+        _ => bail!(Config, "{key}: {value:?} is not true or false"),
     }
 }
 
@@ -344,6 +352,8 @@ mod tests {
         cfg.set("sync", "data").unwrap();
         cfg.set("shared", "true").unwrap();
         cfg.set("probe_ttl_ms", "250").unwrap();
+        cfg.set("prepare_dirs", "yes").unwrap();
+        assert!(cfg.disk.prepare_dirs);
         assert_eq!(cfg.backend, BackendKind::Disk);
         assert_eq!(
             cfg.disk.path.as_deref(),

@@ -21,10 +21,6 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Below this many bytes a job is copied by one worker: splitting costs more
-/// than it saves.
-const MIN_TASK_BYTES: usize = 4 << 20;
-
 /// Forget "not in storage" answers beyond this many remembered keys.
 const MAX_PROBE_MEMORY: usize = 65_536;
 
@@ -684,7 +680,10 @@ impl Shared {
             return;
         }
         let job_bytes = job.items.len() * self.primary.block_bytes();
-        let max_tasks = self.io_threads.min(job_bytes / MIN_TASK_BYTES).max(1);
+        let max_tasks = self
+            .io_threads
+            .min(job_bytes / self.backend.min_task_bytes())
+            .max(1);
         let min_items = job.items.len().div_ceil(max_tasks);
         let tasks = job.into_tasks(max_tasks, min_items);
         self.queue.push_all(tasks.into_iter().map(Work::Copy));

@@ -137,6 +137,10 @@ impl WorkQueue {
                         std::hint::spin_loop();
                     }
                     found = self.poll();
+                    // Give the core away if anything else is runnable (a
+                    // worker whose I/O just completed, the engine): on a
+                    // small machine a spinning thread would delay them.
+                    std::thread::yield_now();
                 }
                 self.spinning.store(0, Ordering::SeqCst);
                 if found.is_some() {

@@ -1,7 +1,7 @@
 //! Command-line flags (hand-parsed: no dependencies).
 
 pub const HELP: &str = "\
-kvtier-bench: benchmarks kvtier's memory backend through its C ABI.
+kvtier-bench: benchmarks kvtier through its C ABI (memory backend by default).
 
 Measures store/load bandwidth of large jobs against a memcpy baseline with the
 same thread count (verifying every byte), 4 KiB job round-trip latency, lookup
@@ -13,8 +13,17 @@ reported, not fatal.
 USAGE: kvtier-bench [OPTIONS]
 
 OPTIONS:
-  --io-threads N       tier worker threads, and memcpy baseline threads
-                       (default: the library default, min(cores, 4))
+  --backend memory|disk
+                       memory (default): against memcpy. disk: against raw
+                       O_DIRECT file I/O on the same directory (bandwidth,
+                       4 KiB round trips, 64 KiB blocks/s, lookup, restart
+                       recovery of 100,000 blocks); page cache bypassed
+  --dir PATH           disk: scratch directory (default: a new one under the
+                       system temp dir); its contents are deleted
+  --recovery-blocks N  disk: blocks stored before the timed reopen (default 100000)
+  --io-threads N       tier worker threads, and memcpy / raw I/O baseline threads
+                       (default: the library default, min(cores, 4) for
+                       memory, 8 for disk)
   --gib X              data moved per direction per repetition, in GiB (default 2)
   --block-bytes SIZE   bandwidth block size: bytes or KiB/MiB/GiB (default 2MiB)
   --job-blocks N       blocks per bandwidth job (default 16)
@@ -46,11 +55,15 @@ struct Given {
     latency_iters: Option<usize>,
     lookup_blocks: Option<usize>,
     lookup_batch: Option<usize>,
+    recovery_blocks: Option<usize>,
 }
 
 /// Every setting, with --quick and the defaults applied.
 #[derive(Debug)]
 pub struct Settings {
+    pub disk: bool,
+    pub dir: Option<std::path::PathBuf>,
+    pub recovery_blocks: usize,
     pub help: bool,
     pub quick: bool,
     pub json: bool,
@@ -88,6 +101,7 @@ impl Settings {
         let mut given = Given::default();
         let (mut help, mut quick, mut json, mut progress) = (false, false, false, true);
         let (mut skip_bandwidth, mut skip_latency, mut skip_lookup) = (false, false, false);
+        let (mut disk, mut dir) = (false, None);
         let mut args = args.into_iter();
         while let Some(arg) = args.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -108,6 +122,17 @@ impl Settings {
                 "--skip-bandwidth" => skip_bandwidth = true,
                 "--skip-latency" => skip_latency = true,
                 "--skip-lookup" => skip_lookup = true,
+                "--backend" => {
+                    disk = match value(&flag)?.as_str() {
+                        "memory" => false,
+                        "disk" => true,
+                        other => return Err(format!("{flag}: {other:?} is not memory or disk")),
+                    }
+                }
+                "--dir" => dir = Some(std::path::PathBuf::from(value(&flag)?)),
+                "--recovery-blocks" => {
+                    given.recovery_blocks = Some(count(&flag, &value(&flag)?, 1)?)
+                }
                 "--io-threads" => {
                     let n = count(&flag, &value(&flag)?, 1)?;
                     if n > kvtier::MAX_IO_THREADS {
@@ -146,6 +171,11 @@ impl Settings {
             .latency_iters
             .unwrap_or(if quick { 2_000 } else { 20_000 });
         Ok(Settings {
+            disk,
+            dir,
+            recovery_blocks: given
+                .recovery_blocks
+                .unwrap_or(if quick { 2_000 } else { 100_000 }),
             help,
             quick,
             json,

@@ -236,6 +236,16 @@ impl<'buf> Tier<'buf> {
         Ok(())
     }
 
+    /// The tier's one-line description (backend, O_DIRECT, threads).
+    pub fn describe(&self) -> String {
+        let mut buf = vec![0u8; 1024];
+        // SAFETY: raw is a live tier; buf is writable for its length.
+        let len =
+            unsafe { ffi::tier_describe(self.raw, buf.as_mut_ptr() as *mut c_char, buf.len()) };
+        buf.truncate(len.min(buf.len() - 1));
+        String::from_utf8_lossy(&buf).into_owned()
+    }
+
     pub fn stats(&self) -> ApiResult<tier_stats_t> {
         let mut out = tier_stats_t::default();
         // SAFETY: out is a valid, writable struct.

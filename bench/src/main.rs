@@ -8,6 +8,7 @@ mod buffer;
 mod capi;
 mod contention;
 mod data;
+mod disk;
 mod jobs;
 mod json;
 mod latency;
@@ -33,12 +34,47 @@ fn main() -> ExitCode {
         print!("{HELP}");
         return ExitCode::SUCCESS;
     }
+    if settings.disk {
+        return run_disk(&settings);
+    }
     match run(&settings) {
         Ok(results) => {
             if settings.json {
                 print!("{}", report::json(&settings, &results));
             } else {
                 print!("{}", report::table(&settings, &results));
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kvtier-bench: FAILED: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run_disk(s: &Settings) -> ExitCode {
+    let params = disk::Params {
+        dir: s.dir.clone().unwrap_or_else(|| {
+            std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()))
+        }),
+        io_threads: s.io_threads.unwrap_or(8),
+        data_bytes: s.data_bytes,
+        block_bytes: s.block_bytes,
+        job_blocks: s.job_blocks,
+        window: s.window.unwrap_or(4),
+        repeat: s.repeat,
+        latency_iters: s.latency_iters.min(5_000),
+        small_blocks: if s.quick { 512 } else { 4096 },
+        recovery_blocks: s.recovery_blocks,
+        progress: s.progress,
+    };
+    match disk::run(&params) {
+        Ok(r) => {
+            if s.json {
+                print!("{}", disk::json(&params, &r));
+            } else {
+                print!("{}", disk::table(&params, &r));
             }
             ExitCode::SUCCESS
         }

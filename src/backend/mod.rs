@@ -49,6 +49,13 @@ pub(crate) trait Backend: Send + Sync {
     /// One line for logs and `tier_describe`.
     fn describe(&self) -> String;
 
+    /// Below this many bytes per task a job is not split across workers: for
+    /// memory copies, splitting costs more than it saves; for files, every
+    /// block has a latency of its own worth overlapping.
+    fn min_task_bytes(&self) -> usize {
+        4 << 20
+    }
+
     /// Test seam: while set, writes fail as if the device were full.
     fn simulate_full_device(&self, _full: bool) {}
 }

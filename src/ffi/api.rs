@@ -98,7 +98,9 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// "on", "off"); "sync" ("none", or "data": fsync before a block is published);
 /// "shared" ("false", or "true": several processes or hosts use the directory;
 /// see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
-/// the file system is reused, default 1000).
+/// the file system is reused, default 1000); "prepare_dirs" ("false", or
+/// "true": create all 4096 fan-out directories at open rather than on first
+/// use, so early stores do not pay for a mkdir).
 /// Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
 /// text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
 /// Ownership: `key` and `value` are copied; the caller keeps them.

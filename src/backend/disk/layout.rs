@@ -60,9 +60,17 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Number of fan-out directories.
+pub(crate) const FAN_DIRS: usize = 4096;
+
 /// The fan-out directory of a key, relative to the namespace directory.
 pub(crate) fn fan_dir(key: &[u8]) -> String {
-    format!("{:03x}", xxh64(key, 0) >> 52)
+    fan_name((xxh64(key, 0) >> 52) as usize)
+}
+
+/// The name of fan-out directory `i` (0..FAN_DIRS).
+pub(crate) fn fan_name(i: usize) -> String {
+    format!("{i:03x}")
 }
 
 /// The file name of a key's block.

@@ -129,6 +129,9 @@ impl DiskBackend {
             Err(e) => bail!(Config, "path: cannot create {}: {e}", ns_dir.display()),
         }
         let lock = Self::lock_dir(&ns_dir, cfg.shared)?;
+        if cfg.prepare_dirs {
+            Self::prepare_fan_dirs(&ns_dir)?;
+        }
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
         Ok(DiskBackend {
             ns_fp: layout::namespace_fingerprint(&cfg.namespace),
@@ -169,6 +172,20 @@ impl DiskBackend {
             bail!(Config, "path: cannot lock {}: {e}", path.display());
         }
         Ok(fd)
+    }
+
+    /// Creates every fan-out directory that does not exist yet, so no store
+    /// pays for a mkdir.
+    fn prepare_fan_dirs(ns_dir: &Path) -> Result<()> {
+        for i in 0..layout::FAN_DIRS {
+            let dir = ns_dir.join(layout::fan_name(i));
+            match io::mkdir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+                Err(e) => bail!(Config, "prepare_dirs: cannot create {}: {e}", dir.display()),
+            }
+        }
+        Ok(())
     }
 
     /// Writes one aligned page with O_DIRECT to see whether the file system
@@ -436,6 +453,10 @@ impl Backend for DiskBackend {
 
     fn probe(&self, key: &[u8]) -> bool {
         self.exists_complete(&self.path_of(key))
+    }
+
+    fn min_task_bytes(&self) -> usize {
+        1
     }
 
     fn simulate_full_device(&self, full: bool) {

@@ -1,0 +1,85 @@
+# Install and consumer tests (included by c_tests/CMakeLists.txt).
+#
+#   kvtier_soname          the build tree's library has SONAME libkvtier.so.MAJOR
+#                          and a test program needs it by that name
+#   package_install        fixture: `cmake --install` into <build>/consumer-prefix
+#   package_layout         the installed files, links, SONAME, relocatability
+#   consumer_cmake         find_package(kvtier) + kvtier::kvtier: shared, via kvtier.hpp
+#   consumer_cmake_static  the same with -DKVTIER_USE_STATIC=ON: kvtier::static
+#   consumer_cmake_no_shared_libs  the same with -DBUILD_SHARED_LIBS=OFF: kvtier::static
+#   consumer_cmake_wrong_major     find_package(kvtier <next major>) must fail
+#   consumer_pkgconfig     `pkg-config --cflags --libs kvtier`, C++ through kvtier.hpp
+#   consumer_pkgconfig_c   the same for a C program
+#
+# Each consumer configures or compiles a program outside this build, runs it
+# (store -> load -> compare bytes) and checks its DT_NEEDED with readelf.
+
+set(_kvtier_packaging "${CMAKE_CURRENT_LIST_DIR}")
+set(_kvtier_prefix "${CMAKE_BINARY_DIR}/consumer-prefix")
+set(_kvtier_consumers "${CMAKE_BINARY_DIR}/consumers")
+
+if(CMAKE_READELF)
+  set(KVTIER_READELF "${CMAKE_READELF}" CACHE FILEPATH "readelf, to check sonames and DT_NEEDED")
+else()
+  find_program(KVTIER_READELF readelf)
+endif()
+find_program(KVTIER_PKG_CONFIG NAMES pkg-config pkgconf)
+if(NOT KVTIER_PKG_CONFIG)
+  # Not a skip: the consumer_pkgconfig tests fail and say why.
+  message(WARNING "pkg-config not found: the consumer_pkgconfig tests will fail (scripts/test.sh installs it)")
+  set(KVTIER_PKG_CONFIG "")
+endif()
+
+function(kvtier_packaging_test name script)
+  add_test(NAME ${name} COMMAND "${CMAKE_COMMAND}" ${ARGN} -P "${_kvtier_packaging}/${script}")
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${KVTIER_TEST_TIMEOUT} LABELS package)
+endfunction()
+
+# The build tree: the library's soname, and test_version's DT_NEEDED (it also
+# checks at run time that the loader found the library by that name).
+if(TARGET c_version)
+  add_test(NAME kvtier_soname COMMAND "${CMAKE_COMMAND}"
+    "-DREADELF=${KVTIER_READELF}" "-DLIBRARY=${KVTIER_STAGE_DIR}/${KVTIER_SHARED_FILE}"
+    "-DPROGRAM=$<TARGET_FILE:c_version>" "-DSONAME=${KVTIER_SONAME}"
+    -P "${_kvtier_packaging}/check_soname.cmake")
+  set_tests_properties(kvtier_soname PROPERTIES TIMEOUT ${KVTIER_TEST_TIMEOUT} LABELS package)
+endif()
+
+kvtier_packaging_test(package_install install.cmake
+  "-DBUILD_DIR=${CMAKE_BINARY_DIR}" "-DPREFIX=${_kvtier_prefix}")
+set_tests_properties(package_install PROPERTIES FIXTURES_SETUP kvtier_installed)
+
+kvtier_packaging_test(package_layout check_install.cmake
+  "-DPREFIX=${_kvtier_prefix}" "-DLIBDIR=${CMAKE_INSTALL_LIBDIR}" "-DINCLUDEDIR=${CMAKE_INSTALL_INCLUDEDIR}"
+  "-DSOURCE_INCLUDE_DIR=${KVTIER_INCLUDE_DIR}" "-DBUILD_DIR=${CMAKE_BINARY_DIR}"
+  "-DVERSION=${PROJECT_VERSION}" "-DSONAME=${KVTIER_SONAME}" "-DREADELF=${KVTIER_READELF}")
+set_tests_properties(package_layout PROPERTIES FIXTURES_REQUIRED kvtier_installed)
+
+set(_kvtier_consumer_common
+  "-DSOURCE_DIR=${_kvtier_packaging}/consumer" "-DPREFIX=${_kvtier_prefix}"
+  "-DLIBDIR=${CMAKE_INSTALL_LIBDIR}" "-DVERSION=${PROJECT_VERSION}" "-DSONAME=${KVTIER_SONAME}"
+  "-DREADELF=${KVTIER_READELF}" "-DPKG_CONFIG=${KVTIER_PKG_CONFIG}"
+  "-DGENERATOR=${CMAKE_GENERATOR}" "-DMAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}"
+  "-DC_COMPILER=${CMAKE_C_COMPILER}" "-DCXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DBUILD_TYPE=Release")
+
+# kvtier_consumer_test(<name> <mode> <expect> [SCRIPT <-Dvar=value>...]
+#                      [CONSUMER <cache args for the consumer project>...])
+function(kvtier_consumer_test name mode expect)
+  cmake_parse_arguments(PARSE_ARGV 3 arg "" "" "SCRIPT;CONSUMER")
+  string(JOIN "|" consumer_args ${arg_CONSUMER})
+  kvtier_packaging_test(${name} consumer.cmake ${_kvtier_consumer_common}
+    "-DWORK_DIR=${_kvtier_consumers}/${name}" "-DMODE=${mode}" "-DEXPECT=${expect}"
+    "-DCONSUMER_ARGS=${consumer_args}" ${arg_SCRIPT})
+  set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED kvtier_installed)
+endfunction()
+
+math(EXPR _kvtier_next_major "${PROJECT_VERSION_MAJOR} + 1")
+kvtier_consumer_test(consumer_cmake cmake shared
+  CONSUMER "-DKVTIER_CONSUMER_REQUIRES=${PROJECT_VERSION_MAJOR}.${PROJECT_VERSION_MINOR}")
+kvtier_consumer_test(consumer_cmake_static cmake static CONSUMER -DKVTIER_USE_STATIC=ON)
+kvtier_consumer_test(consumer_cmake_no_shared_libs cmake static CONSUMER -DBUILD_SHARED_LIBS=OFF)
+kvtier_consumer_test(consumer_cmake_wrong_major cmake configure-failure
+  SCRIPT "-DEXPECT_MESSAGE=kvtierConfig.cmake, version: ${PROJECT_VERSION}"
+  CONSUMER "-DKVTIER_CONSUMER_REQUIRES=${_kvtier_next_major}.0")
+kvtier_consumer_test(consumer_pkgconfig pkgconfig shared SCRIPT -DLANG=CXX)
+kvtier_consumer_test(consumer_pkgconfig_c pkgconfig shared SCRIPT -DLANG=C)
