@@ -384,15 +384,52 @@ fn a_directory_has_one_exclusive_user() {
 
 /// Mounts a tmpfs of `bytes` at a fresh directory, if this process may.
 fn small_file_system(bytes: usize) -> Option<PathBuf> {
+    mount_tmpfs(&format!("size={bytes}"))
+}
+
+fn mount_tmpfs(options: &str) -> Option<PathBuf> {
     let dir = scratch_dir();
     std::fs::create_dir_all(&dir).ok()?;
     let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+        .args(["-t", "tmpfs", "-o", options, "tmpfs"])
         .arg(&dir)
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
     ok.then_some(dir)
+}
+
+#[test]
+fn an_unwritable_directory_fails_at_open_with_a_clear_message() {
+    // Permission bits stop everyone but root; a read-only file system stops
+    // root too.
+    let root_user = unsafe { libc::geteuid() } == 0;
+    let (parent, mounted, expect) = match mount_tmpfs("ro,size=64k") {
+        Some(dir) => (dir, true, "Read-only"),
+        None if !root_user => {
+            let dir = scratch_dir();
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o500)).unwrap();
+            (dir, false, "Permission denied")
+        }
+        None => {
+            eprintln!("root without mount permission: no way to make a directory unwritable here");
+            return;
+        }
+    };
+    let mut c = disk_config(8, BB);
+    c.disk.path = Some(parent.join("tier"));
+    let buf = Buffer::new(8 * BB);
+    let primary = unsafe { kvtier::PrimaryBuffer::new(buf.ptr(), buf.len(), BB) }.unwrap();
+    let err = kvtier::Tier::new(&c, primary).unwrap_err();
+    if mounted {
+        let _ = Command::new("umount").arg(&parent).status();
+    } else {
+        let _ = std::fs::set_permissions(&parent, std::fs::Permissions::from_mode(0o700));
+    }
+    let _ = std::fs::remove_dir_all(&parent);
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.message().contains(expect), "{err}");
 }
 
 #[test]

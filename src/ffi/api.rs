@@ -64,12 +64,7 @@ pub extern "C" fn tier_status_str(status: tier_status_t) -> *const c_char {
 #[no_mangle]
 pub unsafe extern "C" fn tier_last_error(buf: *mut c_char, cap: usize) -> usize {
     or_default("tier_last_error", 0, || {
-        let out = if buf.is_null() || cap == 0 {
-            None
-        } else {
-            Some(std::slice::from_raw_parts_mut(buf as *mut u8, cap))
-        };
-        boundary::copy_last_error(out)
+        boundary::copy_last_error(boundary::text_out(buf, cap))
     })
 }
 
@@ -437,12 +432,7 @@ pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap:
         let Ok(tier) = tier_ref(tier) else {
             return 0;
         };
-        let out = if buf.is_null() || cap == 0 {
-            None
-        } else {
-            Some(std::slice::from_raw_parts_mut(buf as *mut u8, cap))
-        };
-        boundary::copy_text(&tier.describe(), out)
+        boundary::copy_text(&tier.describe(), boundary::text_out(buf, cap))
     })
 }
 

@@ -15,6 +15,19 @@ fn set_last_error(message: String) {
     LAST_ERROR.with(|e| *e.borrow_mut() = message);
 }
 
+/// A caller's text buffer `(buf, cap)`; None when it is NULL or empty (a
+/// length query).
+///
+/// # Safety
+/// A non-NULL `buf` must be writable for `cap` bytes for `'a`.
+pub(crate) unsafe fn text_out<'a>(buf: *mut std::ffi::c_char, cap: usize) -> Option<&'a mut [u8]> {
+    if buf.is_null() || cap == 0 {
+        None
+    } else {
+        Some(std::slice::from_raw_parts_mut(buf as *mut u8, cap))
+    }
+}
+
 /// Copies `text` into `buf` (NUL-terminated, truncated to `cap - 1` bytes) and
 /// returns its full length.
 pub(crate) fn copy_text(text: &str, buf: Option<&mut [u8]>) -> usize {
