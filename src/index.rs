@@ -2,11 +2,11 @@
 //! order of the readable ones.
 //!
 //! Memory layout is chosen for a million-block tier, where the whole index
-//! (about 77 bytes per block, no allocation per block) no longer fits in cache
-//! but the part lookups and touches read does:
-//! - an open-addressing table of 8-byte buckets (32-bit hash tag + slot),
-//!   16 MiB per million blocks;
-//! - a 4-byte hot word per slot (30 more hash bits + lookup state), 4 MiB;
+//! (about 72 bytes per block, no allocation per block) no longer fits in cache
+//! but the parts lookups and touches read mostly do:
+//! - an open-addressing table of 12-byte buckets (32-bit hash tag, slot, and a
+//!   hot word of 30 more hash bits + lookup state), about 18 MiB per million
+//!   blocks: a lookup reads one place;
 //! - the LRU links (two u32 per slot), 8 MiB;
 //! - the 48-byte records (key inline up to 40 bytes, state, pins), which only
 //!   jobs read: they verify the full key, while lookups and touches decide by
@@ -14,9 +14,8 @@
 //!   key whose load then fails cleanly, never move wrong bytes).
 //!
 //! Batches of lookups and touches run as a software pipeline: hash a key and
-//! prefetch its bucket, probe the bucket of a key a few places back and
-//! prefetch its hot word, decide a key a few places further back (touch adds
-//! stages that prefetch the LRU links it will rewrite). The memory reads of
+//! prefetch its bucket, decide a key a few places back (touch adds stages that
+//! prefetch the LRU links it will rewrite, then relinks). The memory reads of
 //! successive keys overlap instead of waiting one after another.
 //!
 //! Slot numbers double as the storage location in the memory backend's arena.
@@ -28,11 +27,13 @@ use std::collections::HashMap;
 pub const MAX_KEY_LEN: usize = 128;
 const INLINE_KEY: usize = 40;
 const NIL: u32 = u32::MAX;
-/// Pipeline distance between hashing, probing and verifying a key.
+/// Pipeline distance between hashing a key and deciding it.
 const AHEAD: usize = 16;
-/// Ring of in-flight lookups (a power of two above 2 * AHEAD).
+/// Ring of in-flight lookups (a power of two above AHEAD).
 const RING: usize = 64;
-/// Ring of in-flight touches (a power of two above 4 * AHEAD).
+/// Pipeline distance between a touch's stages.
+const TOUCH_AHEAD: usize = 16;
+/// Ring of in-flight touches (a power of two above 3 * TOUCH_AHEAD).
 const TOUCH_RING: usize = 128;
 
 /// The state of an allocated slot.
@@ -97,13 +98,22 @@ impl Link {
     };
 }
 
-/// Open addressing with linear probing and backward-shift deletion. A bucket is
-/// 0 when empty, else `tag << 32 | (slot + 1)` where `tag` is the high half of
-/// the key's hash; a bucket's home position is `tag & mask`, so the table can be
-/// rebuilt without rehashing keys.
+/// One table entry, 12 bytes: the high half of the key's hash (`tag`, which
+/// also places it), the slot number plus one (0: empty), and the slot's hot
+/// word (see [`hot_word`]), so that a lookup reads one place in memory.
+#[derive(Clone, Copy, Default)]
+#[repr(C)]
+struct Bucket {
+    tag: u32,
+    slot1: u32,
+    hot: u32,
+}
+
+/// Open addressing with linear probing and backward-shift deletion. The size
+/// is any number (it grows by half), and a bucket's home is the tag scaled to
+/// it, so the table can be rebuilt without rehashing keys.
 struct Table {
-    buckets: Vec<u64>,
-    mask: usize,
+    buckets: Vec<Bucket>,
     len: usize,
 }
 
@@ -114,62 +124,80 @@ fn tag_of(hash: u64) -> u32 {
 
 impl Table {
     fn with_capacity(entries: usize) -> Table {
-        let size = (entries.max(8) * 4 / 3 + 1).next_power_of_two();
         Table {
-            buckets: vec![0; size],
-            mask: size - 1,
+            buckets: vec![Bucket::default(); (entries.max(8) * 4 / 3) + 1],
             len: 0,
         }
     }
 
     #[inline(always)]
     fn home(&self, tag: u32) -> usize {
-        tag as usize & self.mask
+        ((tag as u64 * self.buckets.len() as u64) >> 32) as usize
     }
 
-    fn insert(&mut self, tag: u32, slot: u32) {
+    #[inline(always)]
+    fn next(&self, i: usize) -> usize {
+        if i + 1 == self.buckets.len() {
+            0
+        } else {
+            i + 1
+        }
+    }
+
+    fn place(&mut self, bucket: Bucket) {
+        let mut i = self.home(bucket.tag);
+        while self.buckets[i].slot1 != 0 {
+            i = self.next(i);
+        }
+        self.buckets[i] = bucket;
+    }
+
+    fn insert(&mut self, tag: u32, slot: u32, hot: u32) {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
-            self.grow();
+            let old = std::mem::take(&mut self.buckets);
+            self.buckets = vec![Bucket::default(); old.len() * 3 / 2 + 1];
+            for b in old.into_iter().filter(|b| b.slot1 != 0) {
+                self.place(b);
+            }
         }
-        let mut i = self.home(tag);
-        while self.buckets[i] != 0 {
-            i = (i + 1) & self.mask;
-        }
-        self.buckets[i] = (tag as u64) << 32 | (slot as u64 + 1);
+        self.place(Bucket {
+            tag,
+            slot1: slot + 1,
+            hot,
+        });
         self.len += 1;
     }
 
-    fn grow(&mut self) {
-        let old = std::mem::take(&mut self.buckets);
-        let size = old.len() * 2;
-        self.buckets = vec![0; size];
-        self.mask = size - 1;
-        for b in old.into_iter().filter(|&b| b != 0) {
-            let mut i = self.home((b >> 32) as u32);
-            while self.buckets[i] != 0 {
-                i = (i + 1) & self.mask;
-            }
-            self.buckets[i] = b;
+    /// The position of slot `slot`, whose tag is `tag`.
+    fn position(&self, tag: u32, slot: u32) -> usize {
+        let mut i = self.home(tag);
+        while self.buckets[i].slot1 != slot + 1 {
+            assert!(
+                self.buckets[i].slot1 != 0,
+                "slot {slot} missing from the table"
+            );
+            i = self.next(i);
         }
+        i
+    }
+
+    fn set_hot(&mut self, tag: u32, slot: u32, hot: u32) {
+        let i = self.position(tag, slot);
+        self.buckets[i].hot = hot;
     }
 
     fn remove(&mut self, tag: u32, slot: u32) {
-        let want = (tag as u64) << 32 | (slot as u64 + 1);
-        let mut i = self.home(tag);
-        while self.buckets[i] != want {
-            assert!(self.buckets[i] != 0, "slot {slot} missing from the table");
-            i = (i + 1) & self.mask;
-        }
+        let mut i = self.position(tag, slot);
         // Backward shift: pull later members of the probe run into the hole
         // when the hole lies on their path from home.
         let mut j = i;
         loop {
-            j = (j + 1) & self.mask;
+            j = self.next(j);
             let b = self.buckets[j];
-            if b == 0 {
+            if b.slot1 == 0 {
                 break;
             }
-            let home = self.home((b >> 32) as u32);
+            let home = self.home(b.tag);
             let hole_on_path = if i <= j {
                 home <= i || home > j
             } else {
@@ -180,12 +208,12 @@ impl Table {
                 i = j;
             }
         }
-        self.buckets[i] = 0;
+        self.buckets[i] = Bucket::default();
         self.len -= 1;
     }
 
     fn clear(&mut self) {
-        self.buckets.iter_mut().for_each(|b| *b = 0);
+        self.buckets.iter_mut().for_each(|b| *b = Bucket::default());
         self.len = 0;
     }
 }
@@ -236,8 +264,6 @@ pub(crate) struct LookupCounts {
 pub(crate) struct Index {
     hasher: KeyHasher,
     slots: Vec<Slot>,
-    /// Per slot: see [`hot_word`]. 4 bytes a block, so it stays in cache.
-    hot: Vec<u32>,
     links: Vec<Link>,
     free: Vec<u32>,
     capacity: u32,
@@ -263,7 +289,6 @@ impl Index {
         Index {
             hasher,
             slots: Vec::new(),
-            hot: Vec::new(),
             links: Vec::new(),
             free: Vec::new(),
             capacity,
@@ -335,10 +360,9 @@ impl Index {
     /// whole hash table.
     pub(crate) fn metadata_bytes(&self) -> usize {
         self.slots.len() * std::mem::size_of::<Slot>()
-            + self.hot.len() * 4
             + self.links.len() * std::mem::size_of::<Link>()
             + self.free.len() * 4
-            + self.table.buckets.len() * 8
+            + self.table.buckets.len() * std::mem::size_of::<Bucket>()
             + self.long_keys.values().map(|k| k.len() + 32).sum::<usize>()
     }
 
@@ -378,55 +402,43 @@ impl Index {
         let mut i = self.table.home(tag);
         loop {
             let b = self.table.buckets[i];
-            if b == 0 {
+            if b.slot1 == 0 {
                 return None;
             }
-            if (b >> 32) as u32 == tag {
-                let slot = (b as u32) - 1;
-                if self.key_eq(slot, key) {
-                    return Some(slot);
-                }
+            if b.tag == tag && self.key_eq(b.slot1 - 1, key) {
+                return Some(b.slot1 - 1);
             }
-            i = (i + 1) & self.table.mask;
+            i = self.table.next(i);
         }
     }
 
-    /// The first bucket at or after `from` whose tag is that of `hash`:
-    /// (position, slot), or None at the end of the probe run.
+    /// The linked slot whose key has this 64-bit hash (32 bits as the tag,
+    /// 30 more in the hot word), and its lookup state, from the table alone:
+    /// two keys share 62 bits of hash with probability 2^-62, and a wrong
+    /// answer could only send a load to a key it then fails to find, because
+    /// jobs verify the full key.
     #[inline(always)]
-    fn next_candidate(&self, hash: u64, mut i: usize) -> Option<(usize, u32)> {
+    fn find_hashed(&self, hash: u64) -> Option<(u32, LookupState)> {
         let tag = tag_of(hash);
+        let mut i = self.table.home(tag);
         loop {
             let b = self.table.buckets[i];
-            if b == 0 {
+            if b.slot1 == 0 {
                 return None;
             }
-            if (b >> 32) as u32 == tag {
-                return Some((i, (b as u32) - 1));
+            if b.tag == tag && hot_matches(b.hot, hash) {
+                return Some((b.slot1 - 1, hot_state(b.hot)));
             }
-            i = (i + 1) & self.table.mask;
+            i = self.table.next(i);
         }
     }
 
-    /// The linked slot whose key has this 64-bit hash (32 bits in the table,
-    /// 30 more in the slot's hot word), and its lookup state, without reading
-    /// the key: two keys share 62 bits of hash with probability 2^-62, and a
-    /// wrong answer could only send a load to a key it then fails to find,
-    /// because jobs verify the full key.
+    /// Prefetches the home bucket of `hash` (both lines if it straddles).
     #[inline(always)]
-    fn find_hashed(
-        &self,
-        hash: u64,
-        mut candidate: Option<(usize, u32)>,
-    ) -> Option<(u32, LookupState)> {
-        while let Some((i, slot)) = candidate {
-            let word = self.hot[slot as usize];
-            if hot_matches(word, hash) {
-                return Some((slot, hot_state(word)));
-            }
-            candidate = self.next_candidate(hash, (i + 1) & self.table.mask);
-        }
-        None
+    fn prefetch_home(&self, hash: u64) {
+        let b = &self.table.buckets[self.table.home(tag_of(hash))];
+        prefetch(b);
+        prefetch((b as *const Bucket as *const u8).wrapping_add(11));
     }
 
     pub(crate) fn state(&self, slot: u32) -> SlotState {
@@ -434,10 +446,9 @@ impl Index {
     }
 
     /// Resolves `n` keys (`key_at(j)` is the j-th) by hash as a pipeline: step
-    /// i hashes key i and prefetches its bucket, probes the bucket of key
-    /// i - AHEAD and prefetches the candidate's hot word, and resolves key
-    /// i - 2 * AHEAD, calling `f(j, found)` in order of j. The memory reads of
-    /// successive keys overlap instead of waiting one after another.
+    /// i hashes key i and prefetches its bucket, and resolves key i - AHEAD,
+    /// calling `f(j, found)` in order of j. The memory reads of successive
+    /// keys overlap instead of waiting one after another.
     fn resolve_stream<'k>(
         &self,
         n: usize,
@@ -445,23 +456,14 @@ impl Index {
         mut f: impl FnMut(usize, Option<(u32, LookupState)>),
     ) {
         let mut hashes = [0u64; RING];
-        let mut candidates = [None; RING];
-        for i in 0..n + 2 * AHEAD {
+        for i in 0..n + AHEAD {
             if i < n {
                 let h = self.hasher.hash(key_at(i));
                 hashes[i % RING] = h;
-                prefetch(&self.table.buckets[self.table.home(tag_of(h))]);
+                self.prefetch_home(h);
             }
-            if let Some(j) = i.checked_sub(AHEAD).filter(|&j| j < n) {
-                let h = hashes[j % RING];
-                let candidate = self.next_candidate(h, self.table.home(tag_of(h)));
-                if let Some((_, slot)) = candidate {
-                    prefetch(&self.hot[slot as usize]);
-                }
-                candidates[j % RING] = candidate;
-            }
-            if let Some(j) = i.checked_sub(2 * AHEAD) {
-                f(j, self.find_hashed(hashes[j % RING], candidates[j % RING]));
+            if let Some(j) = i.checked_sub(AHEAD) {
+                f(j, self.find_hashed(hashes[j % RING]));
             }
         }
     }
@@ -492,30 +494,21 @@ impl Index {
     /// stage later, relink it. Keys are taken last to first, so that the first
     /// ends most recent, and relinked in that order.
     pub(crate) fn touch_batch(&mut self, keys: &[u8], key_len: usize) -> u64 {
-        const STAGES: usize = 5;
+        const STAGES: usize = 4;
+        const AHEAD: usize = TOUCH_AHEAD;
         let n = keys.len() / key_len;
         let key_at = |j: usize| &keys[(n - 1 - j) * key_len..][..key_len];
         let mut hashes = [0u64; TOUCH_RING];
-        let mut candidates = [None; TOUCH_RING];
         let mut found = [NIL; TOUCH_RING];
         let mut touched = 0;
         for i in 0..n + (STAGES - 1) * AHEAD {
             if i < n {
                 let h = self.hasher.hash(key_at(i));
                 hashes[i % TOUCH_RING] = h;
-                prefetch(&self.table.buckets[self.table.home(tag_of(h))]);
+                self.prefetch_home(h);
             }
             if let Some(j) = i.checked_sub(AHEAD).filter(|&j| j < n) {
-                let h = hashes[j % TOUCH_RING];
-                let candidate = self.next_candidate(h, self.table.home(tag_of(h)));
-                if let Some((_, slot)) = candidate {
-                    prefetch(&self.hot[slot as usize]);
-                }
-                candidates[j % TOUCH_RING] = candidate;
-            }
-            if let Some(j) = i.checked_sub(2 * AHEAD).filter(|&j| j < n) {
-                let resolved = self.find_hashed(hashes[j % TOUCH_RING], candidates[j % TOUCH_RING]);
-                found[j % TOUCH_RING] = match resolved {
+                found[j % TOUCH_RING] = match self.find_hashed(hashes[j % TOUCH_RING]) {
                     Some((slot, LookupState::Hit)) => {
                         prefetch(&self.links[slot as usize]);
                         slot
@@ -523,7 +516,7 @@ impl Index {
                     _ => NIL,
                 };
             }
-            if let Some(j) = i.checked_sub(3 * AHEAD).filter(|&j| j < n) {
+            if let Some(j) = i.checked_sub(2 * AHEAD).filter(|&j| j < n) {
                 let slot = found[j % TOUCH_RING];
                 if slot != NIL {
                     let Link { prev, next } = self.links[slot as usize];
@@ -535,7 +528,7 @@ impl Index {
                     }
                 }
             }
-            if let Some(j) = i.checked_sub(4 * AHEAD) {
+            if let Some(j) = i.checked_sub(3 * AHEAD) {
                 let slot = found[j % TOUCH_RING];
                 // Hit in the hot word: in the table, Ready, so in the LRU list.
                 if slot != NIL {
@@ -646,7 +639,6 @@ impl Index {
         }
         let hash = self.slot_hash(s);
         self.table.remove(tag_of(hash), s);
-        self.hot[s as usize] = 0;
         if self.slots[s as usize].state == SlotState::Ready {
             self.lru_unlink(s);
             self.ready -= 1;
@@ -666,7 +658,6 @@ impl Index {
             }
         }
         self.slots[s as usize] = Slot::EMPTY;
-        self.hot[s as usize] = 0;
         self.links[s as usize] = Link::NONE;
         self.long_keys.remove(&s);
         self.free.push(s);
@@ -681,7 +672,6 @@ impl Index {
             Some(s) => s,
             None => {
                 self.slots.push(Slot::EMPTY);
-                self.hot.push(0);
                 self.links.push(Link::NONE);
                 (self.slots.len() - 1) as u32
             }
@@ -695,8 +685,8 @@ impl Index {
         if key.len() > INLINE_KEY {
             self.long_keys.insert(s, key[INLINE_KEY..].into());
         }
-        self.table.insert(tag_of(hash), s);
-        self.hot[s as usize] = hot_word(hash, LookupState::Pending);
+        self.table
+            .insert(tag_of(hash), s, hot_word(hash, LookupState::Pending));
         s
     }
 
@@ -735,7 +725,9 @@ impl Index {
         if ok {
             self.slots[s as usize].state = SlotState::Ready;
             if linked {
-                self.hot[s as usize] = hot_word(self.slot_hash(s), LookupState::Hit);
+                let hash = self.slot_hash(s);
+                self.table
+                    .set_hot(tag_of(hash), s, hot_word(hash, LookupState::Hit));
                 self.lru_push_mru(s);
                 self.ready += 1;
                 return;
@@ -759,7 +751,6 @@ impl Index {
                 continue;
             }
             self.slots[s as usize].linked = false;
-            self.hot[s as usize] = 0;
             self.links[s as usize] = Link::NONE;
             self.note_unlinked(s, 1);
             if slot.state == SlotState::Ready && slot.pins == 0 {
