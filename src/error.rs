@@ -64,37 +64,24 @@ impl ErrorKind {
 
     /// The constant's name in the C header.
     pub fn name(self) -> &'static str {
-        match self {
-            ErrorKind::NullArg => "TIER_ERR_NULL_ARG",
-            ErrorKind::InvalidArg => "TIER_ERR_INVALID_ARG",
-            ErrorKind::OutOfRange => "TIER_ERR_OUT_OF_RANGE",
-            ErrorKind::DuplicateJob => "TIER_ERR_DUPLICATE_JOB",
-            ErrorKind::NoSpace => "TIER_ERR_NO_SPACE",
-            ErrorKind::NotFound => "TIER_ERR_NOT_FOUND",
-            ErrorKind::Io => "TIER_ERR_IO",
-            ErrorKind::Corrupt => "TIER_ERR_CORRUPT",
-            ErrorKind::Config => "TIER_ERR_CONFIG",
-            ErrorKind::Shutdown => "TIER_ERR_SHUTDOWN",
-            ErrorKind::Panic => "TIER_ERR_PANIC",
-            ErrorKind::Alloc => "TIER_ERR_ALLOC",
-        }
+        self.c_name().to_str().expect("ASCII")
     }
 
-    /// A short human description.
-    pub fn describe(self) -> &'static str {
+    /// The constant's name as a C string (what `tier_status_str` returns).
+    pub(crate) fn c_name(self) -> &'static std::ffi::CStr {
         match self {
-            ErrorKind::NullArg => "a required pointer argument was NULL",
-            ErrorKind::InvalidArg => "invalid argument",
-            ErrorKind::OutOfRange => "block id outside the primary buffer",
-            ErrorKind::DuplicateJob => "job id already in flight",
-            ErrorKind::NoSpace => "not enough space in the tier, even after eviction",
-            ErrorKind::NotFound => "key not stored in the tier",
-            ErrorKind::Io => "backend I/O error",
-            ErrorKind::Corrupt => "stored block failed verification",
-            ErrorKind::Config => "invalid configuration",
-            ErrorKind::Shutdown => "the tier is shutting down",
-            ErrorKind::Panic => "internal panic caught at the library boundary",
-            ErrorKind::Alloc => "allocation failed",
+            ErrorKind::NullArg => c"TIER_ERR_NULL_ARG",
+            ErrorKind::InvalidArg => c"TIER_ERR_INVALID_ARG",
+            ErrorKind::OutOfRange => c"TIER_ERR_OUT_OF_RANGE",
+            ErrorKind::DuplicateJob => c"TIER_ERR_DUPLICATE_JOB",
+            ErrorKind::NoSpace => c"TIER_ERR_NO_SPACE",
+            ErrorKind::NotFound => c"TIER_ERR_NOT_FOUND",
+            ErrorKind::Io => c"TIER_ERR_IO",
+            ErrorKind::Corrupt => c"TIER_ERR_CORRUPT",
+            ErrorKind::Config => c"TIER_ERR_CONFIG",
+            ErrorKind::Shutdown => c"TIER_ERR_SHUTDOWN",
+            ErrorKind::Panic => c"TIER_ERR_PANIC",
+            ErrorKind::Alloc => c"TIER_ERR_ALLOC",
         }
     }
 }

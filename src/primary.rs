@@ -83,12 +83,6 @@ impl PrimaryBuffer {
         false
     }
 
-    /// Address of the first byte (for alignment decisions, never dereferenced
-    /// outside this type).
-    pub fn base_addr(&self) -> usize {
-        self.base.as_ptr() as usize
-    }
-
     /// Runs `f` over row `row`, read-only. Panics if `row` is out of range: every
     /// row id was validated at submit time, so that would be a bug here.
     pub(crate) fn with_row<R>(&self, row: usize, f: impl FnOnce(&[u8]) -> R) -> R {

@@ -33,24 +33,12 @@ pub extern "C" fn tier_version() -> *const c_char {
 /// Threads: any thread.
 #[no_mangle]
 pub extern "C" fn tier_status_str(status: tier_status_t) -> *const c_char {
-    let name: &'static [u8] = match status {
-        TIER_OK => b"TIER_OK\0",
-        TIER_TIMEOUT => b"TIER_TIMEOUT\0",
-        TIER_ERR_NULL_ARG => b"TIER_ERR_NULL_ARG\0",
-        TIER_ERR_INVALID_ARG => b"TIER_ERR_INVALID_ARG\0",
-        TIER_ERR_OUT_OF_RANGE => b"TIER_ERR_OUT_OF_RANGE\0",
-        TIER_ERR_DUPLICATE_JOB => b"TIER_ERR_DUPLICATE_JOB\0",
-        TIER_ERR_NO_SPACE => b"TIER_ERR_NO_SPACE\0",
-        TIER_ERR_NOT_FOUND => b"TIER_ERR_NOT_FOUND\0",
-        TIER_ERR_IO => b"TIER_ERR_IO\0",
-        TIER_ERR_CORRUPT => b"TIER_ERR_CORRUPT\0",
-        TIER_ERR_CONFIG => b"TIER_ERR_CONFIG\0",
-        TIER_ERR_SHUTDOWN => b"TIER_ERR_SHUTDOWN\0",
-        TIER_ERR_PANIC => b"TIER_ERR_PANIC\0",
-        TIER_ERR_ALLOC => b"TIER_ERR_ALLOC\0",
-        _ => b"TIER_UNKNOWN_STATUS\0",
+    let name = match status {
+        TIER_OK => c"TIER_OK",
+        TIER_TIMEOUT => c"TIER_TIMEOUT",
+        _ => crate::ErrorKind::from_code(status).map_or(c"TIER_UNKNOWN_STATUS", |k| k.c_name()),
     };
-    name.as_ptr() as *const c_char
+    name.as_ptr()
 }
 
 /// Copies the message of this thread's most recent failed call into `buf`.

@@ -71,59 +71,30 @@ fn iovecs(parts: &[&[u8]]) -> Vec<libc::iovec> {
         .collect()
 }
 
-/// Writes all of `parts` at `offset`, retrying short writes and EINTR.
-pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], mut offset: u64) -> io::Result<()> {
-    let mut iov = iovecs(parts);
-    let mut first = 0;
-    while first < iov.len() {
-        // SAFETY: the iovecs describe live slices borrowed for this call.
-        let n = unsafe {
-            libc::pwritev(
-                fd.raw(),
-                iov[first..].as_ptr(),
-                (iov.len() - first) as libc::c_int,
-                offset as libc::off_t,
-            )
-        };
-        if n < 0 {
-            let err = io::Error::last_os_error();
-            if err.kind() == io::ErrorKind::Interrupted {
-                continue;
-            }
-            return Err(err);
-        }
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::WriteZero));
-        }
-        offset += n as u64;
-        first = advance(&mut iov, first, n as usize);
-    }
-    Ok(())
-}
+type VectoredIo =
+    unsafe extern "C" fn(libc::c_int, *const libc::iovec, libc::c_int, libc::off_t) -> isize;
 
-/// Reads into all of `parts` from `offset`; returns the bytes read, which is
-/// less than requested only at end of file.
-pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], mut offset: u64) -> io::Result<usize> {
-    let mut iov: Vec<libc::iovec> = parts
-        .iter_mut()
-        .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec {
-            iov_base: p.as_mut_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
-    let mut first = 0;
-    let mut total = 0;
+/// Runs `call` (preadv or pwritev) until every iovec is done, retrying EINTR
+/// and continuing after short transfers; returns the bytes moved, which is
+/// short only if the call moved nothing (end of file, or a device that takes
+/// no more).
+///
+/// # Safety
+/// The iovecs must describe live buffers, writable ones for preadv.
+unsafe fn transfer(
+    fd: &Fd,
+    mut iov: Vec<libc::iovec>,
+    mut offset: u64,
+    call: VectoredIo,
+) -> io::Result<usize> {
+    let (mut first, mut total) = (0, 0);
     while first < iov.len() {
-        // SAFETY: the iovecs describe live, exclusively borrowed slices.
-        let n = unsafe {
-            libc::preadv(
-                fd.raw(),
-                iov[first..].as_ptr(),
-                (iov.len() - first) as libc::c_int,
-                offset as libc::off_t,
-            )
-        };
+        let n = call(
+            fd.raw(),
+            iov[first..].as_ptr(),
+            (iov.len() - first) as libc::c_int,
+            offset as libc::off_t,
+        );
         if n < 0 {
             let err = io::Error::last_os_error();
             if err.kind() == io::ErrorKind::Interrupted {
@@ -139,6 +110,32 @@ pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], mut offset: u64) -> io::
         first = advance(&mut iov, first, n as usize);
     }
     Ok(total)
+}
+
+/// Writes all of `parts` at `offset`, retrying short writes and EINTR.
+pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+    let iov = iovecs(parts);
+    let want: usize = iov.iter().map(|v| v.iov_len).sum();
+    // SAFETY: the iovecs describe slices borrowed for this call.
+    if unsafe { transfer(fd, iov, offset, libc::pwritev)? } < want {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    }
+    Ok(())
+}
+
+/// Reads into all of `parts` from `offset`; returns the bytes read, which is
+/// less than requested only at end of file.
+pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], offset: u64) -> io::Result<usize> {
+    let iov = parts
+        .iter_mut()
+        .filter(|p| !p.is_empty())
+        .map(|p| libc::iovec {
+            iov_base: p.as_mut_ptr() as *mut libc::c_void,
+            iov_len: p.len(),
+        })
+        .collect();
+    // SAFETY: the iovecs describe slices exclusively borrowed for this call.
+    unsafe { transfer(fd, iov, offset, libc::preadv) }
 }
 
 /// Drops `n` transferred bytes from the front of `iov[first..]`.
