@@ -46,7 +46,8 @@ pub(crate) enum SlotState {
     Storing,
     /// Readable; in the LRU list while linked.
     Ready,
-    /// Its store failed while a load was waiting on it; freed at the last unpin.
+    /// Its store failed while a load was waiting on it, or its stored block
+    /// was forgotten while pinned; freed at the last unpin.
     Dead,
 }
 
@@ -705,13 +706,17 @@ impl Index {
         s
     }
 
-    /// Forgets a block whose storage turned out missing or corrupt: it looks up
-    /// as MISS at once, and its slot is freed when the last pin goes.
+    /// Forgets a block whose storage turned out missing, corrupt or unreadable:
+    /// it looks up as MISS at once, and its slot is freed when the last pin
+    /// goes. The slot is not reported as released: what is in storage is the
+    /// backend's to judge (already removed, gone, or kept because nothing was
+    /// proved against it, or because it is a newer block of another writer).
     pub(crate) fn forget(&mut self, s: u32) {
         if self.slots[s as usize].state != SlotState::Ready || !self.slots[s as usize].linked {
             return;
         }
         self.unlink(s);
+        self.slots[s as usize].state = SlotState::Dead;
         if self.slots[s as usize].pins == 0 {
             self.free_slot(s);
         }

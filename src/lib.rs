@@ -51,7 +51,7 @@ pub use index::{LookupState, MAX_KEY_LEN};
 pub use jobs::{JobKind, JobResult};
 pub use primary::PrimaryBuffer;
 pub use stats::Stats;
-pub use tier::Tier;
+pub use tier::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 
 /// The library version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

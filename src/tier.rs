@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 /// Forget "not in storage" answers beyond this many remembered keys.
 const MAX_PROBE_MEMORY: usize = 65_536;
 
+/// A key whose loads fail this many times in a row with a transient error
+/// (`Io`: descriptors, permissions, device errors) is dropped, so an engine
+/// that retries a failing block does not retry it forever.
+pub const MAX_TRANSIENT_LOAD_FAILURES: u32 = 3;
+
 /// What is known about a key absent from the index but maybe in storage.
 enum Probe {
     /// A worker is asking storage.
@@ -47,6 +52,9 @@ struct State {
     next_wait_id: u64,
     /// Shared disk tiers: keys being or recently probed.
     probes: HashMap<Vec<u8>, Probe>,
+    /// Keys whose latest loads failed transiently, and how many times in a
+    /// row (almost always empty).
+    load_failures: HashMap<Vec<u8>, u32>,
     victims: Vec<u32>,
 }
 
@@ -105,6 +113,38 @@ fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
             InvalidArg,
             "keys: {} bytes is not {n} keys of {key_len} bytes",
             keys.len()
+        );
+    }
+    Ok(())
+}
+
+/// A load job writes each of its rows once: naming a row twice would make
+/// the job's own copies race in that row. Small jobs (the common case) are
+/// checked pairwise without allocating.
+fn check_distinct_rows(block_ids: &[i64]) -> Result<()> {
+    const PAIRWISE_UP_TO: usize = 32;
+    let repeated = if block_ids.len() <= PAIRWISE_UP_TO {
+        block_ids
+            .iter()
+            .enumerate()
+            .find_map(|(i, id)| block_ids[..i].contains(id).then_some(*id))
+    } else {
+        let mut sorted = Vec::new();
+        if sorted.try_reserve_exact(block_ids.len()).is_err() {
+            bail!(
+                Alloc,
+                "block_ids: no memory to check {} rows for repeats",
+                block_ids.len()
+            );
+        }
+        sorted.extend_from_slice(block_ids);
+        sorted.sort_unstable();
+        sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
+    };
+    if let Some(row) = repeated {
+        bail!(
+            InvalidArg,
+            "block_ids: row {row} appears twice; a load writes each row once"
         );
     }
     Ok(())
@@ -180,6 +220,7 @@ impl Tier {
                 waiters: HashMap::new(),
                 next_wait_id: 0,
                 probes: HashMap::new(),
+                load_failures: HashMap::new(),
                 victims: Vec::new(),
             }),
             queue: WorkQueue::new(),
@@ -337,7 +378,9 @@ impl Tier {
     }
 
     /// Submits a load of `block_ids.len()` keys into the given primary rows.
-    /// Same reporting rule as [`Tier::submit_store`].
+    /// Same reporting rule as [`Tier::submit_store`]; a job naming a row twice
+    /// is rejected with `InvalidArg`. Two loads in flight into one row leave
+    /// its bytes undefined but fail neither job and harm no stored block.
     pub fn submit_load(
         &self,
         job_id: u64,
@@ -359,6 +402,9 @@ impl Tier {
         let n = block_ids.len();
         check_keys(keys, key_len, n)?;
         self.check_rows(block_ids)?;
+        if kind == JobKind::Load {
+            check_distinct_rows(block_ids)?;
+        }
         self.shared.done.register(job_id)?;
         let mut job = Job::new(job_id, kind, n as u32, keys.into(), key_len);
         if n == 0 {
@@ -412,6 +458,7 @@ impl Tier {
         let released = {
             let mut st = self.shared.state.lock();
             st.index.clear();
+            st.load_failures.clear();
             st.index.take_released()
         };
         self.shared.discard(released);
@@ -643,10 +690,12 @@ impl Shared {
     }
 
     /// Asks storage for a key another process may have stored; a block found
-    /// joins the index (making room like a store would).
+    /// joins the index (making room like a store would). The index is updated
+    /// inside the backend's answer, while the backend holds off deleting the
+    /// key.
     fn run_probe(&self, key: Vec<u8>) {
-        let found = self.backend.probe(&key);
-        let released = {
+        let mut released = Vec::new();
+        self.backend.probe(&key, &mut |found| {
             let mut st = self.state.lock();
             let State {
                 index,
@@ -665,11 +714,11 @@ impl Shared {
                     }
                     index.insert_ready(&key, hash);
                 } else {
-                    probes.insert(key, Probe::Missing(Instant::now() + self.probe_ttl));
+                    probes.insert(key.clone(), Probe::Missing(Instant::now() + self.probe_ttl));
                 }
             }
-            index.take_released()
-        };
+            released = index.take_released();
+        });
         self.discard(released);
     }
 
@@ -757,6 +806,10 @@ impl Shared {
                     for (i, item) in job.items.iter().enumerate().rev() {
                         let ok = !failed.iter().any(|&(f, _)| f == i);
                         st.index.finish_store(item.slot, ok);
+                        if ok && !st.load_failures.is_empty() {
+                            // A new block: earlier failures were another one's.
+                            st.load_failures.remove(job.key(item.pos));
+                        }
                         Self::wake_waiters(&mut st, item.slot, ok, &mut unblocked);
                     }
                     // What the job leaves behind, whatever happened meanwhile
@@ -774,11 +827,35 @@ impl Shared {
                     }
                 }
                 JobKind::Load => {
+                    let State {
+                        index,
+                        load_failures,
+                        ..
+                    } = &mut *st;
                     for (i, kind) in job.failed_items() {
-                        // The stored block is gone or bad: the key must MISS
-                        // from now on, or the engine would retry it forever.
-                        if matches!(kind, ErrorKind::Corrupt | ErrorKind::NotFound) {
-                            st.index.forget(job.items[i].slot);
+                        let item = job.items[i];
+                        let key = job.key(item.pos);
+                        // The key must MISS once its block is gone or bad, or
+                        // after repeated transient failures: either way the
+                        // engine must not retry it forever.
+                        let give_up = match kind {
+                            ErrorKind::Corrupt | ErrorKind::NotFound => true,
+                            _ => {
+                                let n = load_failures.entry(key.to_vec()).or_insert(0);
+                                *n += 1;
+                                *n >= MAX_TRANSIENT_LOAD_FAILURES
+                            }
+                        };
+                        if give_up {
+                            load_failures.remove(key);
+                            index.forget(item.slot);
+                        }
+                    }
+                    if !load_failures.is_empty() {
+                        // Failures count only when consecutive.
+                        let copied = job.copy_limit().min(job.num_blocks);
+                        for item in job.items.iter().filter(|it| it.pos < copied) {
+                            load_failures.remove(job.key(item.pos));
                         }
                     }
                     for item in &job.items {

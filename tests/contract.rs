@@ -524,6 +524,65 @@ pub fn stats_count_what_happened(cfg: Backend) {
     assert!(s.metadata_bytes > 0 && s.io_threads >= 1);
 }
 
+/// A load writes each row once: a job naming a row twice is rejected at
+/// submit (no result), however long the job, and harms no stored block.
+pub fn a_load_naming_a_row_twice_is_rejected(cfg: Backend) {
+    let h = Harness::new(&cfg(64, BB), 64, BB);
+    let ids: Vec<u64> = (0..40).collect();
+    store_all(&h, 1, &ids);
+    for n in [2usize, 3, 32, 33, 40] {
+        let mut rows: Vec<i64> = (0..n as i64).collect();
+        rows[n - 1] = rows[n / 2 - 1];
+        let err = h
+            .tier()
+            .submit_load(100 + n as u64, &keys(&ids[..n]), KEY_LEN, &rows)
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidArg, "{n} rows: {err}");
+        assert!(err.message().contains("appears twice"), "{err}");
+    }
+    assert!(
+        h.tier().poll(usize::MAX).is_empty(),
+        "a rejected load reports nothing"
+    );
+    let rows: Vec<i64> = (0..40).rev().collect();
+    assert!(h.load(2, &ids, &rows).is_ok());
+    for (&i, &row) in ids.iter().zip(&rows) {
+        assert!(h.row_holds(row as usize, i), "block {i}");
+    }
+    // A store may read one row for several keys.
+    assert!(h.store(3, &[50, 51], &[7, 7]).is_ok());
+}
+
+/// Two loads in flight into one row leave that row's bytes undefined, but
+/// never fail or harm the blocks they read.
+pub fn loads_racing_into_one_row_harm_no_block(cfg: Backend) {
+    let bb = 64 << 10;
+    let h = Harness::new(&cfg(4, bb), 4, bb);
+    store_all(&h, 1, &[1, 2]);
+    for round in 0..200u64 {
+        let (a, b) = (1000 + 2 * round, 1001 + 2 * round);
+        h.tier().submit_load(a, &keys(&[1]), KEY_LEN, &[3]).unwrap();
+        h.tier().submit_load(b, &keys(&[2]), KEY_LEN, &[3]).unwrap();
+        h.tier().drain();
+        for r in h.tier().poll(2) {
+            assert!(r.is_ok(), "round {round}: {r:?}");
+        }
+    }
+    assert_eq!(h.lookup(&[1, 2]), [Hit, Hit]);
+    assert!(h.load(2, &[1, 2], &[2, 3]).is_ok());
+    assert!(h.row_holds(2, 1) && h.row_holds(3, 2));
+}
+
+/// Stores keys `ids` (each from a row holding its pattern) and checks success.
+fn store_all(h: &Harness, job: u64, ids: &[u64]) {
+    for (r, &i) in ids.iter().enumerate() {
+        h.fill(r, i);
+    }
+    let rows: Vec<i64> = (0..ids.len() as i64).collect();
+    let r = h.store(job, ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+}
+
 /// Emits one `#[test]` per contract test, calling it with `$backend`.
 macro_rules! contract_tests {
     ($backend:expr; $($name:ident),* $(,)?) => {
@@ -556,6 +615,8 @@ macro_rules! contract_suite {
                 rejected_submits_produce_no_result,
                 keys_of_every_length_round_trip,
                 stats_count_what_happened,
+                a_load_naming_a_row_twice_is_rejected,
+                loads_racing_into_one_row_harm_no_block,
             );
         }
     };

@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use kvtier::{ErrorKind, LookupState::*, TierConfig};
+use kvtier::{ErrorKind, LookupState::*, TierConfig, MAX_TRANSIENT_LOAD_FAILURES};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -46,6 +46,43 @@ fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+const LONG_KEY_LEN: usize = 120;
+
+/// A key long enough for a hashed file name.
+fn long_key(i: u64) -> Vec<u8> {
+    let mut k = key(i);
+    k.resize(LONG_KEY_LEN, 0x5a);
+    k
+}
+
+/// File descriptors held open until dropped, so that only `spare` are left
+/// below a lowered RLIMIT_NOFILE (child processes only: the limit and the
+/// shortage are process-wide).
+struct FdHoard {
+    _held: Vec<std::fs::File>,
+}
+
+impl FdHoard {
+    fn leaving(spare: usize) -> FdHoard {
+        let limit = libc::rlimit {
+            rlim_cur: 256,
+            rlim_max: 256,
+        };
+        // SAFETY: a valid rlimit value.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &limit) }, 0);
+        let mut held = Vec::new();
+        loop {
+            match std::fs::File::open("/dev/null") {
+                Ok(f) => held.push(f),
+                Err(e) if e.raw_os_error() == Some(libc::EMFILE) => break,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        held.truncate(held.len() - spare);
+        FdHoard { _held: held }
+    }
 }
 
 /// The block file of key `i`.
@@ -298,25 +335,140 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     assert_eq!(h.lookup(&[3, 4]), [Hit, Hit]);
 }
 
+/// Something other than a regular file where a block file should be can never
+/// heal: its load fails CORRUPT at once (a FIFO must not block the worker in
+/// open(2)), the key becomes a MISS, and the entry is removed, unless it is a
+/// directory, which kvtier never made. A symlink is never followed.
 #[test]
-fn transient_errors_keep_the_file() {
+fn a_non_file_at_a_block_path_fails_that_block_and_never_hangs() {
     let dir = scratch_dir();
     let h = Harness::new(&config(&dir, 8), 8, BB);
-    store_all(&h, 1, &[1]);
-    // A symlink where the file was: opening it fails with ELOOP (no symlink is
-    // followed), which says nothing about the data.
-    let f = block_file(&dir, 1);
-    let aside = f.with_extension("aside");
-    std::fs::rename(&f, &aside).unwrap();
-    std::os::unix::fs::symlink(&aside, &f).unwrap();
-    let r = h.load(2, &[1], &[5]);
-    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
-    assert!(std::fs::symlink_metadata(&f).is_ok(), "kept");
-    assert_eq!(h.lookup(&[1]), [Hit]);
-    std::fs::remove_file(&f).unwrap();
-    std::fs::rename(&aside, &f).unwrap();
-    assert!(h.load(3, &[1], &[5]).is_ok());
-    assert!(h.row_holds(5, 1));
+    store_all(&h, 1, &[1, 2, 3, 4]);
+    let (fifo, subdir, link) = (
+        block_file(&dir, 1),
+        block_file(&dir, 2),
+        block_file(&dir, 3),
+    );
+    std::fs::remove_file(&fifo).unwrap();
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+    std::fs::remove_file(&subdir).unwrap();
+    std::fs::create_dir(&subdir).unwrap();
+    let aside = link.with_extension("aside");
+    std::fs::rename(&link, &aside).unwrap();
+    std::os::unix::fs::symlink(&aside, &link).unwrap();
+
+    for (job, id) in [(10, 1), (11, 2), (12, 3)] {
+        h.tier()
+            .submit_load(job, &keys(&[id]), KEY_LEN, &[6])
+            .unwrap();
+        if !h.tier().wait(Duration::from_secs(10)) {
+            // Release a worker stuck opening the FIFO (a non-blocking open
+            // for writing succeeds only if a reader is there), then fail.
+            use std::os::unix::fs::OpenOptionsExt;
+            let _ = std::fs::OpenOptions::new()
+                .write(true)
+                .custom_flags(libc::O_NONBLOCK)
+                .open(&fifo);
+            panic!("the load of block {id} never completed");
+        }
+        let r = h.result_of(job);
+        assert_eq!(r.error, Some(ErrorKind::Corrupt), "block {id}: {r:?}");
+        assert_eq!(h.lookup(&[id]), [Miss], "block {id}");
+    }
+    assert!(std::fs::symlink_metadata(&fifo).is_err(), "FIFO removed");
+    assert!(subdir.is_dir(), "a directory is left alone");
+    assert!(std::fs::symlink_metadata(&link).is_err(), "symlink removed");
+    assert!(aside.is_file(), "the symlink's target is untouched");
+    assert!(h.load(13, &[4], &[6]).is_ok() && h.row_holds(6, 4));
+    store_all(&h, 14, &[1, 3]);
+    assert!(h.load(15, &[1, 3], &[6, 7]).is_ok() && h.row_holds(6, 1) && h.row_holds(7, 3));
+    h.tier().drain();
+}
+
+/// A transient failure (here: no file descriptor left) fails the load with
+/// TIER_ERR_IO and keeps the file; the key is dropped only after
+/// MAX_TRANSIENT_LOAD_FAILURES in a row, and a success resets the count.
+#[test]
+fn transient_load_failures_keep_the_file_and_drop_the_key_after_a_few() {
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&config(&dir, 8), 8, BB);
+        h.scratch_dir = None;
+        store_all(&h, 1, &[1, 2]);
+    }
+    let status = spawn_child("fd-starved-loads", &dir).wait().unwrap();
+    assert!(status.success(), "child: {status}");
+    let h = Harness::new(&config(&dir, 8), 8, BB);
+    let r = h.load(1, &[1, 2], &[4, 5]);
+    assert!(r.is_ok() && h.row_holds(4, 1) && h.row_holds(5, 2), "{r:?}");
+}
+
+/// Reopening with almost no file descriptors to spare fails cleanly or
+/// indexes what it can read, and deletes nothing it could not read: a block
+/// file is condemned only on what was read from it.
+#[test]
+fn recovery_short_of_descriptors_deletes_nothing() {
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&config(&dir, 64), 32, BB);
+        h.scratch_dir = None;
+        store_all(&h, 1, &(0..32).collect::<Vec<_>>());
+        // Keys over 100 bytes get hashed file names: recovery must read their
+        // headers to learn the key.
+        let long: Vec<u8> = (0..32).flat_map(long_key).collect();
+        h.tier()
+            .submit_store(2, &long, LONG_KEY_LEN, &(0..32).collect::<Vec<_>>())
+            .unwrap();
+        assert!(h.result_of(2).is_ok());
+    }
+    assert_eq!(files(&dir, ".kvb").len(), 64);
+    let status = spawn_child("fd-starved-open", &dir).wait().unwrap();
+    assert!(status.success(), "child: {status}");
+    assert_eq!(files(&dir, ".kvb").len(), 64, "no block file deleted");
+    let h = Harness::new(&config(&dir, 64), 32, BB);
+    assert_eq!(h.tier().stats().num_blocks, 64);
+    let r = h.load(
+        3,
+        &(0..32).collect::<Vec<_>>(),
+        &(0..32).collect::<Vec<_>>(),
+    );
+    assert!(r.is_ok(), "{r:?}");
+    assert!((0..32).all(|i| h.row_holds(i, i as u64)));
+    let long: Vec<u8> = (0..32).flat_map(long_key).collect();
+    h.tier()
+        .submit_load(4, &long, LONG_KEY_LEN, &(0..32).collect::<Vec<_>>())
+        .unwrap();
+    assert!(h.result_of(4).is_ok());
+    assert!((0..32).all(|i| h.row_holds(i, i as u64)));
+}
+
+/// Loads racing into one row with buffered I/O (the payload passes through a
+/// private buffer): neither fails, no block is harmed.
+#[test]
+fn buffered_loads_racing_into_one_row_harm_no_block() {
+    let dir = scratch_dir();
+    let bb = 64 << 10;
+    let mut c = config(&dir, 4);
+    c.capacity_bytes = (4 * bb) as u64;
+    c.set("o_direct", "off").unwrap();
+    let h = Harness::new(&c, 4, bb);
+    store_all(&h, 1, &[1, 2]);
+    for round in 0..200u64 {
+        let (a, b) = (1000 + 2 * round, 1001 + 2 * round);
+        h.tier().submit_load(a, &keys(&[1]), KEY_LEN, &[3]).unwrap();
+        h.tier().submit_load(b, &keys(&[2]), KEY_LEN, &[3]).unwrap();
+        h.tier().drain();
+        for r in h.tier().poll(2) {
+            assert!(r.is_ok(), "round {round}: {r:?}");
+        }
+    }
+    assert_eq!(files(&dir, ".kvb").len(), 2);
+    assert!(h.load(2, &[1, 2], &[2, 3]).is_ok());
+    assert!(h.row_holds(2, 1) && h.row_holds(3, 2));
 }
 
 #[test]
@@ -570,6 +722,54 @@ fn child() {
                 assert!(h.row_holds(r, i), "block {i}");
             }
         }
+        // Loads while no descriptor is left: transient failures.
+        "fd-starved-loads" => {
+            let mut h = Harness::new(&config(&dir, 8), 8, BB);
+            h.scratch_dir = None;
+            assert_eq!(h.lookup(&[1, 2]), [Hit, Hit]);
+            let mut job = 0;
+            let mut fail_load = |h: &Harness, id: u64| {
+                job += 1;
+                let r = h.load(job, &[id], &[4]);
+                assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+            };
+            let hoard = FdHoard::leaving(0);
+            for attempt in 1..=MAX_TRANSIENT_LOAD_FAILURES {
+                fail_load(&h, 1);
+                let expect = if attempt < MAX_TRANSIENT_LOAD_FAILURES {
+                    Hit
+                } else {
+                    Miss
+                };
+                assert_eq!(h.lookup(&[1]), [expect], "after {attempt} failures");
+            }
+            for _ in 1..MAX_TRANSIENT_LOAD_FAILURES {
+                fail_load(&h, 2);
+            }
+            drop(hoard);
+            assert!(block_file(&dir, 1).is_file(), "the file is kept");
+            assert!(h.load(100, &[2], &[4]).is_ok() && h.row_holds(4, 2));
+            let hoard = FdHoard::leaving(0);
+            for _ in 1..MAX_TRANSIENT_LOAD_FAILURES {
+                fail_load(&h, 2);
+            }
+            drop(hoard);
+            assert_eq!(h.lookup(&[2]), [Hit], "a success resets the count");
+        }
+        // Opens the tier again and again with 0..=4 descriptors to spare.
+        "fd-starved-open" => {
+            for spare in 0..=4 {
+                let hoard = FdHoard::leaving(spare);
+                let buffer = Buffer::new(4 * BB);
+                let primary =
+                    unsafe { kvtier::PrimaryBuffer::new(buffer.ptr(), buffer.len(), BB) }.unwrap();
+                match kvtier::Tier::new(&config(&dir, 64), primary) {
+                    Ok(tier) => drop(tier),
+                    Err(e) => assert_eq!(e.kind(), ErrorKind::Io, "{spare} spare: {e}"),
+                }
+                drop(hoard);
+            }
+        }
         other => panic!("unknown role {other}"),
     }
 }
@@ -649,4 +849,50 @@ fn two_processes_share_a_directory() {
         assert!(Instant::now() < deadline);
         std::thread::sleep(Duration::from_millis(2));
     }
+}
+
+/// Reopening a shared directory that holds more blocks than the capacity
+/// deletes the oldest while lookups probe those very keys: a probe and the
+/// deletion of its key are serialised, so every key that answers HIT loads.
+#[test]
+fn shared_probes_never_answer_hit_for_a_block_being_deleted() {
+    let ids: Vec<u64> = (0..512).collect();
+    let mut hits = 0;
+    for round in 0..4 {
+        let dir = scratch_dir();
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut c = shared_config(&dir);
+        c.capacity_bytes = (ids.len() * BB) as u64;
+        {
+            let mut h = Harness::new(&c, 64, BB);
+            h.scratch_dir = None;
+            for chunk in ids.chunks(64) {
+                store_all(&h, chunk[0], chunk);
+            }
+        }
+        c.capacity_bytes = (ids.len() / 2 * BB) as u64;
+        c.disk.probe_ttl_ms = 60_000;
+        let h = Harness::new(&c, 64, BB);
+        // Probe every key while the excess is being deleted, until no probe
+        // is left in flight; then nothing changes the index any more.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let present = loop {
+            let states = h.lookup(&ids);
+            if !states.contains(&Pending) {
+                break h.present(&ids);
+            }
+            assert!(Instant::now() < deadline, "probes never settled");
+        };
+        hits += present.len();
+        for (c, chunk) in present.chunks(64).enumerate() {
+            let rows: Vec<i64> = (0..chunk.len() as i64).collect();
+            let r = h.load(c as u64, chunk, &rows);
+            assert!(r.is_ok(), "round {round}: a HIT failed to load: {r:?}");
+            assert!(chunk
+                .iter()
+                .enumerate()
+                .all(|(row, &i)| h.row_holds(row, i)));
+        }
+    }
+    assert!(hits > 0);
 }

@@ -17,7 +17,10 @@ pub(crate) trait Backend: Send + Sync {
 
     /// Copies the block's stored bytes into primary row `row`. A `Corrupt` or
     /// `NotFound` error means the stored block is gone: the tier forgets the key.
-    /// Other errors are transient and keep it.
+    /// Other errors are transient and keep it, up to
+    /// `MAX_TRANSIENT_LOAD_FAILURES` in a row. A backend never condemns
+    /// stored data on what it observed in the row alone: the engine may be
+    /// writing it (see `tier_submit_load`).
     fn load(&self, primary: &PrimaryBuffer, row: usize, slot: u32, key: &[u8]) -> Result<()>;
 
     /// Whether released blocks must be handed to [`Backend::discard`].
@@ -41,9 +44,14 @@ pub(crate) trait Backend: Send + Sync {
         false
     }
 
-    /// Whether storage holds a complete block for `key` (worker thread).
-    fn probe(&self, _key: &[u8]) -> bool {
-        false
+    /// Asks storage whether it holds a complete block for `key` (worker
+    /// thread) and hands the answer to `record`, which enters it in the index.
+    /// A backend that deletes blocks calls `record` while deletion of `key` is
+    /// held off, so that the answer cannot be stale by the time the index
+    /// holds it (see [`Backend::discard`], which checks the index under the
+    /// same exclusion).
+    fn probe(&self, _key: &[u8], record: &mut dyn FnMut(bool)) {
+        record(false)
     }
 
     /// One line for logs and `tier_describe`.

@@ -120,9 +120,18 @@ pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
 /// into rows of `block_bytes` (the row stride). Starts the I/O threads.
 ///
 /// Returns TIER_OK and writes the handle to `*out`; otherwise `*out` is not
-/// written: TIER_ERR_NULL_ARG, TIER_ERR_INVALID_ARG (block_bytes 0 or larger
-/// than the buffer, primary_len not a multiple of block_bytes),
-/// TIER_ERR_CONFIG (capacity below one block), TIER_ERR_ALLOC.
+/// written and nothing is left behind: TIER_ERR_NULL_ARG (`primary` or `out`);
+/// TIER_ERR_INVALID_ARG (block_bytes 0 or larger than the buffer, primary_len
+/// not a multiple of block_bytes); TIER_ERR_CONFIG (capacity below one block,
+/// or a disk `path` that cannot be a tier's directory: not a directory, not
+/// creatable, not writable, or in use by another tier); TIER_ERR_IO (the disk
+/// backend could not lock, probe or scan its directory for want of file
+/// descriptors or kernel memory, or the directory could not be read: nothing
+/// was changed on disk, retry when the condition clears); TIER_ERR_ALLOC
+/// (memory for the storage or index, or the I/O threads); TIER_ERR_PANIC.
+/// Reopening a disk directory deletes only files it read and found bad (or
+/// temporary files of interrupted stores); a block file it could not read is
+/// left on disk, unindexed.
 /// Ownership: `cfg` is read, not taken (free it when convenient). The primary
 /// buffer stays the caller's and must outlive the tier; the tier reads a row
 /// only during a store of it and writes a row only during a load into it, until
@@ -295,8 +304,17 @@ pub unsafe extern "C" fn tier_submit_store(
 /// flight is waited for, not failed. At the first key that is not stored the
 /// job fails with TIER_ERR_NOT_FOUND; its result's num_done is the number of
 /// leading blocks copied. Loads do not change recency (see tier_touch).
+/// A stored block found corrupt or gone fails the job with TIER_ERR_CORRUPT or
+/// TIER_ERR_NOT_FOUND and its key becomes a MISS; a transient storage error
+/// fails it with TIER_ERR_IO and keeps the key (and the stored data) until
+/// its loads fail that way 3 times in a row, after which the key is a MISS
+/// (the data stays in storage, found again by the next open).
+/// Rows: each row may appear once in `block_ids`; a job naming a row twice is
+/// rejected with TIER_ERR_INVALID_ARG. Two load jobs in flight into one row
+/// leave that row's contents undefined until both are polled, but neither
+/// job fails for it and no stored block is harmed.
 /// Returns TIER_OK if accepted (reported exactly once by tier_poll_finished);
-/// rejections as for tier_submit_store, with no result.
+/// rejections as for tier_submit_store (plus a repeated row), with no result.
 /// Ownership: `keys` and `block_ids` are copied before return. The destination
 /// rows are written until the job is polled: do not read them before.
 /// NULL: `keys` and `block_ids` may be NULL when `n` is 0.

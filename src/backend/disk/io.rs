@@ -55,9 +55,81 @@ pub(crate) fn create_exclusive(path: &Path, direct: bool) -> io::Result<Fd> {
     )
 }
 
+/// Opens a block file for reading. O_NONBLOCK so that a FIFO put where a block
+/// file should be cannot block the worker in open(2) until a writer appears;
+/// on a regular file it changes nothing (reads of regular files never return
+/// EAGAIN), so it is not cleared.
 pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<Fd> {
     let direct = if direct { libc::O_DIRECT } else { 0 };
-    open(path, libc::O_RDONLY | direct, 0)
+    open(path, libc::O_RDONLY | libc::O_NONBLOCK | direct, 0)
+}
+
+/// What a file is, as fstat/lstat say: enough to tell a regular block file of
+/// the right size, and whether a path still names the file a descriptor has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FileId {
+    pub dev: u64,
+    pub ino: u64,
+    pub mode: u32,
+    pub len: u64,
+}
+
+impl FileId {
+    fn from_stat(st: &libc::stat) -> FileId {
+        FileId {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            mode: st.st_mode,
+            len: st.st_size as u64,
+        }
+    }
+
+    pub(crate) fn is_regular(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+
+    pub(crate) fn is_dir(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFDIR
+    }
+
+    /// Same file (device and inode).
+    pub(crate) fn same_file(&self, other: &FileId) -> bool {
+        self.dev == other.dev && self.ino == other.ino
+    }
+
+    /// A short description for messages: "a FIFO", "a directory", ...
+    pub(crate) fn kind_name(&self) -> &'static str {
+        match self.mode & libc::S_IFMT {
+            libc::S_IFREG => "a regular file",
+            libc::S_IFDIR => "a directory",
+            libc::S_IFIFO => "a FIFO",
+            libc::S_IFLNK => "a symbolic link",
+            libc::S_IFSOCK => "a socket",
+            libc::S_IFCHR => "a character device",
+            libc::S_IFBLK => "a block device",
+            _ => "not a regular file",
+        }
+    }
+}
+
+pub(crate) fn fstat(fd: &Fd) -> io::Result<FileId> {
+    // SAFETY: a valid descriptor and a zeroed out-parameter of the right type.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstat(fd.raw(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FileId::from_stat(&st))
+}
+
+/// `lstat(2)`: the path's own entry, a symlink not followed.
+pub(crate) fn lstat(path: &Path) -> io::Result<FileId> {
+    let c = cpath(path)?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(FileId::from_stat(&st))
 }
 
 fn iovecs(parts: &[&[u8]]) -> Vec<libc::iovec> {
@@ -244,6 +316,16 @@ impl Drop for AlignedBuf {
 /// after which the file must be kept.
 pub(crate) fn is_missing(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOENT) | Some(libc::ENOTDIR))
+}
+
+/// True for errors that say the process or system ran short of a resource
+/// (descriptors, kernel memory): not a property of the path, so not a
+/// configuration error.
+pub(crate) fn is_resource_shortage(err: &io::Error) -> bool {
+    matches!(
+        err.raw_os_error(),
+        Some(libc::EMFILE) | Some(libc::ENFILE) | Some(libc::ENOMEM)
+    )
 }
 
 /// True for errors that mean the device is full.

@@ -6,14 +6,18 @@
 //!   file (exclusive create, no symlink followed), optionally sync it, and
 //!   rename it into place. A crash leaves at worst temporary files, which the
 //!   next open deletes.
-//! - A load verifies header (magic, version, namespace, block size, key) and
-//!   payload checksum. A short, torn, corrupted or foreign file fails that block
-//!   with TIER_ERR_CORRUPT and is deleted; a missing one fails with
+//! - A load checks that the path names a regular file of the block's size, then
+//!   verifies header (magic, version, namespace, block size, key) and payload
+//!   checksum. A short, torn, corrupted or foreign file, or anything but a
+//!   regular file at the path, fails that block with TIER_ERR_CORRUPT and is
+//!   removed (a directory is left); a missing one fails with
 //!   TIER_ERR_NOT_FOUND; either way the key becomes a MISS. Transient errors
-//!   (descriptors, permissions, interrupts, symlink loops) fail the block with
-//!   TIER_ERR_IO and leave the file alone.
+//!   (descriptors, memory, permissions, device errors) fail the block with
+//!   TIER_ERR_IO and leave the file alone. Nothing is condemned on what was
+//!   seen in the engine's row alone: a private read confirms it first.
 //! - Reopening a directory rebuilds the index from the files (LRU order by
-//!   modification time, oldest first), deleting leftover temporary files.
+//!   modification time, oldest first), deleting leftover temporary files and
+//!   files it read and found bad, never a file it could not read.
 //! - Eviction deletes files, on a worker, never a file that a newer store of the
 //!   same key has published (publish and delete of one key are serialized by a
 //!   striped lock, and deletion re-checks that the key is not live).
@@ -32,7 +36,7 @@ mod io;
 mod layout;
 
 use self::format::{file_len, xxh64, Header, ALIGN, HEADER_LEN};
-use self::io::{AlignedBuf, Fd};
+use self::io::{AlignedBuf, Fd, FileId};
 use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
@@ -154,6 +158,9 @@ impl DiskBackend {
         let path = ns_dir.join(".lock");
         let fd = match io::open(&path, libc::O_RDWR | libc::O_CREAT, 0o600) {
             Ok(fd) => fd,
+            Err(e) if io::is_resource_shortage(&e) => {
+                bail!(Io, "cannot open {}: {e}", path.display())
+            }
             Err(e) => bail!(Config, "path: cannot open {}: {e}", path.display()),
         };
         if let Err(e) = io::try_flock(&fd, !shared) {
@@ -203,6 +210,10 @@ impl DiskBackend {
         let _ = std::fs::remove_file(&probe);
         match (outcome, policy) {
             (Ok(()), _) => Ok((true, "O_DIRECT: page cache bypassed".into())),
+            // Says nothing about O_DIRECT: do not settle for buffered I/O.
+            (Err(e), _) if io::is_resource_shortage(&e) => {
+                bail!(Io, "cannot probe O_DIRECT in {}: {e}", ns_dir.display())
+            }
             (Err(e), DirectIo::On) => {
                 bail!(
                     Config,
@@ -279,30 +290,52 @@ impl DiskBackend {
         Ok(())
     }
 
-    fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
-        let fd = io::open_read(path, self.direct).map_err(|e| io_error("open", path, e))?;
-        let want = file_len(self.block_bytes);
-        let in_place = self.in_place(row);
-        let (header, read) = if in_place {
-            with_scratch(HEADER_LEN, |h| {
-                let n = io::read_at(&fd, &mut [h, row], 0)?;
-                Ok((Header::decode(h), n))
-            })
-        } else {
-            with_scratch(want, |buf| {
-                let n = io::read_at(&fd, &mut [buf], 0)?;
-                let len = row.len();
-                row.copy_from_slice(&buf[HEADER_LEN..HEADER_LEN + len]);
-                Ok((Header::decode(&buf[..HEADER_LEN]), n))
-            })
-        }
-        .map_err(|e: std::io::Error| io_error("read", path, e))?;
-        let expected_read = if in_place {
-            HEADER_LEN + row.len()
-        } else {
-            want
+    /// Opens a block file and checks that it is a regular file of the block
+    /// size before a byte is read. A missing file is `NotFound`; something
+    /// else at the path (a FIFO, a directory, a symlink, which is never
+    /// followed) can never heal and is condemned; other failures (descriptors,
+    /// permissions, I/O) are transient `Io`.
+    fn open_block(&self, key: &[u8], path: &Path) -> Result<(Fd, FileId)> {
+        let want = file_len(self.block_bytes) as u64;
+        let fd = match io::open_read(path, self.direct) {
+            Ok(fd) => fd,
+            Err(e) if io::is_missing(&e) => return Err(io_error("open", path, e)),
+            // ELOOP, ENXIO, EINVAL (O_DIRECT on a directory) and friends mean
+            // "not a regular file" only if the path's own entry says so.
+            Err(e) => {
+                return Err(match io::lstat(path) {
+                    Ok(entry) if !entry.is_regular() => self.condemn(
+                        key,
+                        path,
+                        entry,
+                        format!("{} where a block file should be", entry.kind_name()),
+                    ),
+                    _ => io_error("open", path, e),
+                })
+            }
         };
-        let problem = match header {
+        let id = io::fstat(&fd).map_err(|e| io_error("stat", path, e))?;
+        if !id.is_regular() {
+            let problem = format!("{} where a block file should be", id.kind_name());
+            return Err(self.condemn(key, path, id, problem));
+        }
+        if id.len != want {
+            let problem = format!("file of {} bytes, expected {want}", id.len);
+            return Err(self.condemn(key, path, id, problem));
+        }
+        Ok((fd, id))
+    }
+
+    /// What is wrong with a block read from a file, if anything.
+    fn problem(
+        &self,
+        header: std::result::Result<Header, String>,
+        read: usize,
+        expected_read: usize,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Option<String> {
+        match header {
             _ if read < expected_read => {
                 Some(format!("short file ({read} of {expected_read} bytes)"))
             }
@@ -313,15 +346,73 @@ impl DiskBackend {
                 h.payload_len, self.block_bytes
             )),
             Ok(h) if h.key != key => Some("header names another key".into()),
-            Ok(h) if h.payload_sum != xxh64(row, 0) => Some("payload checksum mismatch".into()),
+            Ok(h) if h.payload_sum != xxh64(payload, 0) => Some("payload checksum mismatch".into()),
             Ok(_) => None,
-        };
-        if let Some(problem) = problem {
-            // A bad file would fail every later load: remove it.
-            let _ = std::fs::remove_file(path);
-            bail!(Corrupt, "{}: {problem}; file removed", path.display());
         }
-        Ok(())
+    }
+
+    /// Loads a block into `row`, verified. A file is condemned only on what a
+    /// private read of it shows: a checksum computed over the engine's row can
+    /// fail because something else wrote that row meanwhile (two loads in
+    /// flight into one row), which says nothing about the file.
+    fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
+        let (fd, id) = self.open_block(key, path)?;
+        let read_error = |e| io_error("read", path, e);
+        if self.in_place(row) {
+            let (header, read) = with_scratch(HEADER_LEN, |h| {
+                let n = io::read_at(&fd, &mut [h, row], 0)?;
+                Ok((Header::decode(h), n))
+            })
+            .map_err(read_error)?;
+            if self
+                .problem(header, read, HEADER_LEN + row.len(), key, row)
+                .is_none()
+            {
+                return Ok(());
+            }
+        }
+        let want = file_len(self.block_bytes);
+        let problem = with_scratch(want, |buf| {
+            let n = io::read_at(&fd, &mut [buf], 0)?;
+            let (header, payload) = buf.split_at(HEADER_LEN);
+            let payload = &payload[..row.len()];
+            let problem = self.problem(Header::decode(header), n, want, key, payload);
+            if problem.is_none() {
+                row.copy_from_slice(payload);
+            }
+            Ok(problem)
+        })
+        .map_err(read_error)?;
+        match problem {
+            None => Ok(()),
+            Some(problem) => Err(self.condemn(key, path, id, problem)),
+        }
+    }
+
+    /// Removes a block file proved bad (its type, size, header or checksum)
+    /// so no later load trips on it, and returns the load's `Corrupt` error.
+    /// Under the key's stripe lock and only if the path still names the file
+    /// that was examined: a good block published there since (by a process
+    /// sharing the directory) is never removed in its place. Directories are
+    /// left alone: kvtier never made them.
+    fn condemn(&self, key: &[u8], path: &Path, examined: FileId, problem: String) -> Error {
+        let outcome = {
+            let _guard = self.stripe(key).lock();
+            match io::lstat(path) {
+                Ok(now) if now.same_file(&examined) && !now.is_dir() => {
+                    match std::fs::remove_file(path) {
+                        Ok(()) => "removed".to_string(),
+                        Err(e) => format!("could not remove it: {e}"),
+                    }
+                }
+                Ok(now) if now.is_dir() => "left in place".to_string(),
+                _ => "replaced meanwhile, kept".to_string(),
+            }
+        };
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("{}: {problem}; {outcome}", path.display()),
+        )
     }
 
     /// Blocks on disk from earlier runs, oldest first, deleting temporary files
@@ -361,7 +452,13 @@ impl DiskBackend {
                     continue;
                 }
                 let key = if layout::is_hashed_name(name) {
-                    self.read_key(&file.path())
+                    match self.read_key(&file.path()) {
+                        Ok(key) => key,
+                        // Not read (descriptors, permissions, I/O): nothing is
+                        // proved about the block, so it stays on disk,
+                        // unindexed until an open that can read it.
+                        Err(_) => continue,
+                    }
                 } else {
                     layout::key_from_name(name)
                 };
@@ -373,7 +470,8 @@ impl DiskBackend {
                     {
                         found.push(Recovered { key, modified })
                     }
-                    // Misplaced or unreadable: no lookup would ever find it.
+                    // Read and found misplaced or not a block header: no
+                    // lookup would ever find it.
                     _ => {
                         let _ = std::fs::remove_file(file.path());
                     }
@@ -384,11 +482,19 @@ impl DiskBackend {
         Ok(found)
     }
 
-    fn read_key(&self, path: &Path) -> Option<Vec<u8>> {
-        let fd = io::open_read(path, false).ok()?;
+    /// The key in a block file's header: `Ok(None)` when the header was read
+    /// and is not one of this layout (proved bad), `Err` when it could not be
+    /// read at all (which proves nothing).
+    fn read_key(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
+        let fd = io::open_read(path, false)?;
+        if !io::fstat(&fd)?.is_regular() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
         let mut h = vec![0u8; HEADER_LEN];
-        let n = io::read_at(&fd, &mut [&mut h], 0).ok()?;
-        (n == HEADER_LEN).then(|| Header::decode(&h).ok().map(|h| h.key))?
+        let n = io::read_at(&fd, &mut [&mut h], 0)?;
+        Ok((n == HEADER_LEN)
+            .then(|| Header::decode(&h).ok().map(|h| h.key))
+            .flatten())
     }
 }
 
@@ -451,8 +557,12 @@ impl Backend for DiskBackend {
         self.shared
     }
 
-    fn probe(&self, key: &[u8]) -> bool {
-        self.exists_complete(&self.path_of(key))
+    fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
+        // Under the stripe lock, as deletion of this key is: a block seen here
+        // is in the index before a deletion checks whether it is live, so a
+        // probe can never answer HIT for a file being deleted.
+        let _guard = self.stripe(key).lock();
+        record(self.exists_complete(&self.path_of(key)));
     }
 
     fn min_task_bytes(&self) -> usize {
