@@ -1,6 +1,6 @@
 //! Finished-job results, the set of job ids in flight, and the waits on them.
 
-use crate::error::{bail, Result};
+use crate::error::{alloc_error, bail, Result};
 use crate::jobs::JobResult;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
@@ -22,9 +22,21 @@ pub(crate) struct Completions {
 }
 
 impl Completions {
-    /// Claims `job_id` for a new job.
+    /// Claims `job_id` for a new job, with room for its result: completing a
+    /// job never allocates. Fails with `Alloc` if that room is not available.
     pub(crate) fn register(&self, job_id: u64) -> Result<()> {
         let mut s = self.state.lock();
+        // Every job registered and not completed queues one result.
+        let results = s.running + 1;
+        if s.results.try_reserve(results).is_err() {
+            return Err(alloc_error::<JobResult>(
+                s.results.len() + results,
+                "the result queue",
+            ));
+        }
+        if s.active.try_reserve(1).is_err() {
+            return Err(alloc_error::<u64>(s.active.len() + 1, "the set of job ids"));
+        }
         if !s.active.insert(job_id) {
             bail!(
                 DuplicateJob,
@@ -33,6 +45,14 @@ impl Completions {
         }
         s.running += 1;
         Ok(())
+    }
+
+    /// Undoes [`Completions::register`] for a job that was then rejected.
+    pub(crate) fn unregister(&self, job_id: u64) {
+        let mut s = self.state.lock();
+        s.active.remove(&job_id);
+        s.running -= 1;
+        self.changed.notify_all();
     }
 
     pub(crate) fn complete(&self, result: JobResult) {

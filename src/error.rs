@@ -131,6 +131,34 @@ macro_rules! bail {
 }
 pub(crate) use bail;
 
+/// The `Alloc` error for `count` items of `T` that could not be allocated.
+pub(crate) fn alloc_error<T>(count: usize, what: &str) -> Error {
+    let bytes = count.saturating_mul(std::mem::size_of::<T>());
+    Error::new(
+        ErrorKind::Alloc,
+        format!("could not allocate {bytes} bytes for {what}"),
+    )
+}
+
+/// An empty vector with room for exactly `n` items, or `Alloc`: for buffers
+/// whose size the caller controls, which must fail the call, not abort.
+pub(crate) fn try_vec<T>(n: usize, what: &str) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(n)
+        .map_err(|_| alloc_error::<T>(n, what))?;
+    Ok(v)
+}
+
+/// Makes room for `additional` more items in `v` (growing it geometrically,
+/// like `push`), or returns `Alloc`.
+pub(crate) fn try_reserve<T>(v: &mut Vec<T>, additional: usize, what: &str) -> Result<()> {
+    if v.capacity() - v.len() >= additional {
+        return Ok(());
+    }
+    v.try_reserve(additional)
+        .map_err(|_| alloc_error::<T>(v.len().saturating_add(additional), what))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

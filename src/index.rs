@@ -20,12 +20,14 @@
 //!
 //! Slot numbers double as the storage location in the memory backend's arena.
 
+use crate::error::{alloc_error, try_reserve as try_reserve_vec, Result};
 use crate::hash::KeyHasher;
 use std::collections::HashMap;
 
 /// Longest accepted key, in bytes.
 pub const MAX_KEY_LEN: usize = 128;
-const INLINE_KEY: usize = 40;
+/// Key bytes kept in the slot record; longer keys keep the rest apart.
+pub(crate) const INLINE_KEY: usize = 40;
 const NIL: u32 = u32::MAX;
 /// Pipeline distance between hashing a key and deciding it.
 const AHEAD: usize = 16;
@@ -153,13 +155,41 @@ impl Table {
         self.buckets[i] = bucket;
     }
 
+    /// The size `insert` grows a table of `size` buckets to until `entries`
+    /// fit (by half each time).
+    fn grown_size(mut size: usize, entries: usize) -> usize {
+        while entries * 4 > size * 3 {
+            size = size * 3 / 2 + 1;
+        }
+        size
+    }
+
+    fn rebuild(&mut self, buckets: Vec<Bucket>) {
+        let old = std::mem::replace(&mut self.buckets, buckets);
+        for b in old.into_iter().filter(|b| b.slot1 != 0) {
+            self.place(b);
+        }
+    }
+
+    /// Grows the table now, as `insert` would, so that `more` inserts do not
+    /// allocate; fails with `Alloc` (changing nothing) if memory is short.
+    fn try_reserve(&mut self, more: usize) -> Result<()> {
+        let size = Self::grown_size(self.buckets.len(), self.len + more);
+        if size == self.buckets.len() {
+            return Ok(());
+        }
+        let mut buckets = Vec::new();
+        if buckets.try_reserve_exact(size).is_err() {
+            return Err(alloc_error::<Bucket>(size, "the index table"));
+        }
+        buckets.resize(size, Bucket::default());
+        self.rebuild(buckets);
+        Ok(())
+    }
+
     fn insert(&mut self, tag: u32, slot: u32, hot: u32) {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
-            let old = std::mem::take(&mut self.buckets);
-            self.buckets = vec![Bucket::default(); old.len() * 3 / 2 + 1];
-            for b in old.into_iter().filter(|b| b.slot1 != 0) {
-                self.place(b);
-            }
+            self.rebuild(vec![Bucket::default(); self.buckets.len() * 3 / 2 + 1]);
         }
         self.place(Bucket {
             tag,
@@ -253,6 +283,20 @@ fn prefetch<T>(p: *const T) {
     let _ = p;
 }
 
+/// The part of `key` kept outside the slot record (None if it fits inline),
+/// copied for [`Index::insert_storing_with`]; `Alloc` if memory is short.
+pub(crate) fn try_long_tail(key: &[u8]) -> Result<Option<Box<[u8]>>> {
+    let Some(tail) = key.get(INLINE_KEY..).filter(|t| !t.is_empty()) else {
+        return Ok(None);
+    };
+    let mut v = Vec::new();
+    if v.try_reserve_exact(tail.len()).is_err() {
+        return Err(alloc_error::<u8>(tail.len(), "a long key"));
+    }
+    v.extend_from_slice(tail);
+    Ok(Some(v.into_boxed_slice()))
+}
+
 /// Counts from one lookup batch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LookupCounts {
@@ -301,6 +345,41 @@ impl Index {
             released: None,
             unlinked_keys: HashMap::new(),
         }
+    }
+
+    /// Makes room for a store of `new_keys` keys (of `key_len` bytes) absent
+    /// from the index, after `evictions` evictions, so that neither allocates:
+    /// slot records, the free list, the table, long-key tails' map, released
+    /// keys. Fails with `Alloc`, changing nothing a lookup can see, if memory
+    /// is short. The tails themselves come from [`try_long_tail`].
+    pub(crate) fn reserve(
+        &mut self,
+        new_keys: usize,
+        evictions: usize,
+        key_len: usize,
+    ) -> Result<()> {
+        let reused = self.free.len() + evictions;
+        let pushed = new_keys
+            .saturating_sub(reused)
+            .min(self.capacity as usize - self.slots.len());
+        try_reserve_vec(&mut self.slots, pushed, "the index's slot records")?;
+        try_reserve_vec(&mut self.links, pushed, "the index's LRU links")?;
+        // Room for every slot on the free list: frees (evictions, completing
+        // jobs) never allocate.
+        let room = self.slots.len() + pushed - self.free.len();
+        try_reserve_vec(&mut self.free, room, "the free list")?;
+        // Evictions leave the table before the new keys enter it.
+        self.table.try_reserve(new_keys.saturating_sub(evictions))?;
+        if key_len > INLINE_KEY && self.long_keys.try_reserve(new_keys).is_err() {
+            return Err(alloc_error::<(u32, Box<[u8]>)>(
+                self.long_keys.len() + new_keys,
+                "the index's long keys",
+            ));
+        }
+        if let Some(released) = self.released.as_mut() {
+            try_reserve_vec(released, evictions, "released keys")?;
+        }
+        Ok(())
     }
 
     /// Starts recording the keys of freed blocks (see [`Index::take_released`]).
@@ -626,11 +705,14 @@ impl Index {
     }
 
     /// Removes a Ready, linked, unpinned slot and frees it (eviction).
+    /// Allocates nothing once [`Index::reserve`] made room.
     pub(crate) fn evict(&mut self, s: u32) {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
         debug_assert_eq!(self.slots[s as usize].pins, 0);
-        self.unlink(s);
-        self.free_slot(s);
+        debug_assert!(self.slots[s as usize].linked);
+        // Unlinked and freed at once: never counted among unlinked keys.
+        self.unlink_quietly(s);
+        self.release_slot(s);
     }
 
     /// Takes the slot out of the table (and the LRU list); it stays allocated.
@@ -638,6 +720,13 @@ impl Index {
         if !self.slots[s as usize].linked {
             return;
         }
+        self.unlink_quietly(s);
+        self.note_unlinked(s, 1);
+    }
+
+    /// [`Index::unlink`] of a linked slot, without counting it among unlinked
+    /// keys.
+    fn unlink_quietly(&mut self, s: u32) {
         let hash = self.slot_hash(s);
         self.table.remove(tag_of(hash), s);
         if self.slots[s as usize].state == SlotState::Ready {
@@ -645,12 +734,16 @@ impl Index {
             self.ready -= 1;
         }
         self.slots[s as usize].linked = false;
-        self.note_unlinked(s, 1);
     }
 
     fn free_slot(&mut self, s: u32) {
-        debug_assert!(!self.slots[s as usize].linked);
         self.note_unlinked(s, -1);
+        self.release_slot(s);
+    }
+
+    /// [`Index::free_slot`] of a slot never counted among unlinked keys.
+    fn release_slot(&mut self, s: u32) {
+        debug_assert!(!self.slots[s as usize].linked);
         if self.released.is_some() && self.slots[s as usize].state == SlotState::Ready {
             let mut buf = [0u8; MAX_KEY_LEN];
             let len = self.key_of(s, &mut buf);
@@ -667,6 +760,19 @@ impl Index {
     /// Allocates a slot for a new key (absent from the table) in state
     /// Storing and links it. The caller has checked `free_slots() > 0`.
     pub(crate) fn insert_storing(&mut self, key: &[u8], hash: u64) -> u32 {
+        let tail = (key.len() > INLINE_KEY).then(|| key[INLINE_KEY..].into());
+        self.insert_storing_with(key, hash, tail)
+    }
+
+    /// [`Index::insert_storing`] with the key's tail beyond the inline part
+    /// (from [`try_long_tail`]) already copied: after [`Index::reserve`], this
+    /// allocates nothing.
+    pub(crate) fn insert_storing_with(
+        &mut self,
+        key: &[u8],
+        hash: u64,
+        tail: Option<Box<[u8]>>,
+    ) -> u32 {
         assert!(self.free_slots() > 0, "insert_storing without a free slot");
         debug_assert!(key.len() <= MAX_KEY_LEN && !key.is_empty());
         let s = match self.free.pop() {
@@ -674,6 +780,10 @@ impl Index {
             None => {
                 self.slots.push(Slot::EMPTY);
                 self.links.push(Link::NONE);
+                if self.free.capacity() < self.slots.len() {
+                    // Frees never allocate (see `reserve`).
+                    self.free.reserve(self.slots.len() - self.free.len());
+                }
                 (self.slots.len() - 1) as u32
             }
         };
@@ -684,7 +794,9 @@ impl Index {
         slot.state = SlotState::Storing;
         slot.linked = true;
         if key.len() > INLINE_KEY {
-            self.long_keys.insert(s, key[INLINE_KEY..].into());
+            let tail = tail.expect("the tail of a long key");
+            debug_assert_eq!(*tail, key[INLINE_KEY..]);
+            self.long_keys.insert(s, tail);
         }
         self.table
             .insert(tag_of(hash), s, hot_word(hash, LookupState::Pending));
@@ -941,6 +1053,74 @@ mod tests {
         let h = ix.hash(&key(2));
         ix.insert_ready(&key(2), h);
         assert_eq!(lookup(&ix, &key(2)), LookupState::Hit);
+    }
+
+    #[test]
+    fn table_reserve_grows_to_the_size_inserts_would() {
+        for n in [0usize, 1, 7, 100, 5000] {
+            let (mut a, mut b) = (Table::with_capacity(8), Table::with_capacity(8));
+            b.try_reserve(n).unwrap();
+            let reserved = b.buckets.len();
+            for i in 0..n as u32 {
+                let tag = ((i as u64 * 0x9e37_79b9_7f4a_7c15) >> 32) as u32;
+                a.insert(tag, i, 1);
+                b.insert(tag, i, 1);
+            }
+            assert_eq!(b.buckets.len(), reserved, "{n} inserts after reserve");
+            assert_eq!(a.buckets.len(), b.buckets.len(), "{n} inserts");
+        }
+    }
+
+    #[test]
+    fn a_reserved_store_allocates_nothing() {
+        for key_len in [36usize, 100] {
+            let k = |i: u32| {
+                let mut v = key(i);
+                v.resize(key_len, 7);
+                v
+            };
+            let mut ix = Index::new(5000, KeyHasher::with_seed(9));
+            ix.track_releases();
+            for i in 0..100 {
+                store(&mut ix, &k(i));
+            }
+            ix.take_released();
+            ix.reserve(3000, 10, key_len).unwrap();
+            let room = |ix: &Index| {
+                (
+                    ix.slots.capacity(),
+                    ix.links.capacity(),
+                    ix.free.capacity(),
+                    ix.table.buckets.as_ptr(),
+                    ix.long_keys.capacity(),
+                    ix.released.as_ref().unwrap().capacity(),
+                    ix.unlinked_keys.capacity(),
+                )
+            };
+            let before = room(&ix);
+            let mut victims = Vec::new();
+            assert!(ix.pick_victims(10, &mut victims));
+            for &v in &victims {
+                ix.evict(v);
+            }
+            let mut slots = Vec::new();
+            for i in 1000..4000 {
+                let kk = k(i);
+                let h = ix.hash(&kk);
+                slots.push(ix.insert_storing_with(&kk, h, try_long_tail(&kk).unwrap()));
+            }
+            assert_eq!(room(&ix), before, "key_len {key_len}");
+            assert!(ix.unlinked_keys.is_empty());
+            assert_eq!(ix.take_released().len(), 10);
+            // Every slot fits on the free list without growing it.
+            assert!(ix.free.capacity() >= ix.slots.len());
+            for s in slots {
+                ix.finish_store(s, true);
+            }
+            assert_eq!(ix.ready(), 3090);
+            assert_eq!(lookup(&ix, &k(1500)), LookupState::Hit);
+            assert_eq!(lookup(&ix, &k(50)), LookupState::Hit);
+        }
     }
 
     #[test]

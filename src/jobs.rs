@@ -1,8 +1,7 @@
 //! Jobs and the tasks workers run for them.
 
-use crate::error::ErrorKind;
-use parking_lot::Mutex;
-use std::ops::Range;
+use crate::error::{try_vec, ErrorKind, Result};
+use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -67,8 +66,8 @@ pub(crate) struct Job {
     pub kind: JobKind,
     pub num_blocks: u32,
     pub submitted: Instant,
-    /// The job's keys, packed.
-    pub keys: Arc<[u8]>,
+    /// The job's keys, packed (a copy of the caller's).
+    pub keys: Vec<u8>,
     pub key_len: usize,
     /// Blocks to copy, in key order.
     pub items: Vec<Item>,
@@ -80,34 +79,43 @@ pub(crate) struct Job {
     tasks_left: AtomicU32,
     /// Earliest failure: `pos << 32 | -code`, or NO_FAILURE.
     failure: AtomicU64,
-    /// Indices into `items` whose copy failed, and why (rare: a locked Vec).
-    failed_items: Mutex<Vec<(usize, ErrorKind)>>,
+    /// Items whose copy failed (rare: a locked Vec).
+    failed_items: Mutex<FailedItems>,
     bytes: AtomicU64,
 }
 
 impl Job {
+    /// A job of `num_blocks` keys packed in `keys`, which it copies. A load
+    /// also gets room for an item per key. Fails with `Alloc` if that memory
+    /// is not available.
     pub(crate) fn new(
         id: u64,
         kind: JobKind,
         num_blocks: u32,
-        keys: Arc<[u8]>,
+        keys: &[u8],
         key_len: usize,
-    ) -> Job {
-        Job {
+    ) -> Result<Job> {
+        let mut copy = try_vec(keys.len(), "the job's keys")?;
+        copy.extend_from_slice(keys);
+        let items = match kind {
+            JobKind::Load => try_vec(num_blocks as usize, "the load's blocks")?,
+            JobKind::Store => Vec::new(), // sized when planned
+        };
+        Ok(Job {
             id,
             kind,
             num_blocks,
             submitted: Instant::now(),
-            keys,
+            keys: copy,
             key_len,
-            items: Vec::new(),
+            items,
             pinned: Vec::new(),
             present_after: AtomicU32::new(0),
             tasks_left: AtomicU32::new(0),
             failure: AtomicU64::new(NO_FAILURE),
-            failed_items: Mutex::new(Vec::new()),
+            failed_items: Mutex::new(FailedItems::default()),
             bytes: AtomicU64::new(0),
-        }
+        })
     }
 
     pub(crate) fn key(&self, pos: u32) -> &[u8] {
@@ -136,16 +144,27 @@ impl Job {
 
     pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
         let mut failed = self.failed_items.lock();
-        if !failed.iter().any(|&(i, _)| i == item) {
-            failed.push((item, kind));
+        if !failed.list.iter().any(|&(i, _)| i == item) {
+            if failed.list.try_reserve(1).is_ok() {
+                failed.list.push((item, kind));
+            } else {
+                // No memory to say which: count them all as failed.
+                failed.all.get_or_insert(kind);
+            }
         }
         drop(failed);
         self.fail(self.items[item].pos, kind);
     }
 
-    /// Indices into `items` whose copy failed, and why.
-    pub(crate) fn failed_items(&self) -> Vec<(usize, ErrorKind)> {
-        self.failed_items.lock().clone()
+    /// Fails every item of the job (none of its copies ran).
+    pub(crate) fn fail_all(&self, kind: ErrorKind) {
+        self.failed_items.lock().all.get_or_insert(kind);
+        self.fail(self.items.first().map_or(0, |i| i.pos), kind);
+    }
+
+    /// The items whose copy failed, locked (held briefly, at completion).
+    pub(crate) fn failed_items(&self) -> MutexGuard<'_, FailedItems> {
+        self.failed_items.lock()
     }
 
     pub(crate) fn add_bytes(&self, n: u64) {
@@ -154,23 +173,20 @@ impl Job {
 
     /// Splits the items into at most `max_tasks` contiguous tasks of at least
     /// `min_items` items each, and arms the completion countdown.
-    pub(crate) fn into_tasks(self: Arc<Self>, max_tasks: usize, min_items: usize) -> Vec<Task> {
+    pub(crate) fn into_tasks(
+        self: Arc<Self>,
+        max_tasks: usize,
+        min_items: usize,
+    ) -> impl ExactSizeIterator<Item = Task> {
         let n = self.items.len();
         let tasks = n.div_ceil(min_items.max(1)).clamp(1, max_tasks.max(1));
-        let per = n.div_ceil(tasks);
-        let ranges: Vec<Range<usize>> = (0..n)
-            .step_by(per.max(1))
-            .map(|s| s..(s + per).min(n))
-            .collect();
-        self.tasks_left
-            .store(ranges.len() as u32, Ordering::Release);
-        ranges
-            .into_iter()
-            .map(|range| Task {
-                job: Arc::clone(&self),
-                range,
-            })
-            .collect()
+        let per = n.div_ceil(tasks).max(1);
+        let count = n.div_ceil(per);
+        self.tasks_left.store(count as u32, Ordering::Release);
+        (0..count).map(move |t| Task {
+            job: Arc::clone(&self),
+            range: t * per..((t + 1) * per).min(n),
+        })
     }
 
     pub(crate) fn set_present_after(&self, n: u32) {
@@ -204,5 +220,32 @@ impl Job {
 /// A contiguous run of one job's items, copied by one worker.
 pub(crate) struct Task {
     pub job: Arc<Job>,
-    pub range: Range<usize>,
+    pub range: std::ops::Range<usize>,
+}
+
+/// The items of a job whose copy failed.
+#[derive(Default)]
+pub(crate) struct FailedItems {
+    /// Indices into the job's `items`, and why.
+    list: Vec<(usize, ErrorKind)>,
+    /// Every item failed, for this reason (the job could not be queued, or
+    /// there was no memory to record which item failed).
+    all: Option<ErrorKind>,
+}
+
+impl FailedItems {
+    /// Why the copy of item `i` failed, if it did.
+    pub(crate) fn of(&self, i: usize) -> Option<ErrorKind> {
+        self.all.or_else(|| {
+            self.list
+                .iter()
+                .find(|&&(f, _)| f == i)
+                .map(|&(_, kind)| kind)
+        })
+    }
+
+    /// The failures recorded one by one (not those of `all`).
+    pub(crate) fn listed(&self) -> &[(usize, ErrorKind)] {
+        &self.list
+    }
 }

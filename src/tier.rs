@@ -7,13 +7,13 @@
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::completion::Completions;
 use crate::config::{BackendKind, TierConfig};
-use crate::error::{bail, ErrorKind, Result};
+use crate::error::{alloc_error, bail, try_reserve, try_vec, ErrorKind, Result};
 use crate::hash::KeyHasher;
-use crate::index::{Index, LookupState, SlotState, MAX_KEY_LEN};
+use crate::index::{try_long_tail, Index, LookupState, SlotState, INLINE_KEY, MAX_KEY_LEN};
 use crate::jobs::{Item, Job, JobKind, JobResult, Task};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
-use crate::workers::{Work, WorkQueue};
+use crate::workers::{Lane, Work, WorkQueue};
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -120,23 +120,30 @@ fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
 
 /// A load job writes each of its rows once: naming a row twice would make
 /// the job's own copies race in that row. Small jobs (the common case) are
-/// checked pairwise without allocating.
-fn check_distinct_rows(block_ids: &[i64]) -> Result<()> {
+/// checked pairwise without allocating; larger ones mark rows in a bitmap
+/// (one bit per row of the primary buffer) when that is smaller than a
+/// sorted copy of the ids, so the check never needs more memory than the job.
+fn check_distinct_rows(block_ids: &[i64], rows: usize) -> Result<()> {
     const PAIRWISE_UP_TO: usize = 32;
+    let what = "checking the job's rows for repeats";
     let repeated = if block_ids.len() <= PAIRWISE_UP_TO {
         block_ids
             .iter()
             .enumerate()
             .find_map(|(i, id)| block_ids[..i].contains(id).then_some(*id))
+    } else if rows.div_ceil(64) <= block_ids.len() {
+        let words = rows.div_ceil(64);
+        let mut seen = try_vec::<u64>(words, what)?;
+        seen.resize(words, 0);
+        // Ids were checked against the row count: every one indexes `seen`.
+        block_ids.iter().copied().find(|&id| {
+            let (word, bit) = (id as usize / 64, 1u64 << (id as usize % 64));
+            let repeat = seen[word] & bit != 0;
+            seen[word] |= bit;
+            repeat
+        })
     } else {
-        let mut sorted = Vec::new();
-        if sorted.try_reserve_exact(block_ids.len()).is_err() {
-            bail!(
-                Alloc,
-                "block_ids: no memory to check {} rows for repeats",
-                block_ids.len()
-            );
-        }
+        let mut sorted = try_vec::<i64>(block_ids.len(), what)?;
         sorted.extend_from_slice(block_ids);
         sorted.sort_unstable();
         sorted.windows(2).find(|w| w[0] == w[1]).map(|w| w[0])
@@ -270,7 +277,11 @@ impl Tier {
     /// `out` as a [`LookupState`] byte, without blocking on any copy.
     ///
     /// A shared disk tier answers PENDING for a key it has not seen and asks
-    /// storage on a worker; a later lookup gets HIT or MISS.
+    /// storage on a worker; a later lookup gets HIT or MISS. (Short of memory
+    /// to ask, it answers MISS, or PENDING without asking yet: a later lookup
+    /// asks again.)
+    ///
+    /// Fails only for invalid arguments; `out` is written only on success.
     pub fn lookup_into(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> Result<()> {
         check_keys(keys, key_len, out.len())?;
         if out.is_empty() {
@@ -291,8 +302,10 @@ impl Tier {
                         Some(Probe::Missing(until)) if now < *until => continue,
                         Some(Probe::InFlight) => {}
                         _ => {
-                            st.probes.insert(key.to_vec(), Probe::InFlight);
-                            to_probe.push(key.to_vec());
+                            if !Shared::note_probe(&mut st.probes, &mut to_probe, key) {
+                                // Out of memory: no more probes this time.
+                                break;
+                            }
                         }
                     }
                     *state = LookupState::Pending as u8;
@@ -306,9 +319,17 @@ impl Tier {
             counts
         };
         if !to_probe.is_empty() {
-            self.shared
-                .queue
-                .push_all(to_probe.into_iter().map(Work::Probe));
+            let probes = to_probe.into_iter().map(Work::Probe);
+            if let Err(unqueued) = self.shared.queue.push_all(Lane::Probes, probes) {
+                // No memory to queue them: forget them, so that the keys
+                // (answered PENDING) are asked for again by a later lookup.
+                let mut st = self.shared.state.lock();
+                for work in unqueued {
+                    if let Work::Probe(key) = work {
+                        st.probes.remove(&key);
+                    }
+                }
+            }
         }
         let c = &self.shared.counters;
         Counters::add(&c.lookups, out.len() as u64);
@@ -319,10 +340,16 @@ impl Tier {
     }
 
     /// The state of each key packed in `keys`, in order.
+    ///
+    /// Fails for invalid arguments, or with `Alloc` if there is no memory for
+    /// the answer (see [`Tier::lookup_into`], which needs none).
     pub fn lookup(&self, keys: &[u8], key_len: usize) -> Result<Vec<LookupState>> {
         check_key_len(key_len)?;
-        let mut out = vec![0u8; keys.len() / key_len];
+        let n = keys.len() / key_len;
+        let mut out = try_vec(n, "the lookup's answer")?;
+        out.resize(n, 0u8);
         self.lookup_into(keys, key_len, &mut out)?;
+        // Collected in place: LookupState is one byte, like the u8 it maps.
         Ok(out
             .into_iter()
             .map(|s| match s {
@@ -335,7 +362,7 @@ impl Tier {
 
     /// Makes the stored keys among `keys` the most recently used; the first key
     /// ends most recent, so the head of a prefix outlives its tail. Unknown keys
-    /// and keys still being stored are ignored.
+    /// and keys still being stored are ignored. Allocates nothing.
     pub fn touch(&self, keys: &[u8], key_len: usize) -> Result<()> {
         check_key_len(key_len)?;
         check_keys(keys, key_len, keys.len() / key_len)?;
@@ -364,9 +391,11 @@ impl Tier {
 
     /// Submits a store of `block_ids.len()` keys from the given primary rows.
     ///
-    /// Returns an error, and produces no result, only for invalid arguments or a
-    /// job id in flight. Otherwise the job's result (success or failure) comes
-    /// from [`Tier::poll`] exactly once.
+    /// Returns an error, and produces no result, only for invalid arguments, a
+    /// job id in flight, or `Alloc`: no memory for the job's copy of its keys
+    /// and its planning (the tier is then unchanged and the job id free).
+    /// Otherwise the job's result (success or failure) comes from
+    /// [`Tier::poll`] exactly once.
     pub fn submit_store(
         &self,
         job_id: u64,
@@ -378,9 +407,11 @@ impl Tier {
     }
 
     /// Submits a load of `block_ids.len()` keys into the given primary rows.
-    /// Same reporting rule as [`Tier::submit_store`]; a job naming a row twice
-    /// is rejected with `InvalidArg`. Two loads in flight into one row leave
-    /// its bytes undefined but fail neither job and harm no stored block.
+    /// Same reporting rule as [`Tier::submit_store`]: `Alloc` (no memory for
+    /// the job's keys, blocks or waits) rejects it and leaves the tier
+    /// unchanged. A job naming a row twice is rejected with `InvalidArg`. Two
+    /// loads in flight into one row leave its bytes undefined but fail neither
+    /// job and harm no stored block.
     pub fn submit_load(
         &self,
         job_id: u64,
@@ -403,24 +434,33 @@ impl Tier {
         check_keys(keys, key_len, n)?;
         self.check_rows(block_ids)?;
         if kind == JobKind::Load {
-            check_distinct_rows(block_ids)?;
+            check_distinct_rows(block_ids, self.rows())?;
         }
+        // Memory the caller's job size decides is reserved before the tier
+        // changes: a job without it is rejected, and leaves no trace.
+        let mut job = Job::new(job_id, kind, n as u32, keys, key_len)?;
         self.shared.done.register(job_id)?;
-        let mut job = Job::new(job_id, kind, n as u32, keys.into(), key_len);
         if n == 0 {
             self.shared.finish(Arc::new(job));
             return Ok(());
         }
-        let (ready, released) = {
+        let planned = {
             let mut st = self.shared.state.lock();
             let ready = match kind {
-                JobKind::Store => {
-                    self.shared.plan_store(&mut st, &mut job, block_ids);
-                    Some(Arc::new(job))
-                }
+                JobKind::Store => self
+                    .shared
+                    .plan_store(&mut st, &mut job, block_ids)
+                    .map(|()| Some(Arc::new(job))),
                 JobKind::Load => self.shared.plan_load(&mut st, job, block_ids),
             };
-            (ready, st.index.take_released())
+            ready.map(|ready| (ready, st.index.take_released()))
+        };
+        let (ready, released) = match planned {
+            Ok(planned) => planned,
+            Err(e) => {
+                self.shared.done.unregister(job_id);
+                return Err(e);
+            }
         };
         self.shared.discard(released);
         if let Some(job) = ready {
@@ -429,7 +469,8 @@ impl Tier {
         Ok(())
     }
 
-    /// Hands up to `max` finished results to `f`, oldest first; returns how many.
+    /// Hands up to `max` finished results to `f`, oldest first; returns how
+    /// many. Allocates nothing (room for each result is made at submit).
     pub fn poll_with(&self, max: usize, f: impl FnMut(JobResult)) -> usize {
         self.shared.done.poll(max, f)
     }
@@ -565,29 +606,56 @@ impl Drop for Tier {
 }
 
 impl Shared {
+    /// Remembers that `key` is being probed and queues it in `to_probe`;
+    /// false (changing nothing) if there is no memory for that.
+    fn note_probe(
+        probes: &mut HashMap<Vec<u8>, Probe>,
+        to_probe: &mut Vec<Vec<u8>>,
+        key: &[u8],
+    ) -> bool {
+        let copy = || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(key.len()).ok()?;
+            v.extend_from_slice(key);
+            Some(v)
+        };
+        if to_probe.try_reserve(1).is_err() || probes.try_reserve(1).is_err() {
+            return false;
+        }
+        let (Some(a), Some(b)) = (copy(), copy()) else {
+            return false;
+        };
+        probes.insert(a, Probe::InFlight);
+        to_probe.push(b);
+        true
+    }
+
     /// Plans a store under the index lock: skips keys present or in flight and
     /// duplicates, makes room by evicting LRU blocks that are not pinned, in
     /// flight, or part of this job, and claims slots. If there is not enough
     /// room, records NO_SPACE and changes nothing.
-    fn plan_store(&self, st: &mut State, job: &mut Job, block_ids: &[i64]) {
+    ///
+    /// Every allocation comes first: if one fails, returns `Alloc` and the
+    /// tier is unchanged.
+    fn plan_store(&self, st: &mut State, job: &mut Job, block_ids: &[i64]) -> Result<()> {
         let State { index, victims, .. } = st;
-        let mut new: Vec<(u32, u64)> = Vec::new();
+        let mut new: Vec<(u32, u64)> = try_vec(job.num_blocks as usize, "the store's new keys")?;
         let mut pinned = Vec::new();
         for pos in 0..job.num_blocks {
             let key = job.key(pos);
             let hash = index.hash(key);
             match index.find(key, hash) {
                 Some(slot) => {
-                    // Keys of the job are not evicted while it runs, by its own
-                    // evictions or anyone else's.
-                    index.pin(slot);
+                    try_reserve(&mut pinned, 1, "the store's present keys")?;
                     pinned.push(slot);
                 }
                 None => new.push((pos, hash)),
             }
         }
         if new.len() > 1 {
-            new.sort_by(|a, b| {
+            // Unstable sorts do not allocate; the order is total (the position
+            // breaks ties), so it is the one a stable sort would give.
+            new.sort_unstable_by(|a, b| {
                 a.1.cmp(&b.1)
                     .then_with(|| job.key(a.0).cmp(job.key(b.0)))
                     .then(a.0.cmp(&b.0))
@@ -596,35 +664,61 @@ impl Shared {
             new.sort_unstable_by_key(|e| e.0);
         }
         let free = index.free_slots() as usize;
-        let enough = new.len() <= free || index.pick_victims(new.len() - free, victims);
-        if enough && new.len() > free {
-            Counters::add(&self.counters.evictions, victims.len() as u64);
-            for &v in victims.iter() {
-                index.evict(v);
+        let need = new.len().saturating_sub(free);
+        let mut items = try_vec(new.len(), "the store's blocks")?;
+        let mut tails = Vec::new();
+        if job.key_len > INLINE_KEY {
+            tails = try_vec(new.len(), "the store's long keys")?;
+            for &(pos, _) in &new {
+                tails.push(try_long_tail(job.key(pos))?);
             }
         }
+        victims.clear();
+        try_reserve(victims, need, "eviction victims")?;
+        index.reserve(new.len(), need, job.key_len)?;
+
+        // Nothing below allocates.
+        // Keys of the job are not evicted while it runs, by its own evictions
+        // or anyone else's.
+        for &slot in &pinned {
+            index.pin(slot);
+        }
+        let enough = need == 0 || index.pick_victims(need, victims);
         if !enough {
-            for slot in pinned {
+            for &slot in &pinned {
                 index.unpin(slot);
             }
             job.fail(0, ErrorKind::NoSpace);
-            return;
+            return Ok(());
+        }
+        Counters::add(&self.counters.evictions, need as u64);
+        for &v in &victims[..need] {
+            index.evict(v);
         }
         job.pinned = pinned;
-        job.items = new
-            .into_iter()
-            .map(|(pos, hash)| Item {
-                pos,
-                row: block_ids[pos as usize] as usize,
-                slot: index.insert_storing(job.key(pos), hash),
-            })
-            .collect();
+        let mut tails = tails.into_iter();
+        items.extend(new.into_iter().map(|(pos, hash)| Item {
+            pos,
+            row: block_ids[pos as usize] as usize,
+            slot: index.insert_storing_with(job.key(pos), hash, tails.next().flatten()),
+        }));
+        job.items = items;
+        Ok(())
     }
 
     /// Plans a load under the index lock: pins each key's block up to the first
     /// missing key. Returns the job if it can run now; a job waiting for stores
     /// in flight is parked and dispatched when they finish.
-    fn plan_load(&self, st: &mut State, mut job: Job, block_ids: &[i64]) -> Option<Arc<Job>> {
+    ///
+    /// Every allocation comes first (`Job::new` made room for the items): if
+    /// one fails, returns `Alloc` and the tier is unchanged.
+    fn plan_load(
+        &self,
+        st: &mut State,
+        mut job: Job,
+        block_ids: &[i64],
+    ) -> Result<Option<Arc<Job>>> {
+        debug_assert!(job.items.capacity() >= job.num_blocks as usize);
         let mut storing = Vec::new();
         for pos in 0..job.num_blocks {
             let key = job.key(pos);
@@ -633,8 +727,8 @@ impl Shared {
                 job.fail(pos, ErrorKind::NotFound);
                 break;
             };
-            st.index.pin(slot);
             if st.index.state(slot) == SlotState::Storing {
+                try_reserve(&mut storing, 1, "the load's keys in flight")?;
                 storing.push((slot, pos));
             }
             job.items.push(Item {
@@ -643,11 +737,39 @@ impl Shared {
                 slot,
             });
         }
+        let wait_id = st.next_wait_id;
+        if !storing.is_empty() {
+            let no_room = |n: usize| alloc_error::<(u64, u32)>(n, "the load's waits");
+            if st.waiting.try_reserve(1).is_err() || st.waiters.try_reserve(storing.len()).is_err()
+            {
+                return Err(no_room(storing.len()));
+            }
+            for (i, &(slot, pos)) in storing.iter().enumerate() {
+                let waiters = st.waiters.entry(slot).or_default();
+                if waiters.try_reserve(1).is_err() {
+                    // Take back the waits registered so far.
+                    for &(slot, _) in &storing[..=i] {
+                        if let Some(waiters) = st.waiters.get_mut(&slot) {
+                            waiters.retain(|&(w, _)| w != wait_id);
+                            if waiters.is_empty() {
+                                st.waiters.remove(&slot);
+                            }
+                        }
+                    }
+                    return Err(no_room(storing.len()));
+                }
+                waiters.push((wait_id, pos));
+            }
+        }
+
+        // Nothing below allocates.
+        for item in &job.items {
+            st.index.pin(item.slot);
+        }
         let job = Arc::new(job);
         if storing.is_empty() {
-            return Some(job);
+            return Ok(Some(job));
         }
-        let wait_id = st.next_wait_id;
         st.next_wait_id += 1;
         st.waiting.insert(
             wait_id,
@@ -656,18 +778,20 @@ impl Shared {
                 deps: storing.len(),
             },
         );
-        for (slot, pos) in storing {
-            st.waiters.entry(slot).or_default().push((wait_id, pos));
-        }
-        None
+        Ok(None)
     }
 
     /// Hands released blocks to a worker, which lets the backend release their
     /// storage.
     fn discard(&self, released: Vec<(u32, Vec<u8>)>) {
         if !released.is_empty() {
-            let keys = released.into_iter().map(|(_, key)| key).collect();
-            self.queue.push_all([Work::Discard(keys)]);
+            if let Err(unqueued) = self
+                .queue
+                .push_all(Lane::Discards, [Work::Discard(released)].into_iter())
+            {
+                // No memory to queue it: release the storage here instead.
+                unqueued.for_each(|work| self.run(work));
+            }
         }
     }
 
@@ -681,7 +805,7 @@ impl Shared {
         match work {
             Work::Copy(task) => self.run_task(task),
             Work::Discard(keys) => {
-                for key in keys {
+                for (_, key) in keys {
                     self.backend.discard(&key, &|k| self.is_live(k));
                 }
             }
@@ -734,8 +858,17 @@ impl Shared {
             .min(job_bytes / self.backend.min_task_bytes())
             .max(1);
         let min_items = job.items.len().div_ceil(max_tasks);
-        let tasks = job.into_tasks(max_tasks, min_items);
-        self.queue.push_all(tasks.into_iter().map(Work::Copy));
+        let lane = match job.kind {
+            JobKind::Load => Lane::Loads,
+            JobKind::Store => Lane::Stores,
+        };
+        let tasks = Arc::clone(&job).into_tasks(max_tasks, min_items);
+        if self.queue.push_all(lane, tasks.map(Work::Copy)).is_err() {
+            // No memory to queue the copies: the job fails as a whole, and is
+            // reported like any failure.
+            job.fail_all(ErrorKind::Alloc);
+            self.finish(job);
+        }
     }
 
     /// A worker runs one task: copies its blocks, then, if it is the job's last
@@ -804,7 +937,7 @@ impl Shared {
                     let failed = job.failed_items();
                     // Reverse order: the job's first key ends most recent.
                     for (i, item) in job.items.iter().enumerate().rev() {
-                        let ok = !failed.iter().any(|&(f, _)| f == i);
+                        let ok = failed.of(i).is_none();
                         st.index.finish_store(item.slot, ok);
                         if ok && !st.load_failures.is_empty() {
                             // A new block: earlier failures were another one's.
@@ -832,7 +965,7 @@ impl Shared {
                         load_failures,
                         ..
                     } = &mut *st;
-                    for (i, kind) in job.failed_items() {
+                    for &(i, kind) in job.failed_items().listed() {
                         let item = job.items[i];
                         let key = job.key(item.pos);
                         // The key must MISS once its block is gone or bad, or

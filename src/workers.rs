@@ -18,8 +18,28 @@ pub(crate) enum Work {
     Copy(Task),
     /// Does storage hold this key (shared disk tiers)?
     Probe(Vec<u8>),
-    /// Release the storage of evicted or cleared blocks.
-    Discard(Vec<Vec<u8>>),
+    /// Release the storage of evicted or cleared blocks (slot, key).
+    Discard(Vec<(u32, Vec<u8>)>),
+}
+
+/// Which queue a piece of work waits in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Lane {
+    Loads,
+    Probes,
+    Stores,
+    Discards,
+}
+
+impl Work {
+    fn lane(&self) -> Lane {
+        match self {
+            Work::Copy(t) if t.job.kind == JobKind::Load => Lane::Loads,
+            Work::Copy(_) => Lane::Stores,
+            Work::Probe(_) => Lane::Probes,
+            Work::Discard(_) => Lane::Discards,
+        }
+    }
 }
 
 #[derive(Default)]
@@ -46,12 +66,12 @@ impl Queues {
             && self.discards.is_empty()
     }
 
-    fn push(&mut self, work: Work) {
-        match &work {
-            Work::Copy(t) if t.job.kind == JobKind::Load => self.loads.push_back(work),
-            Work::Copy(_) => self.stores.push_back(work),
-            Work::Probe(_) => self.probes.push_back(work),
-            Work::Discard(_) => self.discards.push_back(work),
+    fn lane(&mut self, lane: Lane) -> &mut VecDeque<Work> {
+        match lane {
+            Lane::Loads => &mut self.loads,
+            Lane::Probes => &mut self.probes,
+            Lane::Stores => &mut self.stores,
+            Lane::Discards => &mut self.discards,
         }
     }
 }
@@ -79,11 +99,22 @@ impl WorkQueue {
         }
     }
 
-    pub(crate) fn push_all(&self, work: impl IntoIterator<Item = Work>) {
+    /// Queues `work`, all of it for `lane`. If the queue cannot grow (out of
+    /// memory), queues nothing and hands `work` back.
+    pub(crate) fn push_all<I: ExactSizeIterator<Item = Work>>(
+        &self,
+        lane: Lane,
+        work: I,
+    ) -> Result<(), I> {
         let mut q = self.queues.lock();
+        let queue = q.lane(lane);
+        if queue.try_reserve(work.len()).is_err() {
+            return Err(work);
+        }
         let mut added = 0;
         for w in work {
-            q.push(w);
+            debug_assert_eq!(w.lane(), lane);
+            queue.push_back(w);
             added += 1;
         }
         self.queued.fetch_add(added, Ordering::SeqCst);
@@ -94,6 +125,7 @@ impl WorkQueue {
         for _ in 0..wake.min(self.sleepers.load(Ordering::SeqCst)) {
             self.available.notify_one();
         }
+        Ok(())
     }
 
     fn try_pop(&self) -> Option<Work> {

@@ -184,7 +184,9 @@ pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
 /// Never waits for a copy or for storage: the answer comes from the in-memory
 /// index. A shared disk tier answers TIER_PENDING for a key it has not seen and
 /// asks the file system on a worker; a later lookup gets TIER_HIT or TIER_MISS.
-/// Does not change recency (see tier_touch).
+/// Does not change recency (see tier_touch). Needs no memory of its own, so it
+/// never fails for lack of it (a shared tier short of memory to ask the file
+/// system answers TIER_MISS, or TIER_PENDING and asks on a later lookup).
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len outside
 /// 1..=TIER_MAX_KEY_LEN). `out_states` is written only on success.
 /// Ownership: both buffers are borrowed for the call.
@@ -211,6 +213,7 @@ pub unsafe extern "C" fn tier_lookup(
 /// first key most recent of all (so a prefix's head outlives its tail).
 /// Unknown keys and keys still being stored are ignored.
 ///
+/// Allocates nothing.
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len).
 /// Ownership: `keys` is borrowed for the call.
 /// NULL: `keys` may be NULL when `n` is 0.
@@ -270,7 +273,9 @@ unsafe fn submit(
 /// tier_poll_finished. A rejected call produces no result: TIER_ERR_NULL_ARG,
 /// TIER_ERR_INVALID_ARG (key_len), TIER_ERR_OUT_OF_RANGE (a block id that is
 /// negative or not below the row count), TIER_ERR_DUPLICATE_JOB (job_id
-/// submitted and not yet polled).
+/// submitted and not yet polled), TIER_ERR_ALLOC (no memory for the job's copy
+/// of its keys and block ids and its planning, whose size grows with n: the
+/// tier is unchanged, job_id stays free, and smaller jobs may still succeed).
 /// n = 0 is accepted and reported as a success.
 /// Ownership: `keys` and `block_ids` are copied before return. The rows are read
 /// until the job is polled: do not modify them before.
@@ -314,7 +319,8 @@ pub unsafe extern "C" fn tier_submit_store(
 /// leave that row's contents undefined until both are polled, but neither
 /// job fails for it and no stored block is harmed.
 /// Returns TIER_OK if accepted (reported exactly once by tier_poll_finished);
-/// rejections as for tier_submit_store (plus a repeated row), with no result.
+/// rejections as for tier_submit_store (plus a repeated row), with no result,
+/// including TIER_ERR_ALLOC (the tier is then unchanged).
 /// Ownership: `keys` and `block_ids` are copied before return. The destination
 /// rows are written until the job is polled: do not read them before.
 /// NULL: `keys` and `block_ids` may be NULL when `n` is 0.
@@ -344,7 +350,8 @@ pub unsafe extern "C" fn tier_submit_load(
 /// their number to `*out_n` (0 if none is ready). Each accepted job is reported
 /// exactly once; afterwards its job id may be reused.
 ///
-/// Never blocks (see tier_wait). Returns TIER_OK; TIER_ERR_NULL_ARG;
+/// Never blocks (see tier_wait) and allocates nothing: room for every accepted
+/// job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
 /// TIER_ERR_INVALID_ARG (cap 0). Outputs are written only on success.
 /// Ownership: `out` and `out_n` are borrowed for the call.
 /// NULL: `out` and `out_n` are required.

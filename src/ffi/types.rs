@@ -72,7 +72,8 @@ pub struct tier_job_result_t {
     /// The job id given at submit.
     pub job_id: u64,
     /// TIER_OK, or why the job failed (TIER_ERR_NO_SPACE, TIER_ERR_NOT_FOUND,
-    /// TIER_ERR_IO, TIER_ERR_CORRUPT, TIER_ERR_PANIC).
+    /// TIER_ERR_IO, TIER_ERR_CORRUPT, TIER_ERR_PANIC, TIER_ERR_ALLOC: no memory
+    /// for the job's bookkeeping or I/O buffers after it was accepted).
     pub status: tier_status_t,
     /// TIER_JOB_STORE or TIER_JOB_LOAD.
     pub kind: u32,

@@ -279,13 +279,21 @@ pub(crate) struct AlignedBuf {
 unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
-    pub(crate) fn new(len: usize) -> AlignedBuf {
-        let layout = std::alloc::Layout::from_size_align(len.max(1), 4096).expect("layout");
+    /// A buffer of `len` bytes; an error of kind `OutOfMemory` if the memory
+    /// is not available.
+    pub(crate) fn new(len: usize) -> io::Result<AlignedBuf> {
+        let no_memory = || {
+            io::Error::new(
+                io::ErrorKind::OutOfMemory,
+                format!("could not allocate {len} bytes for an aligned I/O buffer"),
+            )
+        };
+        let layout =
+            std::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|_| no_memory())?;
         // SAFETY: non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr =
-            std::ptr::NonNull::new(ptr).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(no_memory)?;
+        Ok(AlignedBuf { ptr, len })
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -362,7 +370,7 @@ mod tests {
 
     #[test]
     fn aligned_buffers_are_aligned_and_zeroed() {
-        let b = AlignedBuf::new(8192);
+        let b = AlignedBuf::new(8192).unwrap();
         assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
         assert!(b.as_slice().iter().all(|&x| x == 0));
     }

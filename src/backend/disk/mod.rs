@@ -58,11 +58,17 @@ thread_local! {
     static SCRATCH: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
-fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+/// Runs `f` on this thread's scratch of at least `len` bytes; an error of
+/// kind `OutOfMemory` if the scratch cannot grow to that.
+fn with_scratch<R>(
+    len: usize,
+    f: impl FnOnce(&mut [u8]) -> std::io::Result<R>,
+) -> std::io::Result<R> {
     SCRATCH.with(|cell| {
         let mut slot = cell.borrow_mut();
         if slot.as_ref().is_none_or(|b| b.len() < len) {
-            *slot = Some(AlignedBuf::new(len));
+            *slot = None; // free the old one first
+            *slot = Some(AlignedBuf::new(len)?);
         }
         f(&mut slot.as_mut().expect("scratch").as_mut_slice()[..len])
     })
@@ -71,6 +77,8 @@ fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 fn io_error(what: &str, path: &Path, err: std::io::Error) -> Error {
     let kind = if io::is_missing(&err) {
         ErrorKind::NotFound
+    } else if err.kind() == std::io::ErrorKind::OutOfMemory {
+        ErrorKind::Alloc
     } else {
         ErrorKind::Io
     };
@@ -204,7 +212,7 @@ impl DiskBackend {
         let probe = ns_dir.join(format!(".odirect-probe.{}", std::process::id()));
         let _ = std::fs::remove_file(&probe);
         let outcome = io::create_exclusive(&probe, true).and_then(|fd| {
-            let page = AlignedBuf::new(ALIGN);
+            let page = AlignedBuf::new(ALIGN)?;
             io::write_all_at(&fd, &[page.as_slice()], 0)
         });
         let _ = std::fs::remove_file(&probe);
@@ -516,6 +524,9 @@ impl Backend for DiskBackend {
         });
         if let Err(e) = published {
             let _ = std::fs::remove_file(&tmp);
+            if e.kind() == std::io::ErrorKind::OutOfMemory {
+                bail!(Alloc, "cannot store {}: {e}", path.display());
+            }
             let what = if io::is_full(&e) {
                 "no space to store"
             } else {
