@@ -8,6 +8,7 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("out dir"));
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=src/ffi");
+    println!("cargo:rerun-if-changed=src/stats.rs");
 
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
     let part = |name: &str| std::env::var(name).expect("version part");
@@ -35,6 +36,8 @@ fn main() {
     let bindings = cbindgen::Builder::new()
         .with_config(config)
         .with_src(root.join("src/ffi/mod.rs"))
+        // The stats struct is the core's own, exported as is.
+        .with_src(root.join("src/stats.rs"))
         .generate()
         .expect("cbindgen could not generate the header");
     let mut text = Vec::new();

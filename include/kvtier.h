@@ -116,7 +116,8 @@ typedef struct tier_job_result_t {
 } tier_job_result_t;
 
 /**
- * A snapshot of a tier's state and counters, filled in by `tier_stats`.
+ * A snapshot of a tier's state and counters, filled in by `tier_stats`
+ * (`Tier::stats` in Rust).
  */
 typedef struct tier_stats_t {
     /**
@@ -567,7 +568,7 @@ size_t tier_describe(struct tier_t *tier,
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_stats(struct tier_t *tier,
-                         struct tier_stats_t *out);
+                         tier_stats_t *out);
 
 #ifdef __cplusplus
 }  // extern "C"

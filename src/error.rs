@@ -3,55 +3,73 @@
 //! The numeric codes are part of the C ABI (`TIER_ERR_*`): they are stable and a
 //! retired number is never reused.
 
+use std::ffi::CStr;
 use std::fmt;
 
-/// What went wrong. The discriminant is the C status code.
-#[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
-#[repr(i32)]
-pub enum ErrorKind {
+/// Declares [`ErrorKind`] from one list of `Variant = TIER_ERR_CONSTANT`:
+/// the numbers live only in the C constants (src/ffi/types.rs, which cbindgen
+/// turns into the header), and the enum, [`ErrorKind::ALL`] and the C names
+/// all come from this list, so none can drift from another.
+macro_rules! error_kinds {
+    ($( $(#[$doc:meta])* $variant:ident = $constant:ident, )*) => {
+        /// What went wrong. The discriminant is the C status code.
+        #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
+        #[repr(i32)]
+        pub enum ErrorKind {
+            $( $(#[$doc])* $variant = crate::ffi::$constant, )*
+        }
+
+        impl ErrorKind {
+            /// Every kind, for tables and tests.
+            pub const ALL: &'static [ErrorKind] = &[$(ErrorKind::$variant),*];
+
+            /// The constant's name as a C string (what `tier_status_str`
+            /// returns).
+            pub(crate) fn c_name(self) -> &'static CStr {
+                match self {
+                    $( ErrorKind::$variant => {
+                        const NAME: &CStr = match CStr::from_bytes_with_nul(
+                            concat!(stringify!($constant), "\0").as_bytes(),
+                        ) {
+                            Ok(name) => name,
+                            Err(_) => panic!("a constant name has no NUL"),
+                        };
+                        NAME
+                    } )*
+                }
+            }
+        }
+    };
+}
+
+error_kinds! {
     /// A required pointer argument was NULL.
-    NullArg = -1,
+    NullArg = TIER_ERR_NULL_ARG,
     /// An argument has an invalid value (length, size, alignment…).
-    InvalidArg = -2,
+    InvalidArg = TIER_ERR_INVALID_ARG,
     /// A block id lies outside the primary buffer.
-    OutOfRange = -3,
+    OutOfRange = TIER_ERR_OUT_OF_RANGE,
     /// A job id is already in flight (submitted and not yet polled).
-    DuplicateJob = -4,
+    DuplicateJob = TIER_ERR_DUPLICATE_JOB,
     /// A store could not get space, even after eviction.
-    NoSpace = -5,
+    NoSpace = TIER_ERR_NO_SPACE,
     /// A load asked for a key that is not stored.
-    NotFound = -6,
+    NotFound = TIER_ERR_NOT_FOUND,
     /// The backend failed to read or write.
-    Io = -7,
+    Io = TIER_ERR_IO,
     /// Stored data failed verification.
-    Corrupt = -8,
+    Corrupt = TIER_ERR_CORRUPT,
     /// An unknown configuration key or an unparsable value.
-    Config = -9,
+    Config = TIER_ERR_CONFIG,
     /// The tier is shutting down.
-    Shutdown = -10,
+    Shutdown = TIER_ERR_SHUTDOWN,
     /// A panic inside the library was caught at the boundary.
-    Panic = -11,
+    Panic = TIER_ERR_PANIC,
     /// Memory (or another resource) could not be allocated.
-    Alloc = -12,
+    Alloc = TIER_ERR_ALLOC,
 }
 
 impl ErrorKind {
-    /// Every kind, for tables and tests.
-    pub const ALL: [ErrorKind; 12] = [
-        ErrorKind::NullArg,
-        ErrorKind::InvalidArg,
-        ErrorKind::OutOfRange,
-        ErrorKind::DuplicateJob,
-        ErrorKind::NoSpace,
-        ErrorKind::NotFound,
-        ErrorKind::Io,
-        ErrorKind::Corrupt,
-        ErrorKind::Config,
-        ErrorKind::Shutdown,
-        ErrorKind::Panic,
-        ErrorKind::Alloc,
-    ];
-
     /// The C status code.
     pub fn code(self) -> i32 {
         self as i32
@@ -65,24 +83,6 @@ impl ErrorKind {
     /// The constant's name in the C header.
     pub fn name(self) -> &'static str {
         self.c_name().to_str().expect("ASCII")
-    }
-
-    /// The constant's name as a C string (what `tier_status_str` returns).
-    pub(crate) fn c_name(self) -> &'static std::ffi::CStr {
-        match self {
-            ErrorKind::NullArg => c"TIER_ERR_NULL_ARG",
-            ErrorKind::InvalidArg => c"TIER_ERR_INVALID_ARG",
-            ErrorKind::OutOfRange => c"TIER_ERR_OUT_OF_RANGE",
-            ErrorKind::DuplicateJob => c"TIER_ERR_DUPLICATE_JOB",
-            ErrorKind::NoSpace => c"TIER_ERR_NO_SPACE",
-            ErrorKind::NotFound => c"TIER_ERR_NOT_FOUND",
-            ErrorKind::Io => c"TIER_ERR_IO",
-            ErrorKind::Corrupt => c"TIER_ERR_CORRUPT",
-            ErrorKind::Config => c"TIER_ERR_CONFIG",
-            ErrorKind::Shutdown => c"TIER_ERR_SHUTDOWN",
-            ErrorKind::Panic => c"TIER_ERR_PANIC",
-            ErrorKind::Alloc => c"TIER_ERR_ALLOC",
-        }
     }
 }
 
@@ -166,13 +166,30 @@ mod tests {
     #[test]
     fn codes_are_negative_unique_and_round_trip() {
         let mut seen = std::collections::HashSet::new();
-        for kind in ErrorKind::ALL {
+        for &kind in ErrorKind::ALL {
             assert!(kind.code() < 0, "{kind:?}");
             assert!(seen.insert(kind.code()), "{kind:?} reuses a code");
             assert_eq!(ErrorKind::from_code(kind.code()), Some(kind));
         }
         assert_eq!(ErrorKind::from_code(0), None);
         assert_eq!(ErrorKind::from_code(-1000), None);
+    }
+
+    /// Every TIER_ERR_ constant of the header is a kind, and the other way
+    /// round: a new code cannot be added on one side only.
+    #[test]
+    fn kinds_are_exactly_the_header_error_codes() {
+        let header = include_str!("../include/kvtier.h");
+        let mut in_header: Vec<&str> = header
+            .lines()
+            .filter_map(|l| l.strip_prefix("#define "))
+            .filter_map(|l| l.split_whitespace().next())
+            .filter(|name| name.starts_with("TIER_ERR_"))
+            .collect();
+        let mut kinds: Vec<&str> = ErrorKind::ALL.iter().map(|k| k.name()).collect();
+        in_header.sort_unstable();
+        kinds.sort_unstable();
+        assert_eq!(in_header, kinds);
     }
 
     #[test]

@@ -2,10 +2,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// A snapshot of a tier's state and lifetime counters.
+// Defined once, for Rust and C: cbindgen reads this file too and names the
+// struct `tier_stats_t` in the header (cbindgen.toml), so it stays `repr(C)`
+// with fixed-width fields only.
+
+/// A snapshot of a tier's state and counters, filled in by `tier_stats`
+/// (`Tier::stats` in Rust).
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Stats {
-    /// Block capacity in bytes (whole blocks).
+    /// Capacity in bytes (whole blocks).
     pub capacity_bytes: u64,
     /// Bytes held by blocks, including blocks being stored.
     pub used_bytes: u64,
@@ -13,9 +19,9 @@ pub struct Stats {
     pub num_blocks: u64,
     /// Keys looked up.
     pub lookups: u64,
-    /// Lookups that answered HIT.
+    /// Lookups answered TIER_HIT.
     pub hits: u64,
-    /// Lookups that answered MISS.
+    /// Lookups answered TIER_MISS.
     pub misses: u64,
     /// Blocks evicted to make room.
     pub evictions: u64,
@@ -33,17 +39,17 @@ pub struct Stats {
     pub bytes_loaded: u64,
     /// Jobs accepted and not yet completed.
     pub jobs_in_flight: u64,
-    /// Lookups that answered PENDING.
+    /// Lookups answered TIER_PENDING.
     pub lookups_pending: u64,
-    /// Bytes per block.
+    /// Bytes per block (the primary row size).
     pub block_bytes: u64,
     /// Capacity in blocks.
     pub capacity_blocks: u64,
-    /// Heap bytes of the index (keys, LRU links, hash table).
+    /// Heap bytes used by the index (keys, LRU links, hash table).
     pub metadata_bytes: u64,
-    /// Completed results waiting to be polled.
+    /// Finished results waiting for tier_poll_finished.
     pub results_queued: u64,
-    /// Worker threads.
+    /// I/O worker threads.
     pub io_threads: u64,
 }
 

@@ -458,7 +458,7 @@ pub unsafe extern "C" fn tier_stats(tier: *mut tier_t, out: *mut tier_stats_t) -
     status("tier_stats", || {
         let tier = tier_ref(tier)?;
         let out = as_mut(out, "out")?;
-        *out = tier.stats().into();
+        *out = tier.stats();
         OK
     })
 }
