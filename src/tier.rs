@@ -14,6 +14,7 @@ use crate::jobs::{Item, Job, JobKind, JobResult, Task};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use crate::workers::{Lane, Work, WorkQueue};
+use hashlink::LruCache;
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -21,7 +22,8 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-/// Forget "not in storage" answers beyond this many remembered keys.
+/// How many keys' probe answers (in flight, or "not in storage") are
+/// remembered; beyond it the least recently asked are forgotten.
 const MAX_PROBE_MEMORY: usize = 65_536;
 
 /// A key whose loads fail this many times in a row with a transient error
@@ -50,8 +52,9 @@ struct State {
     /// Storing slot → waiting loads (wait id, key position in that load).
     waiters: HashMap<u32, Vec<(u64, u32)>>,
     next_wait_id: u64,
-    /// Shared disk tiers: keys being or recently probed.
-    probes: HashMap<Vec<u8>, Probe>,
+    /// Shared disk tiers: keys being or recently probed, the least recently
+    /// asked forgotten first.
+    probes: LruCache<Vec<u8>, Probe>,
     /// Keys whose latest loads failed transiently, and how many times in a
     /// row (almost always empty).
     load_failures: HashMap<Vec<u8>, u32>,
@@ -226,7 +229,7 @@ impl Tier {
                 waiting: HashMap::new(),
                 waiters: HashMap::new(),
                 next_wait_id: 0,
-                probes: HashMap::new(),
+                probes: LruCache::new(MAX_PROBE_MEMORY),
                 load_failures: HashMap::new(),
                 victims: Vec::new(),
             }),
@@ -298,9 +301,15 @@ impl Tier {
                         continue;
                     }
                     let key = &keys[i * key_len..][..key_len];
-                    match st.probes.get(key) {
-                        Some(Probe::Missing(until)) if now < *until => continue,
-                        Some(Probe::InFlight) => {}
+                    // `get` makes the answer most recent: a key looked up
+                    // often keeps its cached MISS however many others pass.
+                    let cached = st.probes.get(key).map(|p| match p {
+                        Probe::InFlight => None,
+                        Probe::Missing(until) => Some(*until),
+                    });
+                    match cached {
+                        Some(Some(until)) if now < until => continue,
+                        Some(None) => {}
                         _ => {
                             if !Shared::note_probe(&mut st.probes, &mut to_probe, key) {
                                 // Out of memory: no more probes this time.
@@ -311,9 +320,6 @@ impl Tier {
                     *state = LookupState::Pending as u8;
                     counts.misses -= 1;
                     counts.pending += 1;
-                }
-                if st.probes.len() > MAX_PROBE_MEMORY {
-                    st.probes.retain(|_, p| matches!(p, Probe::InFlight));
                 }
             }
             counts
@@ -609,7 +615,7 @@ impl Shared {
     /// Remembers that `key` is being probed and queues it in `to_probe`;
     /// false (changing nothing) if there is no memory for that.
     fn note_probe(
-        probes: &mut HashMap<Vec<u8>, Probe>,
+        probes: &mut LruCache<Vec<u8>, Probe>,
         to_probe: &mut Vec<Vec<u8>>,
         key: &[u8],
     ) -> bool {
@@ -619,7 +625,9 @@ impl Shared {
             v.extend_from_slice(key);
             Some(v)
         };
-        if to_probe.try_reserve(1).is_err() || probes.try_reserve(1).is_err() {
+        // The cache's own node is allocated infallibly: it holds at most
+        // MAX_PROBE_MEMORY small entries, a bound the caller does not move.
+        if to_probe.try_reserve(1).is_err() {
             return false;
         }
         let (Some(a), Some(b)) = (copy(), copy()) else {

@@ -896,3 +896,32 @@ fn shared_probes_never_answer_hit_for_a_block_being_deleted() {
     }
     assert!(hits > 0);
 }
+
+/// A shared tier remembers "not in storage" answers in a bounded LRU map: a
+/// key looked up often keeps its cached MISS while 100,000 other absent keys
+/// pass through (no cliff where every answer is forgotten at once).
+#[test]
+fn a_hot_absent_key_keeps_its_cached_miss() {
+    let dir = scratch_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut c = shared_config(&dir);
+    c.disk.probe_ttl_ms = 600_000;
+    let h = Harness::new(&c, 16, BB);
+    let hot = [7u64];
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.lookup(&hot) != [Miss] {
+        assert!(Instant::now() < deadline, "the hot key never settled");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    for batch in 0..100u64 {
+        let others: Vec<u64> = (1_000_000 + batch * 1000..).take(1000).collect();
+        h.lookup(&others);
+        assert_eq!(
+            h.lookup(&hot),
+            [Miss],
+            "the hot key was asked of storage again after {} other keys",
+            (batch + 1) * 1000
+        );
+    }
+    h.tier().drain();
+}
