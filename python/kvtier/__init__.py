@@ -13,27 +13,17 @@ the vLLM secondary tier (``KVTierSecondaryTier``).
 """
 
 from ._lib import (
-    TIER_ERR_ALLOC,
-    TIER_ERR_CONFIG,
-    TIER_ERR_CORRUPT,
-    TIER_ERR_DUPLICATE_JOB,
-    TIER_ERR_INVALID_ARG,
-    TIER_ERR_IO,
-    TIER_ERR_NO_SPACE,
-    TIER_ERR_NOT_FOUND,
-    TIER_ERR_NULL_ARG,
-    TIER_ERR_OUT_OF_RANGE,
-    TIER_ERR_PANIC,
-    TIER_ERR_SHUTDOWN,
+    STATUS_CODES,
     TIER_MAX_KEY_LEN,
-    TIER_OK,
-    TIER_TIMEOUT,
     LibraryNotFoundError,
     library_path,
     library_version,
     status_name,
 )
 from .tier import JobKind, JobResult, KVTierError, LookupState, Tier, TierStats
+
+# TIER_OK, TIER_TIMEOUT and every TIER_ERR_*: the library's own table.
+globals().update(STATUS_CODES)
 
 __version__ = "0.1.0"
 
@@ -48,19 +38,6 @@ __all__ = [
     "library_path",
     "library_version",
     "status_name",
-    "TIER_OK",
-    "TIER_TIMEOUT",
-    "TIER_ERR_NULL_ARG",
-    "TIER_ERR_INVALID_ARG",
-    "TIER_ERR_OUT_OF_RANGE",
-    "TIER_ERR_DUPLICATE_JOB",
-    "TIER_ERR_NO_SPACE",
-    "TIER_ERR_NOT_FOUND",
-    "TIER_ERR_IO",
-    "TIER_ERR_CORRUPT",
-    "TIER_ERR_CONFIG",
-    "TIER_ERR_SHUTDOWN",
-    "TIER_ERR_PANIC",
-    "TIER_ERR_ALLOC",
     "TIER_MAX_KEY_LEN",
+    *STATUS_CODES,
 ]

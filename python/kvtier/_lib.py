@@ -19,22 +19,6 @@ from pathlib import Path
 LIBRARY_NAME = "libkvtier.so"
 ENV_LIBRARY = "KVTIER_LIBRARY"
 
-# Status codes: stable numbers from kvtier.h.
-TIER_OK = 0
-TIER_TIMEOUT = 1
-TIER_ERR_NULL_ARG = -1
-TIER_ERR_INVALID_ARG = -2
-TIER_ERR_OUT_OF_RANGE = -3
-TIER_ERR_DUPLICATE_JOB = -4
-TIER_ERR_NO_SPACE = -5
-TIER_ERR_NOT_FOUND = -6
-TIER_ERR_IO = -7
-TIER_ERR_CORRUPT = -8
-TIER_ERR_CONFIG = -9
-TIER_ERR_SHUTDOWN = -10
-TIER_ERR_PANIC = -11
-TIER_ERR_ALLOC = -12
-
 TIER_MISS = 0
 TIER_HIT = 1
 TIER_PENDING = 2
@@ -163,6 +147,30 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 lib, library_path = _load()
 _declare(lib)
+
+
+def _status_codes() -> dict[str, int]:
+    """Every status code, by name, as the library itself names them
+    (tier_status_str): the numbers are written once, in the library."""
+    codes = {}
+    for code in range(-255, 256):
+        name = lib.tier_status_str(code).decode()
+        if name != "TIER_UNKNOWN_STATUS":
+            codes[name] = code
+    return codes
+
+
+STATUS_CODES: dict[str, int] = _status_codes()
+globals().update(STATUS_CODES)
+# Names the binding itself relies on (a library without them is not one
+# this binding can drive).
+TIER_OK: int = STATUS_CODES["TIER_OK"]
+TIER_TIMEOUT: int = STATUS_CODES["TIER_TIMEOUT"]
+TIER_ERR_INVALID_ARG: int = STATUS_CODES["TIER_ERR_INVALID_ARG"]
+TIER_ERR_OUT_OF_RANGE: int = STATUS_CODES["TIER_ERR_OUT_OF_RANGE"]
+TIER_ERR_CONFIG: int = STATUS_CODES["TIER_ERR_CONFIG"]
+TIER_ERR_SHUTDOWN: int = STATUS_CODES["TIER_ERR_SHUTDOWN"]
+TIER_ERR_ALLOC: int = STATUS_CODES["TIER_ERR_ALLOC"]
 
 _status_names: dict[int, str] = {}
 

@@ -133,36 +133,22 @@ class JobResult(NamedTuple):
 _make_result = JobResult._make
 
 
-@dataclasses.dataclass(frozen=True)
-class TierStats:
-    """A snapshot of ``tier_stats_t`` (same field names and order)."""
-
-    capacity_bytes: int
-    used_bytes: int
-    num_blocks: int
-    lookups: int
-    hits: int
-    misses: int
-    evictions: int
-    stores_ok: int
-    stores_failed: int
-    loads_ok: int
-    loads_failed: int
-    bytes_stored: int
-    bytes_loaded: int
-    jobs_in_flight: int
-    lookups_pending: int
-    block_bytes: int
-    capacity_blocks: int
-    metadata_bytes: int
-    results_queued: int
-    io_threads: int
-
-    def as_dict(self) -> dict[str, int]:
-        return dataclasses.asdict(self)
+def _stats_as_dict(self: Any) -> dict[str, int]:
+    return dataclasses.asdict(self)
 
 
-assert tuple(f.name for f in dataclasses.fields(TierStats)) == _lib.STATS_FIELDS
+# Built from the one table of field names (_lib.STATS_FIELDS, in header order).
+TierStats = dataclasses.make_dataclass(
+    "TierStats",
+    [(name, int) for name in _lib.STATS_FIELDS],
+    namespace={
+        "__doc__": "A snapshot of ``tier_stats_t`` (same field names and order).",
+        "as_dict": _stats_as_dict,
+    },
+    frozen=True,
+)
+TierStats.__module__ = __name__  # for repr and pickling (make_dataclass's
+# own `module=` needs Python 3.12)
 
 
 def _config_text(key: str, value: Any) -> str:
@@ -336,13 +322,22 @@ class Tier:
 
     # -- lifetime -----------------------------------------------------------
 
-    def _enter(self, function: str) -> int:
-        self._calls.append(None)
-        handle = self._handle
-        if handle is None:
-            self._calls.pop()
-            raise KVTierError(TIER_ERR_SHUTDOWN, "the tier is closed", function)
-        return handle
+    def _call(self, name: str, fn: Any, *args: Any, timeout_ok: bool = False) -> int:
+        """Runs ``fn(handle, *args)``: fails if the tier is closed, counts as a
+        call in progress (so close() waits for it), and raises on an error
+        status. Returns the status (TIER_OK, or TIER_TIMEOUT if allowed)."""
+        calls = self._calls
+        calls.append(None)
+        try:
+            handle = self._handle
+            if handle is None:
+                raise KVTierError(TIER_ERR_SHUTDOWN, "the tier is closed", name)
+            st = fn(handle, *args)
+        finally:
+            calls.pop()
+        if st != TIER_OK and not (timeout_ok and st == TIER_TIMEOUT):
+            raise _fail(st, name)
+        return st
 
     @property
     def closed(self) -> bool:
@@ -396,13 +391,7 @@ class Tier:
         """One LookupState per key, in input order. Never waits for a copy."""
         packed, key_len, n = _pack_keys(keys, "tier_lookup")
         out = ctypes.create_string_buffer(n) if n else None
-        handle = self._enter("tier_lookup")
-        try:
-            st = lib.tier_lookup(handle, packed, key_len, n, out)
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, "tier_lookup")
+        self._call("tier_lookup", lib.tier_lookup, packed, key_len, n, out)
         if not n:
             return []
         states = _STATES
@@ -433,13 +422,7 @@ class Tier:
     def touch(self, keys: Iterable[bytes]) -> None:
         """Makes stored keys most recent, the first key most recent of all."""
         packed, key_len, n = _pack_keys(keys, "tier_touch")
-        handle = self._enter("tier_touch")
-        try:
-            st = lib.tier_touch(handle, packed, key_len, n)
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, "tier_touch")
+        self._call("tier_touch", lib.tier_touch, packed, key_len, n)
 
     def _submit(self, fn: Any, name: str, job_id: int, keys: Any, block_ids: Any) -> None:
         if type(job_id) is not int:
@@ -459,13 +442,7 @@ class Tier:
             raise KVTierError(
                 TIER_ERR_INVALID_ARG, f"{n} keys but {n_ids} block ids", name
             )
-        handle = self._enter(name)
-        try:
-            st = fn(handle, job_id, packed, key_len, ids if n else None, n)
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, name)
+        self._call(name, fn, job_id, packed, key_len, ids if n else None, n)
 
     def submit_store(
         self, job_id: int, keys: Sequence[bytes], block_ids: Sequence[int] | Any
@@ -502,13 +479,7 @@ class Tier:
         try:
             while True:
                 want = min(_POLL_CHUNK, max - len(results))
-                handle = self._enter("tier_poll_finished")
-                try:
-                    st = lib.tier_poll_finished(handle, buf, want, _byref(got))
-                finally:
-                    self._calls.pop()
-                if st != TIER_OK:
-                    raise _fail(st, "tier_poll_finished")
+                self._call("tier_poll_finished", lib.tier_poll_finished, buf, want, _byref(got))
                 n = got.value
                 if n:
                     results.extend(
@@ -530,46 +501,22 @@ class Tier:
                 slice_s = min(_WAIT_SLICE_S, deadline - time.monotonic())
                 if slice_s <= 0:
                     slice_s = 0
-            handle = self._enter("tier_wait")
-            try:
-                st = lib.tier_wait(handle, int(slice_s * 1000))
-            finally:
-                self._calls.pop()
+            st = self._call("tier_wait", lib.tier_wait, int(slice_s * 1000), timeout_ok=True)
             if st == TIER_OK:
                 return True
-            if st != TIER_TIMEOUT:
-                raise _fail(st, "tier_wait")
             if deadline is not None and time.monotonic() >= deadline:
                 return False
 
     def drain(self) -> None:
         """Blocks until every accepted job has completed and its result is
         queued (results are not consumed)."""
-        handle = self._enter("tier_drain")
-        try:
-            st = lib.tier_drain(handle)
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, "tier_drain")
+        self._call("tier_drain", lib.tier_drain)
 
     def clear(self) -> None:
         """Drops every stored block; jobs in flight still complete and report."""
-        handle = self._enter("tier_clear")
-        try:
-            st = lib.tier_clear(handle)
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, "tier_clear")
+        self._call("tier_clear", lib.tier_clear)
 
     def stats(self) -> TierStats:
         out = _lib.tier_stats_t()
-        handle = self._enter("tier_stats")
-        try:
-            st = lib.tier_stats(handle, ctypes.byref(out))
-        finally:
-            self._calls.pop()
-        if st != TIER_OK:
-            raise _fail(st, "tier_stats")
+        self._call("tier_stats", lib.tier_stats, ctypes.byref(out))
         return TierStats(*(getattr(out, name) for name in _lib.STATS_FIELDS))

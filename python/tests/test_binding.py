@@ -603,3 +603,31 @@ def test_store_cleared_in_flight_reports_blocks_present():
         present = tier.lookup(keys).count(LookupState.HIT)
         assert present == 0  # clear() dropped them, as documented
         assert r.num_done == present
+
+
+# -- one source per fact --------------------------------------------------
+
+
+HEADER = PYTHON_DIR.parent / "include" / "kvtier.h"
+
+
+@pytest.mark.skipif(not HEADER.is_file(), reason="no repository header here")
+def test_status_codes_and_stats_fields_match_the_header():
+    import re
+
+    from kvtier import _lib
+
+    text = HEADER.read_text()
+    defines = dict(re.findall(r"#define (TIER_(?:OK|TIMEOUT|ERR_\w+)) \(?(-?\d+)\)?", text))
+    assert {name: int(v) for name, v in defines.items()} == _lib.STATUS_CODES
+    for name, code in _lib.STATUS_CODES.items():
+        assert getattr(kvtier, name) == code and name in kvtier.__all__
+    body = re.search(r"typedef struct tier_stats_t \{(.*?)\} tier_stats_t;", text, re.S).group(1)
+    assert tuple(re.findall(r"uint64_t (\w+);", body)) == _lib.STATS_FIELDS
+    assert [f.name for f in __import__("dataclasses").fields(kvtier.TierStats)] == list(
+        _lib.STATS_FIELDS
+    )
+
+
+def test_the_package_version_is_the_library_version():
+    assert kvtier.__version__ == kvtier.library_version()
