@@ -94,16 +94,30 @@ inline constexpr const char header_version[] = KVTIER_VERSION_STRING;
 /** The name of a status code, e.g. "TIER_ERR_NO_SPACE". */
 inline const char *status_name(tier_status_t status) noexcept { return tier_status_str(status); }
 
+namespace detail {
+
+/**
+ * The text of a C call of the form `size_t call(char *buf, size_t cap)` that
+ * returns the full length (tier_last_error, tier_describe): sized by a first
+ * call, and again while the text changes length between calls.
+ */
+template <class TextCall>
+std::string text_of(TextCall call) {
+    std::string text;
+    std::size_t len = call(nullptr, 0);
+    while (text.size() != len) {
+        text.resize(len);
+        // The C call also writes a NUL at text[len], which std::string keeps.
+        len = call(&text[0], len + 1);
+    }
+    return text;
+}
+
+}  // namespace detail
+
 /** This thread's message of the last failed C call ("function: detail"), or "". */
 inline std::string last_error() {
-    std::string message;
-    std::size_t len = tier_last_error(nullptr, 0);
-    while (message.size() != len) {
-        message.resize(len);
-        // The C call also writes a NUL at message[len], which std::string keeps.
-        len = tier_last_error(&message[0], len + 1);
-    }
-    return message;
+    return detail::text_of([](char *buf, std::size_t cap) { return tier_last_error(buf, cap); });
 }
 
 namespace detail {
@@ -409,13 +423,8 @@ class Tier {
 
     /** A one-line description for logs (see tier_describe); "" for an empty Tier. */
     std::string describe() const {
-        std::string text;
-        std::size_t len = tier_describe(tier_, nullptr, 0);
-        while (text.size() != len) {
-            text.resize(len);
-            len = tier_describe(tier_, &text[0], len + 1);
-        }
-        return text;
+        return detail::text_of(
+            [this](char *buf, std::size_t cap) { return tier_describe(tier_, buf, cap); });
     }
 
 #ifndef KVTIER_NO_EXCEPTIONS
