@@ -35,9 +35,9 @@ mod completion;
 mod config;
 mod error;
 pub mod ffi;
-mod hash;
 mod index;
 mod jobs;
+mod key;
 mod primary;
 mod stats;
 mod tier;
@@ -47,8 +47,9 @@ pub use config::{
     parse_size, BackendKind, TierConfig, CONFIG_KEYS, DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
 };
 pub use error::{Error, ErrorKind, Result};
-pub use index::{LookupState, MAX_KEY_LEN};
+pub use index::LookupState;
 pub use jobs::{JobKind, JobResult};
+pub use key::MAX_KEY_LEN;
 pub use primary::PrimaryBuffer;
 pub use stats::Stats;
 pub use tier::{Tier, MAX_TRANSIENT_LOAD_FAILURES};

@@ -8,9 +8,9 @@ use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::completion::Completions;
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{alloc_error, bail, try_reserve, try_vec, ErrorKind, Result};
-use crate::hash::KeyHasher;
-use crate::index::{try_long_tail, Index, LookupState, SlotState, INLINE_KEY, MAX_KEY_LEN};
+use crate::index::{try_long_tail, Index, LookupState, SlotState, INLINE_KEY};
 use crate::jobs::{Item, Job, JobKind, JobResult, Task};
+use crate::key::{check_keys, count_keys, KeyHasher};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use crate::workers::{Lane, Work, WorkQueue};
@@ -90,35 +90,6 @@ impl std::fmt::Debug for Tier {
             .field("io_threads", &self.shared.io_threads)
             .finish_non_exhaustive()
     }
-}
-
-fn check_key_len(key_len: usize) -> Result<()> {
-    if key_len == 0 || key_len > MAX_KEY_LEN {
-        bail!(
-            InvalidArg,
-            "key_len: {key_len} is outside 1..={MAX_KEY_LEN}"
-        );
-    }
-    Ok(())
-}
-
-fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
-    check_key_len(key_len)?;
-    if n > u32::MAX as usize {
-        bail!(
-            InvalidArg,
-            "n: {n} keys exceed the per-call limit of {}",
-            u32::MAX
-        );
-    }
-    if Some(keys.len()) != n.checked_mul(key_len) {
-        bail!(
-            InvalidArg,
-            "keys: {} bytes is not {n} keys of {key_len} bytes",
-            keys.len()
-        );
-    }
-    Ok(())
 }
 
 /// A load job writes each of its rows once: naming a row twice would make
@@ -350,28 +321,19 @@ impl Tier {
     /// Fails for invalid arguments, or with `Alloc` if there is no memory for
     /// the answer (see [`Tier::lookup_into`], which needs none).
     pub fn lookup(&self, keys: &[u8], key_len: usize) -> Result<Vec<LookupState>> {
-        check_key_len(key_len)?;
-        let n = keys.len() / key_len;
+        let n = count_keys(keys, key_len)?;
         let mut out = try_vec(n, "the lookup's answer")?;
         out.resize(n, 0u8);
         self.lookup_into(keys, key_len, &mut out)?;
         // Collected in place: LookupState is one byte, like the u8 it maps.
-        Ok(out
-            .into_iter()
-            .map(|s| match s {
-                1 => LookupState::Hit,
-                2 => LookupState::Pending,
-                _ => LookupState::Miss,
-            })
-            .collect())
+        Ok(out.into_iter().map(LookupState::from_byte).collect())
     }
 
     /// Makes the stored keys among `keys` the most recently used; the first key
     /// ends most recent, so the head of a prefix outlives its tail. Unknown keys
     /// and keys still being stored are ignored. Allocates nothing.
     pub fn touch(&self, keys: &[u8], key_len: usize) -> Result<()> {
-        check_key_len(key_len)?;
-        check_keys(keys, key_len, keys.len() / key_len)?;
+        count_keys(keys, key_len)?;
         if keys.is_empty() {
             return Ok(());
         }

@@ -173,13 +173,7 @@ pub(crate) unsafe fn as_mut_slice<'a, T>(
 /// # Safety
 /// As [`as_slice`] for `n * key_len` bytes.
 pub(crate) unsafe fn keys<'a>(ptr: *const u8, key_len: usize, n: usize) -> Result<&'a [u8]> {
-    if key_len == 0 || key_len > crate::MAX_KEY_LEN {
-        bail!(
-            InvalidArg,
-            "key_len: {key_len} is outside 1..={}",
-            crate::MAX_KEY_LEN
-        );
-    }
+    crate::key::check_key_len(key_len)?;
     let Some(bytes) = n.checked_mul(key_len) else {
         bail!(InvalidArg, "n: {n} keys of {key_len} bytes overflow");
     };

@@ -35,13 +35,11 @@ mod tests;
 
 use self::lru::Link;
 use self::table::{hot_matches, hot_state, hot_word, tag_of, Bucket, Table};
-use crate::hash::KeyHasher;
+use crate::key::{KeyHasher, MAX_KEY_LEN};
 use std::collections::HashMap;
 
 pub(crate) use self::slots::try_long_tail;
 
-/// Longest accepted key, in bytes.
-pub const MAX_KEY_LEN: usize = 128;
 /// Key bytes kept in the slot record; longer keys keep the rest apart.
 pub(crate) const INLINE_KEY: usize = 40;
 const NIL: u32 = u32::MAX;
@@ -71,6 +69,19 @@ pub enum LookupState {
     Hit = 1,
     /// Being stored; ask again.
     Pending = 2,
+}
+
+impl LookupState {
+    /// The state a lookup byte (`TIER_MISS`, `TIER_HIT`, `TIER_PENDING`)
+    /// stands for; any other byte reads as a miss.
+    #[inline]
+    pub fn from_byte(byte: u8) -> LookupState {
+        match byte {
+            1 => LookupState::Hit,
+            2 => LookupState::Pending,
+            _ => LookupState::Miss,
+        }
+    }
 }
 
 /// One block's record, read by jobs (which verify full keys), not by lookups.

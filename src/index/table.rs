@@ -168,9 +168,5 @@ pub(super) fn hot_matches(word: u32, hash: u64) -> bool {
 
 #[inline(always)]
 pub(super) fn hot_state(word: u32) -> LookupState {
-    match word & 3 {
-        1 => LookupState::Hit,
-        2 => LookupState::Pending,
-        _ => LookupState::Miss,
-    }
+    LookupState::from_byte((word & 3) as u8)
 }

@@ -19,7 +19,7 @@
 //!   4088     8  xxh64 of bytes 0..4088 (the header itself)
 //! ```
 
-use crate::index::MAX_KEY_LEN;
+use crate::key::MAX_KEY_LEN;
 
 pub(crate) const HEADER_LEN: usize = 4096;
 pub(crate) const ALIGN: usize = 4096;

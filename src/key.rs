@@ -1,11 +1,56 @@
-//! A seeded 64-bit hash for keys.
+//! Keys: their length limits, the checks every entry point applies to packed
+//! keys, and the seeded hash the index places them by.
 //!
-//! Keys are usually cryptographic digests, but engines also use small integers,
-//! so the hash must mix well and resist crafted collisions: each tier draws a
-//! random seed. The mixing is the folded 128-bit multiply of wyhash, which hashes
-//! a 36-byte key in a few nanoseconds.
+//! The hash: keys are usually cryptographic digests, but engines also use
+//! small integers, so it must mix well and resist crafted collisions: each
+//! tier draws a random seed. The mixing is the folded 128-bit multiply of
+//! wyhash, which hashes a 36-byte key in a few nanoseconds.
 
+use crate::error::{bail, Result};
 use std::hash::BuildHasher;
+
+/// Longest accepted key, in bytes.
+pub const MAX_KEY_LEN: usize = 128;
+
+/// Checks a key length: 1..=MAX_KEY_LEN.
+pub(crate) fn check_key_len(key_len: usize) -> Result<()> {
+    if key_len == 0 || key_len > MAX_KEY_LEN {
+        bail!(
+            InvalidArg,
+            "key_len: {key_len} is outside 1..={MAX_KEY_LEN}"
+        );
+    }
+    Ok(())
+}
+
+/// Checks `keys` holds exactly `n` packed keys of a valid `key_len`, and that
+/// `n` fits a job (its positions are u32).
+pub(crate) fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
+    check_key_len(key_len)?;
+    if n > u32::MAX as usize {
+        bail!(
+            InvalidArg,
+            "n: {n} keys exceed the per-call limit of {}",
+            u32::MAX
+        );
+    }
+    if Some(keys.len()) != n.checked_mul(key_len) {
+        bail!(
+            InvalidArg,
+            "keys: {} bytes is not {n} keys of {key_len} bytes",
+            keys.len()
+        );
+    }
+    Ok(())
+}
+
+/// How many keys of `key_len` bytes `keys` packs, checked (whole keys only).
+pub(crate) fn count_keys(keys: &[u8], key_len: usize) -> Result<usize> {
+    check_key_len(key_len)?;
+    let n = keys.len() / key_len;
+    check_keys(keys, key_len, n)?;
+    Ok(n)
+}
 
 const P0: u64 = 0xa076_1d64_78bd_642f;
 const P1: u64 = 0xe703_7ed1_a0b4_28db;
