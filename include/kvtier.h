@@ -375,6 +375,14 @@ void tier_config_free(struct tier_config_t *cfg);
  * that job is polled. The handle is freed with tier_free.
  * NULL: `cfg` NULL means defaults; `primary` and `out` are required.
  * Threads: any thread.
+ * Fork: a tier belongs to the process that created it. In a child made by
+ * fork() (which copies only the calling thread, so none of the tier's I/O
+ * threads), every call on an inherited handle fails at once with
+ * TIER_ERR_SHUTDOWN and tier_last_error names the owning process; create a
+ * new tier in the child. tier_free on the inherited handle is safe (see
+ * there), as is abandoning it. The parent's tier is unaffected. Children
+ * made without the pthread_atfork handlers (glibc's _Fork, a raw clone) are
+ * not detected and must not use the handle.
  */
 tier_status_t tier_new(const struct tier_config_t *cfg,
                        void *primary,
@@ -390,6 +398,12 @@ tier_status_t tier_new(const struct tier_config_t *cfg,
  * Ownership: takes `tier`; it must not be used afterwards.
  * NULL: a no-op.
  * Threads: must be the last call on `tier`, with no call on it in progress.
+ * Fork: on a handle inherited by a forked child, returns at once without
+ * waiting for threads (they exist only in the parent) or taking locks (a
+ * parent thread may have held one at the fork). It releases the child's
+ * copy of the memory backend's storage and of the disk backend's directory
+ * lock, and leaks the rest of the child's copy of the tier (the index, the
+ * queued jobs) until the child exits. The parent's tier is unaffected.
  */
 void tier_free(struct tier_t *tier);
 
@@ -405,7 +419,8 @@ void tier_free(struct tier_t *tier);
  * never fails for lack of it (a shared tier short of memory to ask the file
  * system answers TIER_MISS, or TIER_PENDING and asks on a later lookup).
  * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len outside
- * 1..=TIER_MAX_KEY_LEN). `out_states` is written only on success.
+ * 1..=TIER_MAX_KEY_LEN); TIER_ERR_SHUTDOWN (a handle inherited across fork(),
+ * see tier_new). `out_states` is written only on success.
  * Ownership: both buffers are borrowed for the call.
  * NULL: `keys` and `out_states` may be NULL when `n` is 0.
  * Threads: any thread, concurrently with other calls.
@@ -422,7 +437,8 @@ tier_status_t tier_lookup(struct tier_t *tier,
  * Unknown keys and keys still being stored are ignored.
  *
  * Allocates nothing.
- * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len).
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len);
+ * TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new).
  * Ownership: `keys` is borrowed for the call.
  * NULL: `keys` may be NULL when `n` is 0.
  * Threads: any thread, concurrently with other calls.
@@ -451,7 +467,8 @@ tier_status_t tier_touch(struct tier_t *tier,
  * negative or not below the row count), TIER_ERR_DUPLICATE_JOB (job_id
  * submitted and not yet polled), TIER_ERR_ALLOC (no memory for the job's copy
  * of its keys and block ids and its planning, whose size grows with n: the
- * tier is unchanged, job_id stays free, and smaller jobs may still succeed).
+ * tier is unchanged, job_id stays free, and smaller jobs may still succeed),
+ * TIER_ERR_SHUTDOWN (a handle inherited across fork(), see tier_new).
  * n = 0 is accepted and reported as a success.
  * Ownership: `keys` and `block_ids` are copied before return. The rows are read
  * until the job is polled: do not modify them before.
@@ -504,7 +521,8 @@ tier_status_t tier_submit_load(struct tier_t *tier,
  *
  * Never blocks (see tier_wait) and allocates nothing: room for every accepted
  * job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
- * TIER_ERR_INVALID_ARG (cap 0). Outputs are written only on success.
+ * TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_SHUTDOWN (inherited across fork(),
+ * see tier_new). Outputs are written only on success.
  * Ownership: `out` and `out_n` are borrowed for the call.
  * NULL: `out` and `out_n` are required.
  * Threads: any thread; concurrent pollers each get distinct results.
@@ -519,7 +537,8 @@ tier_status_t tier_poll_finished(struct tier_t *tier,
  * milliseconds pass.
  *
  * Returns TIER_OK when a result is ready, TIER_TIMEOUT (positive, not an
- * error) on timeout, TIER_ERR_NULL_ARG. Does not consume results. With
+ * error) on timeout, TIER_ERR_NULL_ARG, TIER_ERR_SHUTDOWN at once for a handle
+ * inherited across fork() (see tier_new). Does not consume results. With
  * nothing in flight it waits the full timeout (another thread may submit).
  * Threads: any thread, concurrently with other calls; it is the call that
  * blocks, for the caller's own thread only.
@@ -531,7 +550,8 @@ tier_status_t tier_wait(struct tier_t *tier,
  * Blocks until every job accepted so far has completed and its result is
  * queued for tier_poll_finished (the results are not consumed).
  *
- * Returns TIER_OK or TIER_ERR_NULL_ARG.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN at once for a handle
+ * inherited across fork() (see tier_new), whose jobs can never complete.
  * Threads: any thread; jobs submitted by other threads meanwhile are waited
  * for too.
  */
@@ -542,7 +562,8 @@ tier_status_t tier_drain(struct tier_t *tier);
  * once and are released when their jobs finish; those jobs complete and are
  * reported as usual.
  *
- * Returns TIER_OK or TIER_ERR_NULL_ARG.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+ * fork(), see tier_new).
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_clear(struct tier_t *tier);
@@ -552,8 +573,10 @@ tier_status_t tier_clear(struct tier_t *tier);
  * backend and its storage choices (e.g. whether O_DIRECT is in use and why),
  * I/O threads. For logs.
  *
- * Returns the description's full length in bytes, excluding the NUL (0 if
- * `tier` is NULL). Writes at most `cap - 1` bytes plus a NUL.
+ * Returns the description's full length in bytes, excluding the NUL. Writes
+ * at most `cap - 1` bytes plus a NUL. Returns 0 and writes nothing if `tier`
+ * is NULL or was inherited across fork() (see tier_new); tier_last_error
+ * then says which (a description is never empty).
  * NULL: `buf` may be NULL (or `cap` 0) to query the length only.
  * Threads: any thread, concurrently with other calls.
  */
@@ -564,7 +587,8 @@ size_t tier_describe(struct tier_t *tier,
 /**
  * Writes a snapshot of the tier's state and counters to `*out`.
  *
- * Returns TIER_OK or TIER_ERR_NULL_ARG; `*out` is written only on success.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+ * fork(), see tier_new). `*out` is written only on success.
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_stats(struct tier_t *tier,

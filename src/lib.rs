@@ -35,6 +35,7 @@ mod completion;
 mod config;
 mod error;
 pub mod ffi;
+mod fork;
 mod index;
 mod jobs;
 mod key;

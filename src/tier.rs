@@ -7,7 +7,8 @@
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::completion::Completions;
 use crate::config::{BackendKind, TierConfig};
-use crate::error::{alloc_error, bail, try_reserve, try_vec, ErrorKind, Result};
+use crate::error::{alloc_error, bail, try_reserve, try_vec, Error, ErrorKind, Result};
+use crate::fork;
 use crate::index::{try_long_tail, Index, LookupState, SlotState, INLINE_KEY};
 use crate::jobs::{Item, Job, JobKind, JobResult, Task};
 use crate::key::{check_keys, count_keys, KeyHasher};
@@ -77,9 +78,21 @@ struct Shared {
 /// Every method may be called from any thread, concurrently. Dropping the tier
 /// stops the workers after their current block copy; jobs still queued are
 /// abandoned, and the primary buffer is never touched again once `drop` returns.
+///
+/// A tier belongs to the process that built it. In a child made by `fork()`
+/// (which has none of its worker threads) it is inert: fallible methods fail
+/// with [`ErrorKind::Shutdown`], [`Tier::poll`], [`Tier::wait`],
+/// [`Tier::drain`] and [`Tier::clear`] return at once having done nothing, and
+/// dropping it releases only what is safe (see `Drop`). Build a new tier in
+/// the child; the parent's tier is unaffected. [`Tier::check_process`] tells.
 pub struct Tier {
     shared: Arc<Shared>,
     workers: Vec<JoinHandle<()>>,
+    /// `fork::generation()` when the tier was built: a different value now
+    /// means this is a forked child.
+    fork_generation: u64,
+    /// The process that built the tier (for the message in a child).
+    owner_pid: u32,
 }
 
 impl std::fmt::Debug for Tier {
@@ -148,6 +161,7 @@ impl Tier {
     }
 
     fn build(config: &TierConfig, primary: PrimaryBuffer, spawn: bool) -> Result<Tier> {
+        let fork_generation = fork::register()?;
         let block_bytes = primary.block_bytes();
         let blocks = config.capacity_bytes / block_bytes as u64;
         if blocks == 0 {
@@ -215,6 +229,8 @@ impl Tier {
         let mut tier = Tier {
             shared,
             workers: Vec::new(),
+            fork_generation,
+            owner_pid: fork::pid(),
         };
         if spawn {
             let spin = Duration::from_micros(config.idle_spin_us as u64);
@@ -237,6 +253,36 @@ impl Tier {
         Ok(tier)
     }
 
+    /// Fails with [`ErrorKind::Shutdown`] if this process is a child forked
+    /// after the tier was built (the tier's threads live in the parent only).
+    ///
+    /// One relaxed atomic load and a compare: every call checks it.
+    #[inline]
+    pub fn check_process(&self) -> Result<()> {
+        if self.inherited() {
+            return Err(self.inherited_error());
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn inherited(&self) -> bool {
+        fork::generation() != self.fork_generation
+    }
+
+    #[cold]
+    fn inherited_error(&self) -> Error {
+        Error::new(
+            ErrorKind::Shutdown,
+            format!(
+                "the tier belongs to process {}; this is a forked child (pid {}), \
+                 where its I/O threads do not exist: create a new tier after fork",
+                self.owner_pid,
+                fork::pid()
+            ),
+        )
+    }
+
     /// Bytes per block (the primary row size).
     pub fn block_bytes(&self) -> usize {
         self.shared.primary.block_bytes()
@@ -257,6 +303,7 @@ impl Tier {
     ///
     /// Fails only for invalid arguments; `out` is written only on success.
     pub fn lookup_into(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> Result<()> {
+        self.check_process()?;
         check_keys(keys, key_len, out.len())?;
         if out.is_empty() {
             return Ok(());
@@ -333,6 +380,7 @@ impl Tier {
     /// ends most recent, so the head of a prefix outlives its tail. Unknown keys
     /// and keys still being stored are ignored. Allocates nothing.
     pub fn touch(&self, keys: &[u8], key_len: usize) -> Result<()> {
+        self.check_process()?;
         count_keys(keys, key_len)?;
         if keys.is_empty() {
             return Ok(());
@@ -398,6 +446,7 @@ impl Tier {
         key_len: usize,
         block_ids: &[i64],
     ) -> Result<()> {
+        self.check_process()?;
         let n = block_ids.len();
         check_keys(keys, key_len, n)?;
         self.check_rows(block_ids)?;
@@ -438,8 +487,14 @@ impl Tier {
     }
 
     /// Hands up to `max` finished results to `f`, oldest first; returns how
-    /// many. Allocates nothing (room for each result is made at submit).
+    /// many. Allocates nothing (room for each result is made at submit). In a
+    /// forked child: 0 at once (see [`Tier::check_process`]).
     pub fn poll_with(&self, max: usize, f: impl FnMut(JobResult)) -> usize {
+        // In a forked child the results lock may be held by a parent thread
+        // that does not exist here: do not touch it.
+        if self.inherited() {
+            return 0;
+        }
         self.shared.done.poll(max, f)
     }
 
@@ -451,19 +506,31 @@ impl Tier {
     }
 
     /// Waits up to `timeout` for a result to be ready to poll; false on timeout.
+    /// In a forked child: false at once, as no result can ever come.
     pub fn wait(&self, timeout: Duration) -> bool {
+        if self.inherited() {
+            return false;
+        }
         self.shared.done.wait(timeout)
     }
 
     /// Blocks until every accepted job has completed and its result is queued.
+    /// In a forked child: returns at once (no job can complete there; waiting
+    /// would be forever).
     pub fn drain(&self) {
+        if self.inherited() {
+            return;
+        }
         self.shared.done.drain()
     }
 
     /// Drops every stored block. Blocks in use by jobs in flight look up as MISS
     /// at once and are released when their jobs finish; those jobs still
-    /// complete and are reported normally.
+    /// complete and are reported normally. In a forked child: does nothing.
     pub fn clear(&self) {
+        if self.inherited() {
+            return;
+        }
         let released = {
             let mut st = self.shared.state.lock();
             st.index.clear();
@@ -473,18 +540,32 @@ impl Tier {
         self.shared.discard(released);
     }
 
-    /// One line describing the backend and its storage choices (for logs).
+    /// One line describing the backend and its storage choices (for logs). In
+    /// a forked child it ends with a note that the tier is unusable there.
     pub fn describe(&self) -> String {
-        format!(
+        // Takes no lock: the backend's description is built from fields set
+        // at open, so this is safe in a forked child too.
+        let mut line = format!(
             "kvtier {}: {}, {} I/O threads",
             crate::VERSION,
             self.shared.backend.describe(),
             self.shared.io_threads
-        )
+        );
+        if self.inherited() {
+            line.push_str(&format!(
+                " (inherited across fork from process {}: unusable here)",
+                self.owner_pid
+            ));
+        }
+        line
     }
 
-    /// A snapshot of the counters.
+    /// A snapshot of the counters. In a forked child: all zeros (the index
+    /// lock may be held by a parent thread that does not exist there).
     pub fn stats(&self) -> Stats {
+        if self.inherited() {
+            return Stats::default();
+        }
         let s = &self.shared;
         let (allocated, ready, capacity, metadata) = {
             let st = s.state.lock();
@@ -531,6 +612,9 @@ impl Tier {
     /// (manual tiers only); returns how many items ran.
     #[doc(hidden)]
     pub fn run_background(&self) -> usize {
+        if self.inherited() {
+            return 0;
+        }
         assert!(
             self.workers.is_empty(),
             "run_background is for manual tiers"
@@ -545,6 +629,9 @@ impl Tier {
     /// False if that job has no queued task (finished, or waiting on a store).
     #[doc(hidden)]
     pub fn run_queued_job(&self, job_id: u64) -> bool {
+        if self.inherited() {
+            return false;
+        }
         assert!(
             self.workers.is_empty(),
             "run_queued_job is for manual tiers"
@@ -561,6 +648,10 @@ impl Tier {
 
 impl Drop for Tier {
     fn drop(&mut self) {
+        if self.inherited() {
+            self.abandon_in_forked_child();
+            return;
+        }
         let discards = self.shared.queue.shut_down();
         for worker in self.workers.drain(..) {
             let _ = worker.join();
@@ -570,6 +661,39 @@ impl Drop for Tier {
         for work in discards {
             self.shared.run(work);
         }
+    }
+}
+
+impl Tier {
+    /// `drop` in a forked child: releases what is safe to release and leaks
+    /// the rest, on purpose.
+    ///
+    /// - The worker threads do not exist here, so they are not joined, and
+    ///   their `JoinHandle`s are forgotten rather than dropped: dropping one
+    ///   calls `pthread_detach` on a `pthread_t` of the parent, whose memory
+    ///   glibc has already recycled in the child (its stack cache), possibly
+    ///   for a thread the child started since.
+    /// - No lock is taken (so the queue is not shut down, the index is not
+    ///   touched, queued discards are not run): a lock a parent thread held at
+    ///   the fork stays locked forever here, and what it protects may be half
+    ///   updated.
+    /// - `Shared` is never dropped: each worker's closure owns an `Arc` of it
+    ///   and those closures will never end, so the count cannot reach zero. An
+    ///   extra reference is leaked too, so that a tier without workers (a
+    ///   manual tier, or one whose thread spawning failed midway) does not run
+    ///   `Shared`'s destructors here either (they would take those locks).
+    ///   What leaks is the child's copy-on-write view of the index, the queue
+    ///   and the results; pages it never writes cost no new memory.
+    /// - The backend lets go of what it can without locks and without leaving
+    ///   a dangling pointer or descriptor (see `Backend::release_in_forked_child`):
+    ///   the memory arena's pages, the disk directory lock's descriptor.
+    ///
+    /// The primary buffer is not touched (nothing here runs a copy), so the
+    /// promise of `tier_free` holds in the child too.
+    fn abandon_in_forked_child(&mut self) {
+        std::mem::forget(std::mem::take(&mut self.workers));
+        std::mem::forget(Arc::clone(&self.shared));
+        self.shared.backend.release_in_forked_child();
     }
 }
 

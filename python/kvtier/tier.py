@@ -7,6 +7,7 @@ import ctypes
 import dataclasses
 import enum
 import operator
+import os
 import struct
 import time
 from collections.abc import Iterable, Sequence
@@ -247,6 +248,14 @@ class Tier:
     Every method may be called from any thread. After :meth:`close` (which is
     idempotent) every method raises :class:`KVTierError` with
     ``TIER_ERR_SHUTDOWN``.
+
+    A tier belongs to the process that created it. In a child made by
+    ``fork`` (``os.fork``, ``multiprocessing`` with the fork start method),
+    which has none of the tier's I/O threads, every method of an inherited
+    tier raises :class:`KVTierError` with ``TIER_ERR_SHUTDOWN`` at once and a
+    message naming the owning process: create a new ``Tier`` in the child.
+    :meth:`close` on the inherited tier is safe there (or just drop it). The
+    parent's tier is unaffected.
     """
 
     def __init__(self, buffer: Any, block_bytes: int | None = None, **config: Any) -> None:
@@ -258,6 +267,9 @@ class Tier:
         self._poll_buffers: list[Any] = []
         self._anchor = None
         self._view = None
+        # The creating process: in a forked child, close() must not wait for
+        # calls that were in progress on the parent's other threads.
+        self._pid = os.getpid()
         try:
             view = memoryview(buffer)
         except TypeError:
@@ -352,8 +364,13 @@ class Tier:
             return
         self._handle = None  # new calls now fail; ones in progress finish
         self._handle_arg = None
-        while self._calls:
-            time.sleep(0.0005)
+        if os.getpid() == self._pid:
+            while self._calls:
+                time.sleep(0.0005)
+        # else: a forked child. Calls the parent's threads had in progress at
+        # the fork are copied into _calls, but those threads do not exist here
+        # and the calls never end; tier_free on an inherited handle neither
+        # waits nor touches anything those calls used.
         lib.tier_free(handle)
         self._anchor = None
         if self._view is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import multiprocessing
 import os
 import pickle
 import subprocess
@@ -561,6 +562,102 @@ def test_close_while_other_threads_call():
         th.join(5)
         assert not th.is_alive()
     assert outcomes and set(outcomes) <= {kvtier.TIER_ERR_SHUTDOWN, kvtier.TIER_ERR_NO_SPACE}
+
+
+# -- after fork -----------------------------------------------------------------
+
+
+def _use_inherited_tier(tier: Tier, conn) -> None:
+    """Runs in a forked child: reports each call on the inherited tier as it
+    happens, so a hang shows where it was."""
+    calls = [
+        ("submit_store", tier.submit_store, 7, [key(7)], [0]),
+        ("wait", tier.wait, 2),
+        ("drain", tier.drain),
+        ("poll", tier.poll),
+        ("lookup", tier.lookup, [key(1)]),
+        ("lookup_one", tier.lookup_one, key(1)),
+        ("touch", tier.touch, [key(1)]),
+        ("submit_load", tier.submit_load, 8, [key(1)], [1]),
+        ("clear", tier.clear),
+        ("stats", tier.stats),
+    ]
+    for name, fn, *args in calls:
+        try:
+            outcome = ("returned", repr(fn(*args)))
+        except KVTierError as exc:
+            outcome = ("raised", exc.status, str(exc))
+        conn.send((name, outcome))
+    tier.close()  # must return: no waiting for the parent's threads or calls
+    conn.send(("close", ("returned", None)))
+    # A tier of the child's own works.
+    buf, own = make(rows=4)
+    with own:
+        fill(buf, [0])
+        own.submit_store(1, [key(1)], [0])
+        own.submit_load(2, [key(1)], [3])
+        own.drain()
+        ok = [r.ok for r in own.poll()] == [True, True] and (buf[3] == buf[0]).all()
+    conn.send(("new tier", ("returned", ok)))
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # 3.12+: fork with threads
+def test_inherited_tier_raises_in_forked_child():
+    buf, tier = make(rows=4)
+    fill(buf, [0])
+    tier.submit_store(1, [key(1)], [0])
+    results(tier, 1)
+    # A thread inside a call while the process forks: the child's copy of the
+    # tier lists that call as in progress forever, and close() must not wait
+    # for it. (In the parent the wait ends with the next result; the limit and
+    # daemon=True keep a failing run from hanging on it.)
+    waiter = threading.Thread(target=tier.wait, args=(60,), daemon=True)
+    waiter.start()
+    while not tier._calls:
+        time.sleep(0.001)
+    ctx = multiprocessing.get_context("fork")
+    parent_conn, child_conn = ctx.Pipe(duplex=False)
+    child = ctx.Process(target=_use_inherited_tier, args=(tier, child_conn))
+    child.start()
+    child_conn.close()
+    seen = {}
+    deadline = time.monotonic() + 30
+    try:
+        while len(seen) < 12:
+            left = deadline - time.monotonic()
+            if left <= 0 or not parent_conn.poll(left):
+                pytest.fail(f"the child hung after {list(seen.items())}")
+            try:
+                name, outcome = parent_conn.recv()
+            except EOFError:
+                pytest.fail(f"the child died (exit code {child.exitcode}) after {seen}")
+            seen[name] = outcome
+    finally:
+        child.join(5)
+        if child.is_alive():
+            child.kill()
+            child.join()
+    assert child.exitcode == 0
+    owner = f"the tier belongs to process {os.getpid()}"
+    for name, outcome in seen.items():
+        if name in ("close", "new tier"):
+            assert outcome == ("returned", None if name == "close" else True), (name, outcome)
+            continue
+        assert outcome[0] == "raised", (name, outcome)
+        status, text = outcome[1:]
+        assert status == kvtier.TIER_ERR_SHUTDOWN, (name, text)
+        assert "TIER_ERR_SHUTDOWN" in text and owner in text, (name, text)
+        assert f"(pid {child.pid})" in text, (name, text)
+        assert "create a new tier after fork" in text, (name, text)
+    # The parent's tier is unaffected.
+    tier.submit_load(2, [key(1)], [2])
+    tier.submit_store(3, [key(2)], [1])
+    assert all(r.ok for r in results(tier, 2))
+    assert (buf[2] == buf[0]).all()
+    assert tier.lookup([key(1), key(2)]) == [LookupState.HIT, LookupState.HIT]
+    waiter.join(5)
+    assert not waiter.is_alive()
+    tier.close()
 
 
 # -- without numpy ------------------------------------------------------------

@@ -97,6 +97,26 @@ impl Backend for MemoryBackend {
     fn describe(&self) -> String {
         format!("memory: {} slots of {} bytes", self.slots, self.block_bytes)
     }
+
+    fn release_in_forked_child(&self) {
+        // The child shares the arena's pages with the parent copy-on-write.
+        // MADV_DONTNEED drops the child's references (its resident memory
+        // falls, and the parent's next writes to those pages need no copy)
+        // while the mapping stays valid: a read would see zeros, not fault,
+        // so `arena` does not dangle. Unmapping would make it dangle. The
+        // parent's pages are its own and unaffected. Advisory; a failure
+        // only means the pages stay shared until the child exits.
+        // SAFETY: advice on our own private mapping, which no thread of this
+        // process uses any more (the workers live in the parent only, and
+        // every call on the tier is refused in the child).
+        unsafe {
+            libc::madvise(
+                self.arena.as_ptr() as *mut libc::c_void,
+                self.mapped_len,
+                libc::MADV_DONTNEED,
+            )
+        };
+    }
 }
 
 impl Drop for MemoryBackend {

@@ -66,4 +66,11 @@ pub(crate) trait Backend: Send + Sync {
 
     /// Test seam: while set, writes fail as if the device were full.
     fn simulate_full_device(&self, _full: bool) {}
+
+    /// The tier is being freed in a forked child, where it is never used
+    /// again and is not dropped (see `Tier::abandon_in_forked_child`). Lets go
+    /// of the child's share of resources where that is safe: no lock may be
+    /// taken, and nothing may be left dangling (a pointer into unmapped
+    /// memory, a descriptor number that a later `open` could reuse).
+    fn release_in_forked_child(&self) {}
 }

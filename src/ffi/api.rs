@@ -10,8 +10,15 @@ use crate::tier::Tier;
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 
+/// The tier behind a handle. Every export that takes a tier (except
+/// tier_free) goes through here, so a handle inherited across fork() fails
+/// every call at once with TIER_ERR_SHUTDOWN, before any lock is taken: in the
+/// child the tier's I/O threads do not exist, so a submit would never be
+/// reported and a drain would never return.
 unsafe fn tier_ref<'a>(tier: *mut tier_t) -> Result<&'a Tier> {
-    as_ref(tier as *const Tier, "tier")
+    let tier = as_ref(tier as *const Tier, "tier")?;
+    tier.check_process()?;
+    Ok(tier)
 }
 
 static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
@@ -138,6 +145,14 @@ pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
 /// that job is polled. The handle is freed with tier_free.
 /// NULL: `cfg` NULL means defaults; `primary` and `out` are required.
 /// Threads: any thread.
+/// Fork: a tier belongs to the process that created it. In a child made by
+/// fork() (which copies only the calling thread, so none of the tier's I/O
+/// threads), every call on an inherited handle fails at once with
+/// TIER_ERR_SHUTDOWN and tier_last_error names the owning process; create a
+/// new tier in the child. tier_free on the inherited handle is safe (see
+/// there), as is abandoning it. The parent's tier is unaffected. Children
+/// made without the pthread_atfork handlers (glibc's _Fork, a raw clone) are
+/// not detected and must not use the handle.
 #[no_mangle]
 pub unsafe extern "C" fn tier_new(
     cfg: *const tier_config_t,
@@ -168,6 +183,12 @@ pub unsafe extern "C" fn tier_new(
 /// Ownership: takes `tier`; it must not be used afterwards.
 /// NULL: a no-op.
 /// Threads: must be the last call on `tier`, with no call on it in progress.
+/// Fork: on a handle inherited by a forked child, returns at once without
+/// waiting for threads (they exist only in the parent) or taking locks (a
+/// parent thread may have held one at the fork). It releases the child's
+/// copy of the memory backend's storage and of the disk backend's directory
+/// lock, and leaks the rest of the child's copy of the tier (the index, the
+/// queued jobs) until the child exits. The parent's tier is unaffected.
 #[no_mangle]
 pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
     or_default("tier_free", (), || {
@@ -188,7 +209,8 @@ pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
 /// never fails for lack of it (a shared tier short of memory to ask the file
 /// system answers TIER_MISS, or TIER_PENDING and asks on a later lookup).
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len outside
-/// 1..=TIER_MAX_KEY_LEN). `out_states` is written only on success.
+/// 1..=TIER_MAX_KEY_LEN); TIER_ERR_SHUTDOWN (a handle inherited across fork(),
+/// see tier_new). `out_states` is written only on success.
 /// Ownership: both buffers are borrowed for the call.
 /// NULL: `keys` and `out_states` may be NULL when `n` is 0.
 /// Threads: any thread, concurrently with other calls.
@@ -214,7 +236,8 @@ pub unsafe extern "C" fn tier_lookup(
 /// Unknown keys and keys still being stored are ignored.
 ///
 /// Allocates nothing.
-/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len).
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len);
+/// TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new).
 /// Ownership: `keys` is borrowed for the call.
 /// NULL: `keys` may be NULL when `n` is 0.
 /// Threads: any thread, concurrently with other calls.
@@ -275,7 +298,8 @@ unsafe fn submit(
 /// negative or not below the row count), TIER_ERR_DUPLICATE_JOB (job_id
 /// submitted and not yet polled), TIER_ERR_ALLOC (no memory for the job's copy
 /// of its keys and block ids and its planning, whose size grows with n: the
-/// tier is unchanged, job_id stays free, and smaller jobs may still succeed).
+/// tier is unchanged, job_id stays free, and smaller jobs may still succeed),
+/// TIER_ERR_SHUTDOWN (a handle inherited across fork(), see tier_new).
 /// n = 0 is accepted and reported as a success.
 /// Ownership: `keys` and `block_ids` are copied before return. The rows are read
 /// until the job is polled: do not modify them before.
@@ -352,7 +376,8 @@ pub unsafe extern "C" fn tier_submit_load(
 ///
 /// Never blocks (see tier_wait) and allocates nothing: room for every accepted
 /// job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
-/// TIER_ERR_INVALID_ARG (cap 0). Outputs are written only on success.
+/// TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_SHUTDOWN (inherited across fork(),
+/// see tier_new). Outputs are written only on success.
 /// Ownership: `out` and `out_n` are borrowed for the call.
 /// NULL: `out` and `out_n` are required.
 /// Threads: any thread; concurrent pollers each get distinct results.
@@ -387,7 +412,8 @@ pub unsafe extern "C" fn tier_poll_finished(
 /// milliseconds pass.
 ///
 /// Returns TIER_OK when a result is ready, TIER_TIMEOUT (positive, not an
-/// error) on timeout, TIER_ERR_NULL_ARG. Does not consume results. With
+/// error) on timeout, TIER_ERR_NULL_ARG, TIER_ERR_SHUTDOWN at once for a handle
+/// inherited across fork() (see tier_new). Does not consume results. With
 /// nothing in flight it waits the full timeout (another thread may submit).
 /// Threads: any thread, concurrently with other calls; it is the call that
 /// blocks, for the caller's own thread only.
@@ -406,7 +432,8 @@ pub unsafe extern "C" fn tier_wait(tier: *mut tier_t, timeout_ms: u32) -> tier_s
 /// Blocks until every job accepted so far has completed and its result is
 /// queued for tier_poll_finished (the results are not consumed).
 ///
-/// Returns TIER_OK or TIER_ERR_NULL_ARG.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN at once for a handle
+/// inherited across fork() (see tier_new), whose jobs can never complete.
 /// Threads: any thread; jobs submitted by other threads meanwhile are waited
 /// for too.
 #[no_mangle]
@@ -421,7 +448,8 @@ pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
 /// once and are released when their jobs finish; those jobs complete and are
 /// reported as usual.
 ///
-/// Returns TIER_OK or TIER_ERR_NULL_ARG.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+/// fork(), see tier_new).
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
@@ -435,23 +463,27 @@ pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
 /// backend and its storage choices (e.g. whether O_DIRECT is in use and why),
 /// I/O threads. For logs.
 ///
-/// Returns the description's full length in bytes, excluding the NUL (0 if
-/// `tier` is NULL). Writes at most `cap - 1` bytes plus a NUL.
+/// Returns the description's full length in bytes, excluding the NUL. Writes
+/// at most `cap - 1` bytes plus a NUL. Returns 0 and writes nothing if `tier`
+/// is NULL or was inherited across fork() (see tier_new); tier_last_error
+/// then says which (a description is never empty).
 /// NULL: `buf` may be NULL (or `cap` 0) to query the length only.
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap: usize) -> usize {
-    or_default("tier_describe", 0, || {
-        let Ok(tier) = tier_ref(tier) else {
-            return 0;
-        };
-        boundary::copy_text(&tier.describe(), boundary::text_out(buf, cap))
+    or_default("tier_describe", 0, || match tier_ref(tier) {
+        Ok(tier) => boundary::copy_text(&tier.describe(), boundary::text_out(buf, cap)),
+        Err(e) => {
+            boundary::record_error("tier_describe", &e);
+            0
+        }
     })
 }
 
 /// Writes a snapshot of the tier's state and counters to `*out`.
 ///
-/// Returns TIER_OK or TIER_ERR_NULL_ARG; `*out` is written only on success.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+/// fork(), see tier_new). `*out` is written only on success.
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_stats(tier: *mut tier_t, out: *mut tier_stats_t) -> tier_status_t {

@@ -15,6 +15,11 @@ fn set_last_error(message: String) {
     LAST_ERROR.with(|e| *e.borrow_mut() = message);
 }
 
+/// Saves `e` as this thread's last error, as the failure of `function`.
+pub(crate) fn record_error(function: &str, e: &Error) {
+    set_last_error(format!("{function}: {}", e.message()));
+}
+
 /// A caller's text buffer `(buf, cap)`; None when it is NULL or empty (a
 /// length query).
 ///
@@ -63,7 +68,7 @@ pub(crate) fn status(
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(status)) => status,
         Ok(Err(e)) => {
-            set_last_error(format!("{function}: {}", e.message()));
+            record_error(function, &e);
             e.kind().code()
         }
         Err(payload) => {

@@ -105,7 +105,7 @@ pub(crate) struct DiskBackend {
     /// Test seam for a full device where no small file system can be mounted.
     simulate_full: AtomicBool,
     /// Holds the directory lock for the tier's lifetime.
-    _lock: Fd,
+    lock: Fd,
 }
 
 impl DiskBackend {
@@ -156,7 +156,7 @@ impl DiskBackend {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             tmp_counter: AtomicU64::new(0),
             simulate_full: AtomicBool::new(false),
-            _lock: lock,
+            lock,
         })
     }
 
@@ -582,6 +582,27 @@ impl Backend for DiskBackend {
 
     fn simulate_full_device(&self, full: bool) {
         self.simulate_full.store(full, Ordering::Relaxed);
+    }
+
+    fn release_in_forked_child(&self) {
+        // The directory lock is a flock on an open file description, which
+        // the child's copy of the descriptor shares with the parent. While
+        // the child holds it the lock outlives the parent's tier: the parent
+        // could not open the directory again after freeing its tier. So the
+        // child gives up its reference by pointing the descriptor at
+        // /dev/null (dup3 is atomic). Closing it instead would leave `lock`
+        // naming a free descriptor number that a later open in the child
+        // could get. The parent's lock is untouched while the parent holds
+        // its own descriptor.
+        // SAFETY: plain descriptor calls on a NUL-terminated path and on our
+        // own descriptor; the results are checked.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, self.lock.raw(), libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
     }
 
     fn describe(&self) -> String {
