@@ -19,7 +19,7 @@ static const size_t kBlock = BLOCK;
 
 /* ---- version, status names ---------------------------------------------- */
 
-static void test_version(void) {
+static void test_version_matches_header(void) {
     char expected[64];
     const char *v = tier_version();
     CHECK(v != NULL);
@@ -36,7 +36,7 @@ struct status_name {
     const char *name;
 };
 
-static void test_status_strings(void) {
+static void test_status_codes_and_names_are_abi(void) {
     static const struct status_name known[] = {
         {TIER_OK, "TIER_OK"},
         {TIER_TIMEOUT, "TIER_TIMEOUT"},
@@ -94,7 +94,7 @@ static void *other_thread(void *arg) {
     return NULL;
 }
 
-static void test_last_error(void) {
+static void test_last_error_is_per_thread_and_truncates(void) {
     char full[256];
     char buf[16];
     size_t len;
@@ -157,7 +157,7 @@ struct setting {
     const char *value;
 };
 
-static void test_config(void) {
+static void test_config_accepts_and_rejects_values(void) {
     static const struct setting good[] = {
         {"backend", "memory"},      {"capacity_bytes", "4096"}, {"capacity_bytes", "64KiB"},
         {"capacity_bytes", "1 MiB"}, {"capacity_bytes", "2GiB"}, {"capacity_bytes", "1TiB"},
@@ -213,7 +213,7 @@ static void test_config(void) {
 }
 
 /* A rejected value leaves the configuration as it was. */
-static void test_config_unchanged_by_bad_values(uint8_t *primary) {
+static void rejected_config_value_changes_nothing(uint8_t *primary) {
     tier_t *tier = NULL;
     tier_stats_t st;
     tier_config_t *cfg = tier_config_new();
@@ -236,7 +236,7 @@ static void test_config_unchanged_by_bad_values(uint8_t *primary) {
 
 /* ---- tier_new, tier_free ------------------------------------------------ */
 
-static void test_new(uint8_t *primary) {
+static void tier_new_checks_arguments_and_capacity(uint8_t *primary) {
     tier_t *const sentinel = (tier_t *)(uintptr_t)0x5e5e5e50u;
     tier_t *tier = sentinel;
     tier_t *second = NULL;
@@ -314,7 +314,8 @@ static void expect_no_results(tier_t *tier) {
     CHECK(tu_drain_poll(tier, r, 4) == 0);
 }
 
-static void test_null_args(tier_t *tier) {
+static void null_args_rejected_without_effect(tier_t *tier, uint8_t *primary) {
+    (void)primary;
     uint8_t keys[2 * KEY_LEN];
     uint8_t states[2] = {0xAB, 0xAB};
     int64_t rows[2] = {8, 9};
@@ -398,7 +399,7 @@ static void test_null_args(tier_t *tier) {
 
 /* ---- key lengths, block ids --------------------------------------------- */
 
-static void test_key_len(tier_t *tier, uint8_t *primary) {
+static void key_len_limits_enforced(tier_t *tier, uint8_t *primary) {
     static const size_t bad_lens[] = {0, TIER_MAX_KEY_LEN + 1, 1000};
     uint8_t keys[2 * 1000];
     uint8_t states[2] = {0xAB, 0xAB};
@@ -455,7 +456,8 @@ static void test_key_len(tier_t *tier, uint8_t *primary) {
     }
 }
 
-static void test_block_ids(tier_t *tier) {
+static void out_of_range_block_ids_rejected(tier_t *tier, uint8_t *primary) {
+    (void)primary;
     static const int64_t bad_ids[] = {-1, ROWS, ROWS + 1, INT64_MAX, INT64_MIN};
     uint8_t keys[2 * KEY_LEN];
     uint64_t ids[2] = {30, 31};
@@ -491,7 +493,8 @@ static void test_block_ids(tier_t *tier) {
 
 /* ---- job ids ------------------------------------------------------------ */
 
-static void test_duplicate_job(tier_t *tier) {
+static void duplicate_job_id_rejected_until_polled(tier_t *tier, uint8_t *primary) {
+    (void)primary;
     uint8_t key[KEY_LEN];
     const uint64_t id = 50;
     int64_t row = 14;
@@ -531,7 +534,8 @@ static void test_duplicate_job(tier_t *tier) {
 
 /* ---- poll and wait ------------------------------------------------------ */
 
-static void test_poll_and_wait(tier_t *tier) {
+static void poll_is_oldest_first_and_wait_times_out(tier_t *tier, uint8_t *primary) {
+    (void)primary;
     tier_job_result_t res[3];
     tier_job_result_t untouched;
     size_t n = 777;
@@ -583,7 +587,7 @@ static void test_poll_and_wait(tier_t *tier) {
 
 /* ---- stats -------------------------------------------------------------- */
 
-static void test_stats(uint8_t *primary) {
+static void stats_count_every_operation(uint8_t *primary) {
     tier_t *tier = tu_new_tier(primary, ROWS * kBlock, kBlock, "64KiB", 2);
     tier_stats_t st = tu_stats(tier);
     uint64_t ids[4] = {100, 101, 102, 103};
@@ -649,27 +653,29 @@ static void test_stats(uint8_t *primary) {
     tier_free(tier);
 }
 
-/* ---- bad input never disturbs stored data ------------------------------- */
+/* ---- the subtests ------------------------------------------------------- */
 
-int main(void) {
+/* Runs body with rows of its own. */
+static void with_rows(void (*body)(uint8_t *primary)) {
     uint8_t *primary = tu_alloc_rows(ROWS, kBlock);
-    tier_t *tier;
+    body(primary);
+    free(primary);
+}
+
+/*
+ * Bad input never disturbs stored data: runs body against a tier holding KEPT
+ * blocks (their source rows overwritten once stored), then loads those blocks
+ * back and compares every byte.
+ */
+static void with_kept_blocks(void (*body)(tier_t *tier, uint8_t *primary)) {
+    uint8_t *primary = tu_alloc_rows(ROWS, kBlock);
+    tier_t *tier = tu_new_tier(primary, ROWS * kBlock, kBlock, "64KiB", 2);
     uint64_t kept[KEPT];
     int64_t src[KEPT];
     int64_t dst[KEPT];
     tier_job_result_t r;
     size_t i;
 
-    tu_start("test_api");
-    test_version();
-    test_status_strings();
-    test_last_error();
-    test_config();
-    test_config_unchanged_by_bad_values(primary);
-    test_new(primary);
-    test_stats(primary);
-
-    tier = tu_new_tier(primary, ROWS * kBlock, kBlock, "64KiB", 2);
     for (i = 0; i < KEPT; i++) {
         kept[i] = 5000 + i;
         src[i] = (int64_t)i;
@@ -680,11 +686,7 @@ int main(void) {
     /* The source rows may change once the store is polled. */
     memset(primary, 0xEE, KEPT * kBlock);
 
-    test_null_args(tier);
-    test_key_len(tier, primary);
-    test_block_ids(tier);
-    test_duplicate_job(tier);
-    test_poll_and_wait(tier);
+    body(tier, primary);
 
     memset(primary + (ROWS - KEPT) * kBlock, 0, KEPT * kBlock);
     r = tu_load(tier, 1001, KEY_LEN, kept, dst, KEPT);
@@ -695,6 +697,47 @@ int main(void) {
     }
     tier_free(tier);
     free(primary);
-    printf("test_api: ok\n");
-    return 0;
+}
+
+static void test_rejected_config_value_changes_nothing(void) {
+    with_rows(rejected_config_value_changes_nothing);
+}
+static void test_tier_new_checks_arguments_and_capacity(void) {
+    with_rows(tier_new_checks_arguments_and_capacity);
+}
+static void test_stats_count_every_operation(void) {
+    with_rows(stats_count_every_operation);
+}
+static void test_null_args_rejected_without_effect(void) {
+    with_kept_blocks(null_args_rejected_without_effect);
+}
+static void test_key_len_limits_enforced(void) {
+    with_kept_blocks(key_len_limits_enforced);
+}
+static void test_out_of_range_block_ids_rejected(void) {
+    with_kept_blocks(out_of_range_block_ids_rejected);
+}
+static void test_duplicate_job_id_rejected_until_polled(void) {
+    with_kept_blocks(duplicate_job_id_rejected_until_polled);
+}
+static void test_poll_is_oldest_first_and_wait_times_out(void) {
+    with_kept_blocks(poll_is_oldest_first_and_wait_times_out);
+}
+
+int main(int argc, char **argv) {
+    static const struct tu_subtest subtests[] = {
+        TU_SUBTEST(version_matches_header),
+        TU_SUBTEST(status_codes_and_names_are_abi),
+        TU_SUBTEST(last_error_is_per_thread_and_truncates),
+        TU_SUBTEST(config_accepts_and_rejects_values),
+        TU_SUBTEST(rejected_config_value_changes_nothing),
+        TU_SUBTEST(tier_new_checks_arguments_and_capacity),
+        TU_SUBTEST(stats_count_every_operation),
+        TU_SUBTEST(null_args_rejected_without_effect),
+        TU_SUBTEST(key_len_limits_enforced),
+        TU_SUBTEST(out_of_range_block_ids_rejected),
+        TU_SUBTEST(duplicate_job_id_rejected_until_polled),
+        TU_SUBTEST(poll_is_oldest_first_and_wait_times_out),
+    };
+    return tu_run_subtests("test_api", argc, argv, subtests, TU_COUNT(subtests));
 }

@@ -129,7 +129,7 @@ static size_t eo_poll(tier_t *tier, struct eo_job *jobs, uint8_t *primary, size_
     return n;
 }
 
-static void test_exactly_once(void) {
+static void test_every_job_reported_exactly_once(void) {
     const size_t rows = EO_JOBS * EO_ROWS_PER_JOB;
     uint8_t *primary = tu_alloc_rows(rows, SMALL);
     tier_t *tier = tu_new_tier(primary, rows * SMALL, SMALL, "128KiB", 2);
@@ -218,7 +218,7 @@ static void test_exactly_once(void) {
 
 /* ---- store: present keys, in-flight keys and duplicates are stored once --- */
 
-static void test_store_skips_present(void) {
+static void test_store_skips_present_and_duplicate_keys(void) {
     uint8_t *primary = tu_alloc_rows(16, SMALL);
     tier_t *tier = tu_new_tier(primary, 16 * SMALL, SMALL, "64KiB", 2);
     tier_job_result_t r;
@@ -315,7 +315,7 @@ static void round_trip(size_t block, size_t n) {
     free(primary);
 }
 
-static void test_round_trip(void) {
+static void test_round_trip_is_byte_exact(void) {
     round_trip(SMALL, 16);
     round_trip(100, 7); /* rows that are not a multiple of 8 or of a page */
     round_trip(1, 3);
@@ -340,7 +340,7 @@ static void touch(tier_t *tier, const uint64_t *ids, size_t n) {
     CHECK_OK(tier_touch(tier, keys, KEY_LEN, n));
 }
 
-static void test_lru(void) {
+static void test_lru_evicts_least_recently_used(void) {
     uint8_t *primary = tu_alloc_rows(16, SMALL);
     tier_t *tier = tu_new_tier(primary, 16 * SMALL, SMALL, "16KiB", 2);
     const uint64_t k1to5[5] = {1, 2, 3, 4, 5};
@@ -432,7 +432,7 @@ static void expect_same_stats(const tier_stats_t *a, const tier_stats_t *b) {
     CHECK(a->jobs_in_flight == b->jobs_in_flight && a->results_queued == b->results_queued);
 }
 
-static void test_no_space(void) {
+static void test_no_space_is_all_or_nothing(void) {
     uint8_t *primary = tu_alloc_rows(16, SMALL);
     tier_t *tier = tu_new_tier(primary, 16 * SMALL, SMALL, "16KiB", 2);
     uint8_t keys[8 * KEY_LEN];
@@ -513,7 +513,7 @@ static void test_no_space(void) {
 
 /* ---- load of a missing key ---------------------------------------------- */
 
-static void test_load_missing(void) {
+static void test_load_of_missing_key_is_not_found(void) {
     uint8_t *primary = tu_alloc_rows(16, SMALL);
     tier_t *tier = tu_new_tier(primary, 16 * SMALL, SMALL, "64KiB", 2);
     const uint64_t stored[3] = {1, 2, 3};
@@ -553,7 +553,7 @@ static void test_load_missing(void) {
 
 #define PENDING_BLOCKS 64
 
-static void test_in_flight_store(void) {
+static void test_load_waits_for_store_in_flight(void) {
     const size_t rows = 2 * PENDING_BLOCKS;
     uint8_t *primary = tu_alloc_rows(rows, BIG);
     tier_t *tier = tu_new_tier(primary, rows * BIG, BIG, "64MiB", 0);
@@ -674,7 +674,7 @@ static int pin_attempt(void) {
     return conclusive;
 }
 
-static void test_load_pins_against_eviction(void) {
+static void test_load_pins_blocks_against_eviction(void) {
     int attempt;
     for (attempt = 0; attempt < 5; attempt++) {
         if (pin_attempt()) {
@@ -690,7 +690,7 @@ static void test_load_pins_against_eviction(void) {
 #define CLEAR_STORED 16
 #define CLEAR_NEW 32
 
-static void test_clear(void) {
+static void test_clear_drops_stored_and_in_flight_keys(void) {
     /* Rows: 0..15 stored keys, 16..47 an in-flight store, 48..63 an in-flight load. */
     const size_t rows = CLEAR_STORED + CLEAR_NEW + CLEAR_STORED;
     uint8_t *primary = tu_alloc_rows(rows, BIG);
@@ -759,7 +759,7 @@ static void test_clear(void) {
 
 /* A load waiting for a store in flight when the tier is cleared, and one of
  * those keys stored again before the old store finishes. */
-static void test_clear_with_waiting_load(void) {
+static void test_clear_with_load_waiting_on_store(void) {
     const size_t rows = CLEAR_NEW + 2;
     uint8_t *primary = tu_alloc_rows(rows, BIG);
     tier_t *tier = tu_new_tier(primary, rows * BIG, BIG, "64MiB", 0);
@@ -815,7 +815,7 @@ static void test_clear_with_waiting_load(void) {
 #define FREE_ROWS 16
 #define FREE_JOBS 32
 
-static void test_free_with_jobs_queued(void) {
+static void test_free_with_jobs_queued_never_touches_buffer(void) {
     const size_t len = (FREE_ROWS + FREE_ROWS / 2) * FREE_BLOCK;
     uint8_t *primary = (uint8_t *)mmap(NULL, len, PROT_READ | PROT_WRITE,
                                        MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -868,49 +868,19 @@ static void test_free_with_jobs_queued(void) {
     CHECK(munmap(primary, len) == 0);
 }
 
-struct subtest {
-    const char *name;
-    void (*run)(void);
-};
-
-/* Runs every subtest, or those named on the command line. */
 int main(int argc, char **argv) {
-    static const struct subtest subtests[] = {
-        {"exactly_once", test_exactly_once},
-        {"store_skips_present", test_store_skips_present},
-        {"round_trip", test_round_trip},
-        {"lru", test_lru},
-        {"no_space", test_no_space},
-        {"load_missing", test_load_missing},
-        {"in_flight_store", test_in_flight_store},
-        {"load_pins_against_eviction", test_load_pins_against_eviction},
-        {"clear", test_clear},
-        {"clear_with_waiting_load", test_clear_with_waiting_load},
-        {"free_with_jobs_queued", test_free_with_jobs_queued},
+    static const struct tu_subtest subtests[] = {
+        TU_SUBTEST(every_job_reported_exactly_once),
+        TU_SUBTEST(store_skips_present_and_duplicate_keys),
+        TU_SUBTEST(round_trip_is_byte_exact),
+        TU_SUBTEST(lru_evicts_least_recently_used),
+        TU_SUBTEST(no_space_is_all_or_nothing),
+        TU_SUBTEST(load_of_missing_key_is_not_found),
+        TU_SUBTEST(load_waits_for_store_in_flight),
+        TU_SUBTEST(load_pins_blocks_against_eviction),
+        TU_SUBTEST(clear_drops_stored_and_in_flight_keys),
+        TU_SUBTEST(clear_with_load_waiting_on_store),
+        TU_SUBTEST(free_with_jobs_queued_never_touches_buffer),
     };
-    const size_t count = sizeof subtests / sizeof subtests[0];
-    size_t i;
-    int a;
-    tu_start("test_contract");
-    for (a = 1; a < argc; a++) {
-        for (i = 0; i < count && strcmp(argv[a], subtests[i].name) != 0; i++) {
-        }
-        if (i == count) {
-            fprintf(stderr, "test_contract: no subtest \"%s\"\n", argv[a]);
-            return 2;
-        }
-    }
-    for (i = 0; i < count; i++) {
-        int selected = argc == 1;
-        for (a = 1; a < argc; a++) {
-            selected |= strcmp(argv[a], subtests[i].name) == 0;
-        }
-        if (selected) {
-            subtests[i].run();
-            printf("test_contract: %s ok\n", subtests[i].name);
-            fflush(stdout);
-        }
-    }
-    printf("test_contract: ok\n");
-    return 0;
+    return tu_run_subtests("test_contract", argc, argv, subtests, TU_COUNT(subtests));
 }

@@ -146,6 +146,68 @@ static inline void tu_start(const char *test) {
     fflush(stdout);
 }
 
+/* ---- subtests ---------------------------------------------------------- */
+
+/*
+ * A test file with several independent checks lists them once, in main:
+ *
+ *     static const struct tu_subtest subtests[] = {
+ *         TU_SUBTEST(lru_evicts_least_recently_used),   runs test_lru_evicts_...()
+ *         ...
+ *     };
+ *     return tu_run_subtests("test_contract", argc, argv, subtests, TU_COUNT(subtests));
+ *
+ * The name says what the check proves. c_tests/CMakeLists.txt reads the
+ * TU_SUBTEST(...) lines of each test source and registers every subtest as its
+ * own CTest test (c_contract.<name>, asan_contract.<name>, ...), so a new
+ * TU_SUBTEST line is the only thing to write (one per line, nowhere else).
+ *
+ * The program runs every subtest without arguments, only the named ones with
+ * names, and prints the names with --list.
+ */
+struct tu_subtest {
+    const char *name;
+    void (*run)(void);
+};
+#define TU_SUBTEST(name) {#name, test_##name}
+#define TU_COUNT(array) (sizeof(array) / sizeof((array)[0]))
+
+static inline int tu_run_subtests(const char *test, int argc, char **argv,
+                                  const struct tu_subtest *subtests, size_t count) {
+    size_t i;
+    int a;
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (i = 0; i < count; i++) {
+            printf("%s\n", subtests[i].name);
+        }
+        return 0;
+    }
+    tu_start(test);
+    for (a = 1; a < argc; a++) {
+        for (i = 0; i < count && strcmp(argv[a], subtests[i].name) != 0; i++) {
+        }
+        if (i == count) {
+            fprintf(stderr, "%s: no subtest \"%s\" (--list lists them)\n", test, argv[a]);
+            return 2;
+        }
+    }
+    for (i = 0; i < count; i++) {
+        int selected = argc == 1;
+        for (a = 1; a < argc; a++) {
+            selected |= strcmp(argv[a], subtests[i].name) == 0;
+        }
+        if (selected) {
+            printf("%s: %s ...\n", test, subtests[i].name);
+            fflush(stdout);
+            subtests[i].run();
+            printf("%s: %s ok\n", test, subtests[i].name);
+            fflush(stdout);
+        }
+    }
+    printf("%s: ok\n", test);
+    return 0;
+}
+
 /* ---- keys and block contents ------------------------------------------ */
 
 static inline uint64_t tu_mix64(uint64_t x) {

@@ -85,7 +85,7 @@ std::vector<kvtier::JobResult> finish(kvtier::Tier &tier, std::size_t expected) 
 
 // ---- tests -----------------------------------------------------------------
 
-void versions() {
+void test_versions_and_type_traits() {
     CHECK(std::string(kvtier::version()) == KVTIER_VERSION_STRING);
     CHECK(std::string(kvtier::header_version) == KVTIER_VERSION_STRING);
     CHECK(std::string(kvtier::status_name(TIER_ERR_NO_SPACE)) == "TIER_ERR_NO_SPACE");
@@ -101,7 +101,7 @@ void versions() {
 
 // Each tier runs io_threads threads from tier_new to tier_free, so the
 // process's thread count shows which tiers are alive.
-void ownership() {
+void test_ownership_frees_each_tier_once() {
     Primary primary(8, 4096);
     const int base = threads_now();
     {
@@ -170,7 +170,7 @@ void ownership() {
     tier_config_free(cfg.release());
 }
 
-void errors() {
+void test_errors_become_exceptions() {
     Primary primary(4, 4096);
     kvtier::Tier tier(config("16KiB", 1), primary.data, primary.bytes, primary.block);
     const std::vector<Key> two = keys(1, 2);
@@ -239,7 +239,7 @@ void errors() {
 }
 
 // Every way to give keys and rows, and byte-exact data both ways.
-void round_trip() {
+void test_round_trip_every_key_and_row_form() {
     constexpr std::size_t kBlock = 16 * 1024;
     constexpr std::size_t kRows = 8;
     Primary primary(2 * kRows, kBlock);
@@ -290,7 +290,7 @@ void round_trip() {
 }
 
 // Several threads store, load, poll, look up and read stats on one Tier.
-void threads() {
+void test_threads_share_one_tier() {
     constexpr std::size_t kBlock = 16 * 1024;
     constexpr std::size_t kWorkers = 4;
     constexpr std::size_t kKeys = 4;
@@ -364,13 +364,13 @@ void threads() {
 
 }  // namespace
 
-int main() {
-    tu_start("test_wrapper");
-    versions();
-    ownership();
-    errors();
-    round_trip();
-    threads();
-    std::printf("test_wrapper: ok\n");
-    return 0;
+int main(int argc, char **argv) {
+    static const struct tu_subtest subtests[] = {
+        TU_SUBTEST(versions_and_type_traits),
+        TU_SUBTEST(ownership_frees_each_tier_once),
+        TU_SUBTEST(errors_become_exceptions),
+        TU_SUBTEST(round_trip_every_key_and_row_form),
+        TU_SUBTEST(threads_share_one_tier),
+    };
+    return tu_run_subtests("test_wrapper", argc, argv, subtests, TU_COUNT(subtests));
 }

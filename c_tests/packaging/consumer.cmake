@@ -4,19 +4,24 @@
 #   MODE=cmake      configures consumer/CMakeLists.txt (find_package(kvtier),
 #                   kvtier::kvtier) with CMAKE_PREFIX_PATH=PREFIX and the cache
 #                   arguments in CONSUMER_ARGS ('|'-separated), builds, runs.
+#   MODE=subdirectory  configures subdirectory/CMakeLists.txt, a parent
+#                   project that builds kvtier from KVTIER_SOURCE with
+#                   add_subdirectory() and links kvtier::kvtier; builds it,
+#                   checks with CTEST (`ctest -N`) that it has no tests, runs it.
 #   MODE=pkgconfig  compiles consumer/app.cpp (LANG=CXX) or app.c (LANG=C)
 #                   with `pkg-config --cflags --libs kvtier`, PKG_CONFIG_PATH
 #                   pointing into PREFIX, and runs it with the library
 #                   directory pkg-config gives in LD_LIBRARY_PATH.
 #
-#   EXPECT=shared   the program needs SONAME and loads PREFIX's library
+#   EXPECT=shared   the program needs SONAME and loads PREFIX's library (with
+#                   MODE=subdirectory: the one in the parent's build tree)
 #   EXPECT=static   the program needs no libkvtier
 #   EXPECT=configure-failure  (MODE=cmake) configuring must fail, with
 #                   EXPECT_MESSAGE in the output
 #
-# Other variables: SOURCE_DIR (consumer/), WORK_DIR (scratch), VERSION,
+# Other variables: SOURCE_DIR (consumer/ or subdirectory/), WORK_DIR (scratch), VERSION,
 # SONAME, LIBDIR, READELF, PKG_CONFIG, GENERATOR, MAKE_PROGRAM, C_COMPILER,
-# CXX_COMPILER, BUILD_TYPE.
+# CXX_COMPILER, BUILD_TYPE, KVTIER_SOURCE and CTEST (MODE=subdirectory).
 
 cmake_minimum_required(VERSION 3.16)
 
@@ -68,6 +73,26 @@ if(MODE STREQUAL "cmake")
   run("build" "${CMAKE_COMMAND}" --build "${WORK_DIR}")
   set(app "${WORK_DIR}/kvtier_consumer")
   set(run_env "")
+elseif(MODE STREQUAL "subdirectory")
+  string(REPLACE "|" ";" consumer_args "${CONSUMER_ARGS}")
+  set(configure "${CMAKE_COMMAND}" -S "${SOURCE_DIR}" -B "${WORK_DIR}" -G "${GENERATOR}"
+      "-DKVTIER_SOURCE_DIR=${KVTIER_SOURCE}" "-DCMAKE_C_COMPILER=${C_COMPILER}"
+      "-DCMAKE_CXX_COMPILER=${CXX_COMPILER}" "-DCMAKE_BUILD_TYPE=${BUILD_TYPE}" ${consumer_args})
+  if(MAKE_PROGRAM)
+    list(APPEND configure "-DCMAKE_MAKE_PROGRAM=${MAKE_PROGRAM}")
+  endif()
+  run("configure" ${configure})
+  run("build" "${CMAKE_COMMAND}" --build "${WORK_DIR}" --target kvtier_consumer)
+  # kvtier's tests stay out of the parent's CTest.
+  execute_process(COMMAND "${CTEST}" -N WORKING_DIRECTORY "${WORK_DIR}"
+                  RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
+  message("---- ctest -N in the parent project\n${out}")
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "Total Tests: 0")
+    message(FATAL_ERROR "the parent project has tests; kvtier must register none there")
+  endif()
+  set(app "${WORK_DIR}/kvtier_consumer")
+  set(run_env "")
+  set(expected_library "${WORK_DIR}/kvtier-build/lib/libkvtier.so.${VERSION}")
 elseif(MODE STREQUAL "pkgconfig")
   if(NOT PKG_CONFIG)
     message(FATAL_ERROR "pkg-config is not installed (scripts/test.sh installs it with apt-get)")
@@ -102,7 +127,7 @@ elseif(MODE STREQUAL "pkgconfig")
       "-DKVTIER_PACKAGE_VERSION=\"${VERSION}\"" ${flags} -ldl -o "${app}")
   set(run_env "LD_LIBRARY_PATH=${libdir}")
 else()
-  message(FATAL_ERROR "consumer.cmake: MODE must be cmake or pkgconfig, not \"${MODE}\"")
+  message(FATAL_ERROR "consumer.cmake: MODE must be cmake, subdirectory or pkgconfig, not \"${MODE}\"")
 endif()
 
 run("run" "${CMAKE_COMMAND}" -E env ${run_env} "${app}")
@@ -118,7 +143,10 @@ if(EXPECT STREQUAL "shared")
     message(FATAL_ERROR "${app} does not need ${SONAME} (NEEDED: ${needed})")
   endif()
   get_filename_component(loaded_real "${loaded}" REALPATH)
-  get_filename_component(installed_real "${PREFIX}/${LIBDIR}/libkvtier.so.${VERSION}" REALPATH)
+  if(NOT expected_library)
+    set(expected_library "${PREFIX}/${LIBDIR}/libkvtier.so.${VERSION}")
+  endif()
+  get_filename_component(installed_real "${expected_library}" REALPATH)
   if(NOT loaded_real STREQUAL installed_real)
     message(FATAL_ERROR "the program loaded kvtier from ${loaded} (${loaded_real}), not ${installed_real}")
   endif()

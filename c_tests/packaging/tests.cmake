@@ -8,6 +8,9 @@
 #   consumer_cmake_static  the same with -DKVTIER_USE_STATIC=ON: kvtier::static
 #   consumer_cmake_no_shared_libs  the same with -DBUILD_SHARED_LIBS=OFF: kvtier::static
 #   consumer_cmake_wrong_major     find_package(kvtier <next major>) must fail
+#   consumer_add_subdirectory  a parent project builds kvtier from this source
+#                          tree with add_subdirectory() and links kvtier::kvtier;
+#                          kvtier registers no tests there
 #   consumer_pkgconfig     `pkg-config --cflags --libs kvtier`, C++ through kvtier.hpp
 #   consumer_pkgconfig_c   the same for a C program
 #
@@ -56,11 +59,11 @@ kvtier_packaging_test(package_layout check_install.cmake
 set_tests_properties(package_layout PROPERTIES FIXTURES_REQUIRED kvtier_installed)
 
 set(_kvtier_consumer_common
-  "-DSOURCE_DIR=${_kvtier_packaging}/consumer" "-DPREFIX=${_kvtier_prefix}"
+  "-DPREFIX=${_kvtier_prefix}"
   "-DLIBDIR=${CMAKE_INSTALL_LIBDIR}" "-DVERSION=${PROJECT_VERSION}" "-DSONAME=${KVTIER_SONAME}"
   "-DREADELF=${KVTIER_READELF}" "-DPKG_CONFIG=${KVTIER_PKG_CONFIG}"
   "-DGENERATOR=${CMAKE_GENERATOR}" "-DMAKE_PROGRAM=${CMAKE_MAKE_PROGRAM}"
-  "-DC_COMPILER=${CMAKE_C_COMPILER}" "-DCXX_COMPILER=${CMAKE_CXX_COMPILER}" "-DBUILD_TYPE=Release")
+  "-DC_COMPILER=${CMAKE_C_COMPILER}" "-DCXX_COMPILER=${CMAKE_CXX_COMPILER}")
 
 # kvtier_consumer_test(<name> <mode> <expect> [SCRIPT <-Dvar=value>...]
 #                      [CONSUMER <cache args for the consumer project>...])
@@ -68,7 +71,7 @@ function(kvtier_consumer_test name mode expect)
   cmake_parse_arguments(PARSE_ARGV 3 arg "" "" "SCRIPT;CONSUMER")
   string(JOIN "|" consumer_args ${arg_CONSUMER})
   kvtier_packaging_test(${name} consumer.cmake ${_kvtier_consumer_common}
-    "-DWORK_DIR=${_kvtier_consumers}/${name}" "-DMODE=${mode}" "-DEXPECT=${expect}"
+    "-DSOURCE_DIR=${_kvtier_packaging}/consumer" -DBUILD_TYPE=Release "-DWORK_DIR=${_kvtier_consumers}/${name}" "-DMODE=${mode}" "-DEXPECT=${expect}"
     "-DCONSUMER_ARGS=${consumer_args}" ${arg_SCRIPT})
   set_tests_properties(${name} PROPERTIES FIXTURES_REQUIRED kvtier_installed)
 endfunction()
@@ -83,3 +86,12 @@ kvtier_consumer_test(consumer_cmake_wrong_major cmake configure-failure
   CONSUMER "-DKVTIER_CONSUMER_REQUIRES=${_kvtier_next_major}.0")
 kvtier_consumer_test(consumer_pkgconfig pkgconfig shared SCRIPT -DLANG=CXX)
 kvtier_consumer_test(consumer_pkgconfig_c pkgconfig shared SCRIPT -DLANG=C)
+
+# The parent builds kvtier in the same configuration, into the same cargo
+# target directory: cargo finds the library up to date, so this costs a
+# configure and two small compiles.
+kvtier_packaging_test(consumer_add_subdirectory consumer.cmake ${_kvtier_consumer_common}
+  "-DSOURCE_DIR=${_kvtier_packaging}/subdirectory" "-DKVTIER_SOURCE=${KVTIER_ROOT}"
+  "-DWORK_DIR=${_kvtier_consumers}/consumer_add_subdirectory" -DMODE=subdirectory -DEXPECT=shared
+  "-DBUILD_TYPE=$<CONFIG>" "-DCTEST=${CMAKE_CTEST_COMMAND}"
+  "-DCONSUMER_ARGS=-DKVTIER_CARGO_TARGET_DIR=${KVTIER_CARGO_TARGET_DIR}")
