@@ -365,7 +365,8 @@ void tier_config_free(struct tier_config_t *cfg);
  * backend could not lock, probe or scan its directory for want of file
  * descriptors or kernel memory, or the directory could not be read: nothing
  * was changed on disk, retry when the condition clears); TIER_ERR_ALLOC
- * (memory for the storage or index, or the I/O threads); TIER_ERR_PANIC.
+ * (memory for the storage or index, the I/O threads, or registering the fork
+ * handler); TIER_ERR_PANIC.
  * Reopening a disk directory deletes only files it read and found bad (or
  * temporary files of interrupted stores); a block file it could not read is
  * left on disk, unindexed.
