@@ -1,7 +1,10 @@
 //! Page-aligned anonymous mappings (the primary buffers), resident-memory
-//! readings, and a helper to spread row work over threads.
+//! readings, and helpers to spread row work over threads (timed or not).
 
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Barrier;
+use std::time::Instant;
 
 /// An anonymous private mapping: page aligned (4 KiB), zero filled, unmapped on
 /// drop. Rows are handed out as raw slices: the benchmark gives each row to one
@@ -131,4 +134,45 @@ pub fn for_each_parallel<E: Send>(
             .collect::<Result<Vec<()>, E>>()
             .map(|_| ())
     })
+}
+
+/// Runs `f(i)` for every `i` in `0..n` on `threads` threads, each taking the
+/// next index when it finishes one, and returns the seconds from the first
+/// thread's start to the last one's end. A bound (memcpy, raw file I/O) is
+/// timed this way: each thread takes its own timestamps, since the calling
+/// thread may not be running when the work starts or ends (on a 2-core
+/// machine it competes with the workers for a core).
+pub fn time_parallel<E: Send>(
+    threads: usize,
+    n: usize,
+    f: impl Fn(usize) -> Result<(), E> + Sync,
+) -> Result<f64, E> {
+    let threads = threads.max(1);
+    let ready = Barrier::new(threads);
+    let next = AtomicUsize::new(0);
+    let (ready, next, f) = (&ready, &next, &f);
+    let spans = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(move || {
+                    ready.wait();
+                    let start = Instant::now();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        if i >= n {
+                            return Ok((start, Instant::now()));
+                        }
+                        f(i)?;
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("worker thread panicked"))
+            .collect::<Result<Vec<(Instant, Instant)>, E>>()
+    })?;
+    let first = spans.iter().map(|s| s.0).min().expect("one thread");
+    let last = spans.iter().map(|s| s.1).max().expect("one thread");
+    Ok((last - first).as_secs_f64())
 }

@@ -8,6 +8,35 @@ use std::ffi::{c_char, CStr, CString};
 use std::marker::PhantomData;
 
 pub use kvtier::ffi::{TIER_HIT, TIER_MISS, TIER_OK};
+use kvtier::ffi::{TIER_JOB_LOAD, TIER_JOB_STORE};
+
+/// A job's direction: store (primary -> tier) or load (tier -> primary).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Store,
+    Load,
+}
+
+impl Kind {
+    /// `tier_job_result_t.kind` of a job of this kind.
+    pub fn code(self) -> u32 {
+        match self {
+            Kind::Store => TIER_JOB_STORE,
+            Kind::Load => TIER_JOB_LOAD,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Store => "store",
+            Kind::Load => "load",
+        }
+    }
+}
+
+/// `tier_submit_store` and `tier_submit_load` share this signature.
+type SubmitFn =
+    unsafe extern "C" fn(*mut tier_t, u64, *const u8, usize, *const i64, usize) -> tier_status_t;
 
 /// A failed call: which function, its status code and the thread's last error.
 #[derive(Debug)]
@@ -166,41 +195,24 @@ impl<'buf> Tier<'buf> {
         Ok(())
     }
 
+    /// `tier_submit_store` or `tier_submit_load`, by `kind`.
     #[inline]
-    pub fn submit_store(
+    pub fn submit(
         &self,
+        kind: Kind,
         job_id: u64,
         keys: &[u8],
         key_len: usize,
         rows: &[i64],
     ) -> ApiResult<()> {
         assert_eq!(keys.len(), rows.len() * key_len, "one key per row");
+        let (name, call): (_, SubmitFn) = match kind {
+            Kind::Store => ("tier_submit_store", ffi::tier_submit_store),
+            Kind::Load => ("tier_submit_load", ffi::tier_submit_load),
+        };
         // SAFETY: both arrays hold rows.len() entries and are copied by the call.
-        check("tier_submit_store", unsafe {
-            ffi::tier_submit_store(
-                self.raw,
-                job_id,
-                keys.as_ptr(),
-                key_len,
-                rows.as_ptr(),
-                rows.len(),
-            )
-        })?;
-        Ok(())
-    }
-
-    #[inline]
-    pub fn submit_load(
-        &self,
-        job_id: u64,
-        keys: &[u8],
-        key_len: usize,
-        rows: &[i64],
-    ) -> ApiResult<()> {
-        assert_eq!(keys.len(), rows.len() * key_len, "one key per row");
-        // SAFETY: both arrays hold rows.len() entries and are copied by the call.
-        check("tier_submit_load", unsafe {
-            ffi::tier_submit_load(
+        check(name, unsafe {
+            call(
                 self.raw,
                 job_id,
                 keys.as_ptr(),

@@ -2,34 +2,13 @@
 //! the window as results arrive (tier_wait + tier_poll_finished), and checks
 //! every result.
 
+pub use crate::capi::Kind;
 use crate::capi::{status_name, Tier, TIER_OK};
-use kvtier::ffi::{tier_job_result_t, TIER_JOB_LOAD, TIER_JOB_STORE};
+use kvtier::ffi::tier_job_result_t;
 use std::time::Instant;
 
 /// A tier that delivers nothing for this long is reported as hung.
 const STALL_LIMIT_MS: u32 = 60_000;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Kind {
-    Store,
-    Load,
-}
-
-impl Kind {
-    fn code(self) -> u32 {
-        match self {
-            Kind::Store => TIER_JOB_STORE,
-            Kind::Load => TIER_JOB_LOAD,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            Kind::Store => "store",
-            Kind::Load => "load",
-        }
-    }
-}
 
 /// Job ids unique over the run.
 #[derive(Default)]
@@ -91,11 +70,8 @@ impl Stream<'_> {
                 let keys = &self.keys[first * self.key_len..end * self.key_len];
                 let rows = &self.rows[first..end];
                 let id = ids.next();
-                match self.kind {
-                    Kind::Store => tier.submit_store(id, keys, self.key_len, rows),
-                    Kind::Load => tier.submit_load(id, keys, self.key_len, rows),
-                }
-                .map_err(|e| e.to_string())?;
+                tier.submit(self.kind, id, keys, self.key_len, rows)
+                    .map_err(|e| e.to_string())?;
                 next += 1;
                 in_flight += 1;
             }

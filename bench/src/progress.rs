@@ -1,83 +1,74 @@
-//! Progress on stderr: a `\r`-updated bar when stderr is a terminal, otherwise
-//! a line when a phase starts, now and then during it, and when it ends.
+//! Progress on stderr. On a terminal, an indicatif bar; otherwise (CI logs,
+//! where indicatif draws nothing) a line when a phase starts, every 10 s
+//! during it, and when it ends. Nothing at all with `--no-progress`.
 
-use std::io::Write;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::time::{Duration, Instant};
 
-const TTY_INTERVAL: Duration = Duration::from_millis(100);
+/// Long phases still show signs of life in a log, without flooding it.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
-const BAR: usize = 30;
 
 pub struct Progress {
-    enabled: bool,
-    tty: bool,
+    bar: ProgressBar,
     label: String,
-    total: u64,
-    done: u64,
-    start: Instant,
-    last: Instant,
+    /// Print log lines: progress is wanted but stderr is not a terminal.
+    log: bool,
+    last_log: Instant,
 }
 
 impl Progress {
     pub fn new(enabled: bool, label: impl Into<String>, total: u64) -> Progress {
-        // SAFETY: isatty has no preconditions.
-        let tty = unsafe { libc::isatty(libc::STDERR_FILENO) } == 1;
-        let now = Instant::now();
-        let p = Progress {
-            enabled,
-            tty,
-            label: label.into(),
-            total: total.max(1),
-            done: 0,
-            start: now,
-            last: now,
+        let label = label.into();
+        let target = if enabled {
+            // 10 redraws a second: the bar costs nothing next to the I/O.
+            ProgressDrawTarget::stderr_with_hz(10)
+        } else {
+            ProgressDrawTarget::hidden()
         };
-        if enabled && !tty {
-            eprintln!("kvtier-bench: {} ...", p.label);
+        let style = ProgressStyle::with_template("{msg:<34} [{bar:30}] {percent:>3}% {elapsed:>4}")
+            .expect("a valid template")
+            .progress_chars("#.");
+        let bar = ProgressBar::with_draw_target(Some(total.max(1)), target)
+            .with_style(style)
+            .with_message(label.clone());
+        // indicatif hides a stderr target that is not a terminal.
+        let log = enabled && bar.is_hidden();
+        if log {
+            eprintln!("kvtier-bench: {label} ...");
         }
-        p
+        Progress {
+            bar,
+            label,
+            log,
+            last_log: Instant::now(),
+        }
     }
 
     /// Records `n` more units of work done.
     pub fn add(&mut self, n: u64) {
-        self.done += n;
-        if !self.enabled {
-            return;
-        }
-        let now = Instant::now();
-        let interval = if self.tty { TTY_INTERVAL } else { LOG_INTERVAL };
-        if now.duration_since(self.last) < interval {
-            return;
-        }
-        self.last = now;
-        let done = self.done.min(self.total);
-        let pct = done * 100 / self.total;
-        let secs = now.duration_since(self.start).as_secs_f64();
-        if self.tty {
-            let filled = (done as usize * BAR) / self.total as usize;
-            eprint!(
-                "\r{:<34} [{}{}] {:>3}% {:>6.1}s\x1b[K",
+        self.bar.inc(n);
+        if self.log && self.last_log.elapsed() >= LOG_INTERVAL {
+            self.last_log = Instant::now();
+            let total = self.bar.length().unwrap_or(1);
+            let pct = self.bar.position().min(total) * 100 / total;
+            eprintln!(
+                "kvtier-bench: {} {pct}% ({:.1} s)",
                 self.label,
-                "#".repeat(filled),
-                ".".repeat(BAR - filled),
-                pct,
-                secs
+                self.bar.elapsed().as_secs_f64()
             );
-            let _ = std::io::stderr().flush();
-        } else {
-            eprintln!("kvtier-bench: {} {pct}% ({secs:.1} s)", self.label);
         }
     }
 
     pub fn finish(self) {
-        if !self.enabled {
-            return;
-        }
-        let secs = self.start.elapsed().as_secs_f64();
-        if self.tty {
-            eprintln!("\r{:<34} done in {secs:.1} s\x1b[K", self.label);
-        } else {
+        let secs = self.bar.elapsed().as_secs_f64();
+        if self.log {
             eprintln!("kvtier-bench: {} done in {secs:.1} s", self.label);
+        } else if !self.bar.is_hidden() {
+            // The finished bar gives way to one line saying how long it took.
+            self.bar
+                .set_style(ProgressStyle::with_template("{msg}").expect("a valid template"));
+            self.bar
+                .finish_with_message(format!("{:<34} done in {secs:.1} s", self.label));
         }
     }
 }

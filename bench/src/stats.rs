@@ -1,4 +1,6 @@
-//! Order statistics over samples.
+//! Order statistics over samples, and the summaries `--json` reports of them.
+
+use serde::Serialize;
 
 /// Median (mean of the middle two for even counts); NaN when empty.
 pub fn median(v: &[f64]) -> f64 {
@@ -35,6 +37,40 @@ pub fn percentile(v: &[u64], q: f64) -> u64 {
     s.sort_unstable();
     let rank = ((q * s.len() as f64).ceil() as usize).clamp(1, s.len());
     s[rank - 1]
+}
+
+/// A set of runs: `{"median", "min", "max", "runs"}` in JSON.
+#[derive(Serialize)]
+pub struct Dist {
+    pub median: f64,
+    pub min: f64,
+    pub max: f64,
+    pub runs: Vec<f64>,
+}
+
+pub fn dist(v: &[f64]) -> Dist {
+    Dist {
+        median: median(v),
+        min: min(v),
+        max: max(v),
+        runs: v.to_vec(),
+    }
+}
+
+/// Integer samples (ns): `{"median", "p99", "count"}` in JSON.
+#[derive(Serialize)]
+pub struct Percentiles {
+    pub median: u64,
+    pub p99: u64,
+    pub count: usize,
+}
+
+pub fn percentiles(v: &[u64]) -> Percentiles {
+    Percentiles {
+        median: percentile(v, 0.5),
+        p99: percentile(v, 0.99),
+        count: v.len(),
+    }
 }
 
 #[cfg(test)]

@@ -1,26 +1,24 @@
-//! Small-job latency: one 4 KiB block per job, submitted and then polled in a
-//! spin loop until its result arrives, one job at a time.
+//! Memory backend, small-job latency: one 4 KiB block per job, submitted and
+//! then polled in a spin loop until its result arrives, one job at a time; and
+//! how those figures are reported.
 
 use crate::buffer::MappedBuf;
 use crate::capi::{status_name, Config, Tier, TIER_OK};
+use crate::cli::Settings;
 use crate::data::{check_row, fill_row, write_key, KEY_LEN, NS_LATENCY, NS_LATENCY_PREFAULT};
 use crate::jobs::{JobIds, Kind, Stream};
 use crate::progress::Progress;
+use crate::report::{mib, num, Cmp, Report};
+use crate::stats::percentiles;
 use kvtier::ffi::tier_job_result_t;
+use serde_json::json;
 use std::time::Instant;
 
 pub const BLOCK_BYTES: usize = 4096;
 /// Source rows 0..HALF, destination rows HALF..2*HALF.
 const HALF: usize = 128;
 
-pub struct Params {
-    pub io_threads: Option<usize>,
-    pub iterations: usize,
-    pub warmup: usize,
-    pub progress: bool,
-}
-
-pub struct Report {
+pub struct Results {
     pub io_threads: usize,
     /// Caller's clock, submit call start to result polled.
     pub store_round_trip_ns: Vec<u64>,
@@ -34,8 +32,9 @@ pub struct Report {
     pub verified_bytes: u64,
 }
 
-pub fn run(p: &Params) -> Result<Report, String> {
-    let total = p.warmup + p.iterations;
+pub fn run(p: &Settings) -> Result<Results, String> {
+    let (iterations, warmup) = (p.latency_iters, p.latency_warmup);
+    let total = warmup + iterations;
     let buf = MappedBuf::new(2 * HALF * BLOCK_BYTES)?;
     for row in 0..2 * HALF {
         // SAFETY: no tier exists yet.
@@ -74,14 +73,14 @@ pub fn run(p: &Params) -> Result<Report, String> {
     .run(&tier, &mut ids, |_| {})?;
     tier.clear().map_err(|e| e.to_string())?;
 
-    let mut r = Report {
+    let mut r = Results {
         io_threads,
-        store_round_trip_ns: Vec::with_capacity(p.iterations),
-        load_round_trip_ns: Vec::with_capacity(p.iterations),
-        submit_store_ns: Vec::with_capacity(p.iterations),
-        submit_load_ns: Vec::with_capacity(p.iterations),
-        store_job_ns: Vec::with_capacity(p.iterations),
-        load_job_ns: Vec::with_capacity(p.iterations),
+        store_round_trip_ns: Vec::with_capacity(iterations),
+        load_round_trip_ns: Vec::with_capacity(iterations),
+        submit_store_ns: Vec::with_capacity(iterations),
+        submit_load_ns: Vec::with_capacity(iterations),
+        store_job_ns: Vec::with_capacity(iterations),
+        load_job_ns: Vec::with_capacity(iterations),
         verified_bytes: 0,
     };
     let mut bar = Progress::new(p.progress, "latency: 4 KiB jobs", 2 * total as u64);
@@ -104,11 +103,8 @@ pub fn run(p: &Params) -> Result<Report, String> {
             let rows = [row as i64];
             let id = ids.next();
             let t0 = Instant::now();
-            match kind {
-                Kind::Store => tier.submit_store(id, &key, KEY_LEN, &rows),
-                Kind::Load => tier.submit_load(id, &key, KEY_LEN, &rows),
-            }
-            .map_err(|e| e.to_string())?;
+            tier.submit(kind, id, &key, KEY_LEN, &rows)
+                .map_err(|e| e.to_string())?;
             let t1 = Instant::now();
             while tier.poll(&mut result).map_err(|e| e.to_string())? == 0 {
                 std::hint::spin_loop();
@@ -133,7 +129,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
                 }
                 r.verified_bytes += BLOCK_BYTES as u64;
             }
-            if i >= p.warmup {
+            if i >= warmup {
                 let (rt, submit, job) = match kind {
                     Kind::Store => (
                         &mut r.store_round_trip_ns,
@@ -157,4 +153,74 @@ pub fn run(p: &Params) -> Result<Report, String> {
     }
     bar.finish();
     Ok(r)
+}
+
+impl Results {
+    /// Round trips (with the < 10 us store target), submit-call costs, and the
+    /// `latency_4k` JSON object.
+    pub fn report(&self, s: &Settings, out: &mut Report) {
+        out.line(
+            "latency",
+            format!(
+                "4 KiB blocks, 1 job at a time, spin-polled; {} timed jobs per direction after {} warm-up",
+                self.store_round_trip_ns.len(),
+                s.latency_warmup
+            ),
+        );
+        for (name, rt, job) in [
+            ("store", &self.store_round_trip_ns, &self.store_job_ns),
+            ("load", &self.load_round_trip_ns, &self.load_job_ns),
+        ] {
+            let (rt, job) = (percentiles(rt), percentiles(job));
+            let median_us = rt.median as f64 / 1e3;
+            let row = out.row(
+                format!("4 KiB {name} round trip"),
+                median_us,
+                "us",
+                format!(
+                    "median; p99 {} us; library elapsed_ns median {} us",
+                    num(rt.p99 as f64 / 1e3),
+                    num(job.median as f64 / 1e3)
+                ),
+            );
+            if name == "store" {
+                row.target(
+                    "4 KiB store round trip median < 10 us",
+                    median_us,
+                    Cmp::Below,
+                    10.0,
+                );
+            }
+        }
+        for (name, v) in [
+            ("tier_submit_store", &self.submit_store_ns),
+            ("tier_submit_load", &self.submit_load_ns),
+        ] {
+            let p = percentiles(v);
+            out.row(
+                format!("{name} call (1 x 4 KiB)"),
+                p.median as f64,
+                "ns",
+                format!("median; p99 {} ns; caller's thread", num(p.p99 as f64)),
+            );
+        }
+        out.field(
+            "latency_4k",
+            json!({
+                "block_bytes": BLOCK_BYTES,
+                "warmup": s.latency_warmup,
+                "store_round_trip_ns": percentiles(&self.store_round_trip_ns),
+                "load_round_trip_ns": percentiles(&self.load_round_trip_ns),
+                "store_elapsed_ns": percentiles(&self.store_job_ns),
+                "load_elapsed_ns": percentiles(&self.load_job_ns),
+                "submit_store_call_ns": percentiles(&self.submit_store_ns),
+                "submit_load_call_ns": percentiles(&self.submit_load_ns),
+                "verified_bytes": self.verified_bytes,
+            }),
+        );
+        out.verified(format!(
+            "every 4 KiB load ({})",
+            mib(self.verified_bytes as f64)
+        ));
+    }
 }

@@ -1,26 +1,18 @@
-//! Store and load bandwidth of large jobs, against a memcpy baseline run with
-//! the same number of threads over the same rows, with every byte verified.
+//! Memory backend: store and load bandwidth of large jobs, against a memcpy
+//! baseline run with the same number of threads over the same rows, with every
+//! byte verified; and how those figures are reported.
 
-use crate::buffer::{anon_huge_bytes, for_each_parallel, rss_bytes, MappedBuf};
+use crate::buffer::{anon_huge_bytes, for_each_parallel, rss_bytes, time_parallel, MappedBuf};
 use crate::capi::{Config, Tier};
+use crate::cli::Settings;
 use crate::data::{check_row, fill_row, keys, KEY_LEN, NS_BANDWIDTH};
 use crate::jobs::{JobIds, Kind, PassStats, Stream};
 use crate::progress::Progress;
-use std::sync::Barrier;
-use std::time::Instant;
+use crate::report::{gib, mib, num, size, Cmp, Report};
+use crate::stats::{dist, max, median, min, percentiles};
+use serde_json::json;
 
-pub struct Params {
-    pub io_threads: Option<usize>,
-    pub data_bytes: u64,
-    pub block_bytes: usize,
-    pub job_blocks: usize,
-    pub window: Option<usize>,
-    pub repeat: usize,
-    pub helper_threads: usize,
-    pub progress: bool,
-}
-
-pub struct Report {
+pub struct Results {
     pub io_threads: usize,
     pub rows: usize,
     pub bytes_per_pass: u64,
@@ -42,7 +34,8 @@ pub struct Report {
     pub verify_passes: usize,
 }
 
-pub fn run(p: &Params) -> Result<Report, String> {
+/// `helper_threads` fill and verify rows (untimed).
+pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
     let block = p.block_bytes;
     let n = (p.data_bytes.div_ceil(block as u64) as usize).max(1);
     let pass_bytes = (n * block) as u64;
@@ -78,7 +71,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     let mut ids = JobIds::default();
 
     // Fill sources; write destinations once so their pages are resident.
-    let helpers = p.helper_threads;
+    let helpers = helper_threads;
     let mut prep = Progress::new(p.progress, "bandwidth: fill primary", 2 * pass_bytes);
     for_each_parallel(helpers, 2 * n, |row| {
         // SAFETY: each row goes to one thread; no tier job is in flight.
@@ -106,7 +99,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
     verified_bytes += verify(&tier, &buf, &load, n, block, helpers, &mut ids, &mut bar)?;
     verify_passes += 1;
 
-    let mut r = Report {
+    let mut r = Results {
         io_threads,
         rows: n,
         bytes_per_pass: pass_bytes,
@@ -156,42 +149,21 @@ pub fn run(p: &Params) -> Result<Report, String> {
 
 /// Copies every source row to its destination row with `threads` threads, each
 /// `copy_nonoverlapping` one block at a time; returns seconds from the first
-/// thread's start to the last one's end. Each thread takes its own timestamps:
-/// the main thread may not be running when the copies start or end (on a
-/// 2-core machine it competes with the copying threads for a core).
+/// thread's start to the last one's end.
 fn memcpy_pass(buf: &MappedBuf, n: usize, block: usize, threads: usize) -> f64 {
-    let threads = threads.max(1);
-    let ready = Barrier::new(threads);
-    let spans: Vec<(Instant, Instant)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads)
-            .map(|t| {
-                let ready = &ready;
-                s.spawn(move || {
-                    ready.wait();
-                    let start = Instant::now();
-                    for i in (t..n).step_by(threads) {
-                        // SAFETY: rows i and n + i are distinct, in bounds, and
-                        // owned by this thread; no tier job is in flight.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                buf.as_ptr().add(i * block),
-                                buf.as_ptr().add((n + i) * block),
-                                block,
-                            );
-                        }
-                    }
-                    (start, Instant::now())
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .map(|h| h.join().expect("memcpy thread panicked"))
-            .collect()
-    });
-    let start = spans.iter().map(|s| s.0).min().expect("one thread");
-    let end = spans.iter().map(|s| s.1).max().expect("one thread");
-    (end - start).as_secs_f64()
+    time_parallel(threads, n, |i| {
+        // SAFETY: rows i and n + i are distinct, in bounds, and taken by one
+        // thread; no tier job is in flight.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                buf.as_ptr().add(i * block),
+                buf.as_ptr().add((n + i) * block),
+                block,
+            );
+        }
+        Ok::<(), ()>(())
+    })
+    .expect("a copy cannot fail")
 }
 
 /// Untimed: poisons the destination rows, loads every key into them and
@@ -226,4 +198,117 @@ fn verify(
     })?;
     bar.add((n * block) as u64);
     Ok((n * block) as u64)
+}
+
+impl Results {
+    /// The memcpy baseline, the cold and steady store/load rows with their
+    /// targets, job latencies, and the `bandwidth` JSON object.
+    pub fn report(&self, s: &Settings, out: &mut Report) {
+        let memcpy = median(&self.memcpy);
+        let reps = self.memcpy.len();
+        out.line(
+            "bandwidth",
+            format!(
+                "{} blocks, {}-block jobs, {} jobs in flight, {} per direction per repetition, {} repetitions; GB = 10^9 bytes",
+                size(s.block_bytes),
+                s.job_blocks,
+                self.window,
+                gib(self.bytes_per_pass),
+                self.store.len()
+            ),
+        );
+        out.row(
+            format!("memcpy, {} threads (baseline)", self.io_threads),
+            memcpy,
+            "GB/s",
+            format!(
+                "median of {reps}; min {} max {}",
+                num(min(&self.memcpy)),
+                num(max(&self.memcpy))
+            ),
+        );
+        out.row(
+            "store, first pass (cold arena)",
+            self.store_cold,
+            "GB/s",
+            format!(
+                "{}x memcpy; faults in {} of arena ({} as huge pages)",
+                num(self.store_cold / memcpy),
+                mib(self.cold_rss_added as f64),
+                mib(self.cold_huge_added as f64)
+            ),
+        );
+        for (name, v) in [("store", &self.store), ("load", &self.load)] {
+            let m = median(v);
+            out.row(
+                format!("{name}, steady state"),
+                m,
+                "GB/s",
+                format!(
+                    "{}x memcpy; median of {reps}; min {} max {}",
+                    num(m / memcpy),
+                    num(min(v)),
+                    num(max(v))
+                ),
+            )
+            .target(
+                format!("{name} >= 0.85x memcpy (same thread count)"),
+                m / memcpy,
+                Cmp::AtLeast,
+                0.85,
+            );
+        }
+        for (name, v) in [("store", &self.store_job_ns), ("load", &self.load_job_ns)] {
+            let p = percentiles(v);
+            out.row(
+                format!(
+                    "{name} job latency, {} x {}",
+                    s.job_blocks,
+                    size(s.block_bytes)
+                ),
+                p.median as f64 / 1e6,
+                "ms",
+                format!(
+                    "median; p99 {} ms; {} jobs in flight",
+                    num(p.p99 as f64 / 1e6),
+                    self.window
+                ),
+            );
+        }
+        let ratios =
+            |v: &[f64]| -> Vec<f64> { v.iter().zip(&self.memcpy).map(|(x, m)| x / m).collect() };
+        out.field(
+            "bandwidth",
+            json!({
+                "unit": "GB/s (10^9 bytes per second)",
+                "block_bytes": s.block_bytes,
+                "job_blocks": s.job_blocks,
+                "jobs_in_flight": self.window,
+                "bytes_per_direction": self.bytes_per_pass,
+                "blocks_per_direction": self.rows,
+                "repetitions": self.store.len(),
+                "tier_capacity_bytes": self.capacity_bytes,
+                "memcpy_threads": self.io_threads,
+                "memcpy": dist(&self.memcpy),
+                "store_cold_first_pass": self.store_cold,
+                "store_cold_ratio": self.store_cold / memcpy,
+                "store_cold_rss_added_bytes": self.cold_rss_added,
+                "store_cold_huge_pages_added_bytes": self.cold_huge_added,
+                "store": dist(&self.store),
+                "load": dist(&self.load),
+                "store_ratio": median(&self.store) / memcpy,
+                "load_ratio": median(&self.load) / memcpy,
+                "store_ratio_per_repetition": ratios(&self.store),
+                "load_ratio_per_repetition": ratios(&self.load),
+                "store_job_latency_ns": percentiles(&self.store_job_ns),
+                "load_job_latency_ns": percentiles(&self.load_job_ns),
+                "verified_bytes": self.verified_bytes,
+            }),
+        );
+        out.verified(format!(
+            "{} in {} load-and-compare passes",
+            gib(self.verified_bytes),
+            self.verify_passes
+        ));
+    }
 }

@@ -1,11 +1,16 @@
-//! Lookup and touch cost per key, in batches, at a small and a large number of
-//! resident blocks; and the tier's memory per resident block at the large size.
+//! Memory backend: lookup and touch cost per key, in batches, at a small and a
+//! large number of resident blocks; the tier's memory per resident block at
+//! the large size; and how those figures are reported.
 
 use crate::buffer::{page_size, rss_bytes, MappedBuf};
 use crate::capi::{ApiResult, Config, Tier, TIER_HIT, TIER_MISS};
+use crate::cli::Settings;
 use crate::data::{check_row, fill_row, write_key, Rng, KEY_LEN, NS_LOOKUP, NS_LOOKUP_MISS};
 use crate::jobs::{JobIds, Kind, Stream};
 use crate::progress::Progress;
+use crate::report::{mib, Cmp, Report};
+use crate::stats::{dist, median, paired_ratio};
+use serde_json::json;
 use std::time::Instant;
 
 /// Tiny rows, so a million blocks fill in about a second.
@@ -17,17 +22,6 @@ const FILL_JOB: usize = 16384;
 /// Keys generated per fill chunk (allocated up front, so RSS readings only
 /// see the tier's own memory).
 const FILL_CHUNK: usize = 1 << 16;
-
-pub struct Params {
-    pub io_threads: Option<usize>,
-    pub small: usize,
-    pub large: usize,
-    pub batch: usize,
-    pub pool_keys: usize,
-    pub runs: usize,
-    pub run_secs: f64,
-    pub progress: bool,
-}
 
 /// ns per key, one entry per run.
 pub struct AtSize {
@@ -46,7 +40,7 @@ pub struct Memory {
     pub arena_touched: u64,
 }
 
-pub struct Report {
+pub struct Results {
     pub io_threads: usize,
     pub small: AtSize,
     pub large: AtSize,
@@ -64,9 +58,9 @@ fn random_present(n_keys: usize, resident: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-pub fn run(p: &Params) -> Result<Report, String> {
-    assert!(p.small <= p.large && p.small > 0);
-    let pool_keys = p.pool_keys.next_multiple_of(p.batch);
+pub fn run(p: &Settings) -> Result<Results, String> {
+    let small_blocks = p.lookup_small.min(p.lookup_large);
+    let pool_keys = p.lookup_pool_keys.next_multiple_of(p.lookup_batch);
     let buf = MappedBuf::new(2 * HALF * BLOCK_BYTES)?;
     for row in 0..HALF {
         // SAFETY: no tier exists yet.
@@ -76,8 +70,8 @@ pub fn run(p: &Params) -> Result<Report, String> {
     }
     // SAFETY: as above; faults the destination rows in before the RSS reading.
     unsafe { buf.slice_mut(HALF * BLOCK_BYTES, HALF * BLOCK_BYTES) }.fill(0);
-    let hit_small = random_present(pool_keys, p.small, 11);
-    let hit_large = random_present(pool_keys, p.large, 12);
+    let hit_small = random_present(pool_keys, small_blocks, 11);
+    let hit_large = random_present(pool_keys, p.lookup_large, 12);
     let miss = crate::data::keys(NS_LOOKUP_MISS, 0, pool_keys);
     let mut chunk = FillChunk {
         keys: vec![0u8; FILL_CHUNK * KEY_LEN],
@@ -87,18 +81,18 @@ pub fn run(p: &Params) -> Result<Report, String> {
 
     // The large tier first, alone, so the RSS difference is its memory only.
     let rss_before = rss_bytes();
-    let large_tier = new_tier(p, &buf, p.large)?;
+    let large_tier = new_tier(p, &buf, p.lookup_large)?;
     let io_threads = large_tier.stats().map_err(|e| e.to_string())?.io_threads as usize;
-    let bar = Progress::new(p.progress, "lookup: fill large tier", p.large as u64);
+    let bar = Progress::new(p.progress, "lookup: fill large tier", p.lookup_large as u64);
     let start = Instant::now();
-    chunk.fill(&large_tier, p.large, io_threads, &mut ids, bar)?;
+    chunk.fill(&large_tier, p.lookup_large, io_threads, &mut ids, bar)?;
     let fill_secs = start.elapsed().as_secs_f64();
     let stats = large_tier.stats().map_err(|e| e.to_string())?;
     let rss_after = rss_bytes();
-    if stats.num_blocks != p.large as u64 || stats.evictions != 0 {
+    if stats.num_blocks != p.lookup_large as u64 || stats.evictions != 0 {
         return Err(format!(
             "expected {} resident blocks and no evictions, found {} and {}",
-            p.large, stats.num_blocks, stats.evictions
+            p.lookup_large, stats.num_blocks, stats.evictions
         ));
     }
     let page = page_size();
@@ -107,24 +101,24 @@ pub fn run(p: &Params) -> Result<Report, String> {
         metadata_bytes: stats.metadata_bytes,
         rss_before,
         rss_after,
-        arena_touched: ((p.large * BLOCK_BYTES) as u64).div_ceil(page) * page,
+        arena_touched: ((p.lookup_large * BLOCK_BYTES) as u64).div_ceil(page) * page,
     };
 
     // A small tier of the same configuration holding the first keys.
-    let small_tier = new_tier(p, &buf, p.large)?;
-    let bar = Progress::new(p.progress, "lookup: fill small tier", p.small as u64);
-    chunk.fill(&small_tier, p.small, io_threads, &mut ids, bar)?;
+    let small_tier = new_tier(p, &buf, p.lookup_large)?;
+    let bar = Progress::new(p.progress, "lookup: fill small tier", small_blocks as u64);
+    chunk.fill(&small_tier, small_blocks, io_threads, &mut ids, bar)?;
 
-    let mut states = vec![0u8; p.batch];
-    let small = Side::new(&small_tier, p.small, &hit_small, &miss);
-    let large = Side::new(&large_tier, p.large, &hit_large, &miss);
+    let mut states = vec![0u8; p.lookup_batch];
+    let small = Side::new(&small_tier, small_blocks, &hit_small, &miss);
+    let large = Side::new(&large_tier, p.lookup_large, &hit_large, &miss);
     for side in [&small, &large] {
-        side.check_answers(p.batch, &mut states)?;
+        side.check_answers(p.lookup_batch, &mut states)?;
     }
     let [small, large] = measure(p, [small, large], &mut states)?;
-    let verified_bytes = verify_all(&small_tier, &buf, p.small, &mut ids)?
-        + verify_all(&large_tier, &buf, p.large, &mut ids)?;
-    Ok(Report {
+    let verified_bytes = verify_all(&small_tier, &buf, small_blocks, &mut ids)?
+        + verify_all(&large_tier, &buf, p.lookup_large, &mut ids)?;
+    Ok(Results {
         io_threads,
         small,
         large,
@@ -135,7 +129,7 @@ pub fn run(p: &Params) -> Result<Report, String> {
 }
 
 fn new_tier<'b>(
-    p: &Params,
+    p: &Settings,
     buf: &'b MappedBuf,
     capacity_blocks: usize,
 ) -> Result<Tier<'b>, String> {
@@ -239,8 +233,8 @@ impl<'a, 'b> Side<'a, 'b> {
 
 /// Times hit lookups, miss lookups and touches on both tiers, alternating run
 /// by run, so that the machine's noise hits both sizes alike.
-fn measure(p: &Params, sides: [Side; 2], states: &mut [u8]) -> Result<[AtSize; 2], String> {
-    let mut bar = Progress::new(p.progress, "lookup: timing", p.runs as u64);
+fn measure(p: &Settings, sides: [Side; 2], states: &mut [u8]) -> Result<[AtSize; 2], String> {
+    let mut bar = Progress::new(p.progress, "lookup: timing", p.lookup_runs as u64);
     let mut out = sides.each_ref().map(|side| AtSize {
         resident: side.resident as u64,
         hit: Vec::new(),
@@ -248,7 +242,7 @@ fn measure(p: &Params, sides: [Side; 2], states: &mut [u8]) -> Result<[AtSize; 2
         touch: Vec::new(),
     });
     let mut sides = sides;
-    for _ in 0..p.runs {
+    for _ in 0..p.lookup_runs {
         for (side, at) in sides.iter_mut().zip(out.iter_mut()) {
             let tier = side.tier;
             let [hit_at, miss_at, touch_at] = &mut side.cursors;
@@ -270,13 +264,13 @@ fn measure(p: &Params, sides: [Side; 2], states: &mut [u8]) -> Result<[AtSize; 2
 /// Runs `op` over consecutive batches of `pool` (wrapping) for at least
 /// `run_secs`; returns ns per key.
 fn timed(
-    p: &Params,
+    p: &Settings,
     pool: &[u8],
     cursor: &mut usize,
     mut op: impl FnMut(&[u8]) -> ApiResult<()>,
 ) -> Result<f64, String> {
     const BATCHES_PER_CLOCK: usize = 64;
-    let batch_bytes = p.batch * KEY_LEN;
+    let batch_bytes = p.lookup_batch * KEY_LEN;
     let batches = pool.len() / batch_bytes;
     let start = Instant::now();
     let mut keys = 0u64;
@@ -285,9 +279,9 @@ fn timed(
             op(&pool[*cursor * batch_bytes..][..batch_bytes]).map_err(|e| e.to_string())?;
             *cursor = (*cursor + 1) % batches;
         }
-        keys += (BATCHES_PER_CLOCK * p.batch) as u64;
+        keys += (BATCHES_PER_CLOCK * p.lookup_batch) as u64;
         let elapsed = start.elapsed();
-        if elapsed.as_secs_f64() >= p.run_secs {
+        if elapsed.as_secs_f64() >= p.lookup_run_secs {
             return Ok(elapsed.as_nanos() as f64 / keys as f64);
         }
     }
@@ -336,4 +330,140 @@ fn verify_all(
         first += n;
     }
     Ok((resident * BLOCK_BYTES) as u64)
+}
+
+/// "1K", "1M": how the table names the two tier sizes.
+fn blocks_label(n: u64) -> String {
+    match n {
+        n if n >= 1_000_000 && n % 1_000_000 == 0 => format!("{}M", n / 1_000_000),
+        n if n >= 1_000 && n % 1_000 == 0 => format!("{}K", n / 1_000),
+        n => n.to_string(),
+    }
+}
+
+impl Results {
+    /// Per-key costs at both sizes and their ratio (with the < 150 ns and
+    /// <= 1.5x targets), memory per block, and the `lookup` and `memory` JSON
+    /// objects.
+    pub fn report(&self, s: &Settings, out: &mut Report) {
+        let small = blocks_label(self.small.resident);
+        let large = blocks_label(self.large.resident);
+        out.line(
+            "lookup",
+            format!(
+                "{}-byte keys, {}-byte blocks, {} and {} resident blocks; filling {} keys took {:.2} s",
+                KEY_LEN,
+                BLOCK_BYTES,
+                self.small.resident,
+                self.large.resident,
+                self.large.resident,
+                self.fill_secs
+            ),
+        );
+        for (name, a, b, limited) in [
+            ("lookup, all hits", &self.small.hit, &self.large.hit, true),
+            (
+                "lookup, all misses",
+                &self.small.miss,
+                &self.large.miss,
+                false,
+            ),
+            ("touch", &self.small.touch, &self.large.touch, true),
+        ] {
+            for (label, v) in [(&small, a), (&large, b)] {
+                let m = median(v);
+                let row = out.row(
+                    format!("{name}, {label} blocks"),
+                    m,
+                    "ns/key",
+                    format!("batches of {}; median of {} runs", s.lookup_batch, a.len()),
+                );
+                if limited {
+                    row.target(
+                        format!("{name} at {label} blocks < 150 ns/key"),
+                        m,
+                        Cmp::Below,
+                        150.0,
+                    );
+                }
+            }
+            let ratio = paired_ratio(a, b);
+            let row = out.row(
+                format!("{name}, {large}/{small} ratio"),
+                ratio,
+                "x",
+                format!("median of {} runs alternating the two tiers", a.len()),
+            );
+            if limited {
+                row.target(
+                    format!("{name}: {large} cost <= 1.5x {small} cost"),
+                    ratio,
+                    Cmp::AtMost,
+                    1.5,
+                );
+            }
+        }
+        let m = &self.memory;
+        let per_block = m.metadata_bytes as f64 / m.resident_blocks as f64;
+        out.row(
+            format!("metadata per block, {large} blocks"),
+            per_block,
+            "bytes",
+            format!(
+                "tier_stats().metadata_bytes = {}",
+                mib(m.metadata_bytes as f64)
+            ),
+        )
+        .target(
+            format!("metadata < 100 bytes per block at {large} blocks"),
+            per_block,
+            Cmp::Below,
+            100.0,
+        );
+        let rss_delta = m.rss_after as f64 - m.rss_before as f64;
+        let rss_per_block = (rss_delta - m.arena_touched as f64) / m.resident_blocks as f64;
+        out.row(
+            format!("RSS per block, {large} blocks"),
+            rss_per_block,
+            "bytes",
+            format!(
+                "RSS +{} minus {} of arena data ({}-byte blocks)",
+                mib(rss_delta),
+                mib(m.arena_touched as f64),
+                BLOCK_BYTES
+            ),
+        );
+        let sizes = |a: &[f64], b: &[f64]| json!({"small": dist(a), "large": dist(b), "ratio_large_to_small": paired_ratio(a, b)});
+        out.field(
+            "lookup",
+            json!({
+                "unit": "ns per key",
+                "key_len": KEY_LEN,
+                "batch": s.lookup_batch,
+                "small_blocks": self.small.resident,
+                "large_blocks": self.large.resident,
+                "hit": sizes(&self.small.hit, &self.large.hit),
+                "miss": sizes(&self.small.miss, &self.large.miss),
+                "touch": sizes(&self.small.touch, &self.large.touch),
+                "fill_seconds": self.fill_secs,
+            }),
+        );
+        out.field(
+            "memory",
+            json!({
+                "resident_blocks": m.resident_blocks,
+                "block_bytes": BLOCK_BYTES,
+                "metadata_bytes": m.metadata_bytes,
+                "metadata_bytes_per_block": per_block,
+                "rss_before_bytes": m.rss_before,
+                "rss_after_bytes": m.rss_after,
+                "arena_bytes_touched": m.arena_touched,
+                "rss_bytes_per_block_minus_arena": rss_per_block,
+            }),
+        );
+        out.verified(format!(
+            "all {} blocks of the lookup tiers",
+            self.verified_bytes / BLOCK_BYTES as u64
+        ));
+    }
 }
