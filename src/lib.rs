@@ -31,29 +31,27 @@
 #![warn(missing_docs)]
 
 mod backend;
-mod completion;
 mod config;
+mod engine;
 mod error;
 pub mod ffi;
 mod fork;
 mod index;
-mod jobs;
 mod key;
 mod primary;
 mod stats;
-mod tier;
 mod workers;
 
 pub use config::{
     parse_size, BackendKind, TierConfig, CONFIG_KEYS, DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
 };
+pub use engine::jobs::{JobKind, JobResult};
+pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
 pub use index::LookupState;
-pub use jobs::{JobKind, JobResult};
 pub use key::MAX_KEY_LEN;
 pub use primary::PrimaryBuffer;
 pub use stats::Stats;
-pub use tier::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 
 /// The library version (the crate version).
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -65,6 +65,7 @@ pub(crate) trait Backend: Send + Sync {
     }
 
     /// Test seam: while set, writes fail as if the device were full.
+    #[cfg(feature = "test-hooks")]
     fn simulate_full_device(&self, _full: bool) {}
 
     /// The tier is being freed in a forked child, where it is never used

@@ -4,9 +4,9 @@
 use super::boundary::{self, as_mut, as_mut_slice, as_ref, as_slice, or_default, status, utf8, OK};
 use super::types::*;
 use crate::config::TierConfig;
+use crate::engine::Tier;
 use crate::error::{bail, Result};
 use crate::primary::PrimaryBuffer;
-use crate::tier::Tier;
 use std::ffi::{c_char, c_void};
 use std::time::Duration;
 

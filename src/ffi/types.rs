@@ -1,7 +1,7 @@
 //! C types and constants. Everything here is `#[repr(C)]` with fixed-width
 //! fields: no bools, no enums by value, so ctypes and other FFIs map it 1:1.
 
-use crate::jobs::JobResult;
+use crate::engine::jobs::JobResult;
 use crate::stats::Stats;
 
 /// Status of a call: `TIER_OK` (0), a positive non-error outcome

@@ -44,7 +44,9 @@ use crate::primary::PrimaryBuffer;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+#[cfg(feature = "test-hooks")]
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 /// Temporary files older than this are debris even in shared mode, where a
@@ -103,6 +105,7 @@ pub(crate) struct DiskBackend {
     stripes: Vec<Mutex<()>>,
     tmp_counter: AtomicU64,
     /// Test seam for a full device where no small file system can be mounted.
+    #[cfg(feature = "test-hooks")]
     simulate_full: AtomicBool,
     /// Holds the directory lock for the tier's lifetime.
     lock: Fd,
@@ -155,6 +158,7 @@ impl DiskBackend {
             shared: cfg.shared,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             tmp_counter: AtomicU64::new(0),
+            #[cfg(feature = "test-hooks")]
             simulate_full: AtomicBool::new(false),
             lock,
         })
@@ -274,6 +278,7 @@ impl DiskBackend {
             }
             other => other?,
         };
+        #[cfg(feature = "test-hooks")]
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
@@ -580,6 +585,7 @@ impl Backend for DiskBackend {
         1
     }
 
+    #[cfg(feature = "test-hooks")]
     fn simulate_full_device(&self, full: bool) {
         self.simulate_full.store(full, Ordering::Relaxed);
     }

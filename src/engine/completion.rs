@@ -1,7 +1,7 @@
 //! Finished-job results, the set of job ids in flight, and the waits on them.
 
+use crate::engine::jobs::JobResult;
 use crate::error::{alloc_error, bail, Result};
-use crate::jobs::JobResult;
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};

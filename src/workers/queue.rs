@@ -6,7 +6,7 @@
 //! thread wake-up per job; the others sleep at once, so idle workers do not
 //! compete with the engine's threads for cores.
 
-use crate::jobs::{JobKind, Task};
+use crate::engine::jobs::{JobKind, Task};
 use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -189,6 +189,7 @@ impl WorkQueue {
     }
 
     /// Removes the queued copy task of job `job_id` (manual stepping in tests).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn take_job(&self, job_id: u64) -> Option<Task> {
         let mut q = self.queues.lock();
         let Queues { loads, stores, .. } = &mut *q;
@@ -207,6 +208,7 @@ impl WorkQueue {
     }
 
     /// Removes all queued background work (probes and discards).
+    #[cfg(feature = "test-hooks")]
     pub(crate) fn take_background(&self) -> Vec<Work> {
         let mut q = self.queues.lock();
         let Queues {

@@ -1,0 +1,133 @@
+//! What a worker does with a piece of work: copy a task's blocks through the
+//! backend (no lock held), run a probe, or release evicted storage; and how a
+//! planned job is cut into tasks and queued.
+
+use super::jobs::{Job, JobKind, Task};
+use super::Shared;
+use crate::error::ErrorKind;
+use crate::workers::{Executor, Lane, Work, WorkQueue};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
+
+impl Executor for Shared {
+    fn queue(&self) -> &WorkQueue {
+        &self.queue
+    }
+
+    fn execute(&self, work: Work) {
+        self.run(work)
+    }
+}
+
+impl Shared {
+    /// Hands released blocks to a worker, which lets the backend release their
+    /// storage.
+    pub(super) fn discard(&self, released: Vec<(u32, Vec<u8>)>) {
+        if !released.is_empty() {
+            if let Err(unqueued) = self
+                .queue
+                .push_all(Lane::Discards, [Work::Discard(released)].into_iter())
+            {
+                // No memory to queue it: release the storage here instead.
+                unqueued.for_each(|work| self.run(work));
+            }
+        }
+    }
+
+    /// Whether a block of `key` is in use: stored, being stored, or cleared
+    /// but still pinned by a load.
+    pub(super) fn is_live(&self, key: &[u8]) -> bool {
+        self.state.lock().index.holds_key(key)
+    }
+
+    pub(super) fn run(&self, work: Work) {
+        match work {
+            Work::Copy(task) => self.run_task(task),
+            Work::Discard(keys) => {
+                for (_, key) in keys {
+                    self.backend.discard(&key, &|k| self.is_live(k));
+                }
+            }
+            Work::Probe(key) => self.run_probe(key),
+        }
+    }
+
+    /// Queues a planned job's copies, or completes it at once if there are none.
+    pub(super) fn dispatch(&self, job: Arc<Job>) {
+        if job.items.is_empty() {
+            self.finish(job);
+            return;
+        }
+        let job_bytes = job.items.len() * self.primary.block_bytes();
+        let max_tasks = self
+            .io_threads
+            .min(job_bytes / self.backend.min_task_bytes())
+            .max(1);
+        let min_items = job.items.len().div_ceil(max_tasks);
+        let lane = match job.kind {
+            JobKind::Load => Lane::Loads,
+            JobKind::Store => Lane::Stores,
+        };
+        let tasks = Arc::clone(&job).into_tasks(max_tasks, min_items);
+        if self.queue.push_all(lane, tasks.map(Work::Copy)).is_err() {
+            // No memory to queue the copies: the job fails as a whole, and is
+            // reported like any failure.
+            job.fail_all(ErrorKind::Alloc);
+            self.finish(job);
+        }
+    }
+
+    /// A worker runs one task: copies its blocks, then, if it is the job's last
+    /// task, completes the job.
+    pub(super) fn run_task(&self, task: Task) {
+        let job = &task.job;
+        let block_bytes = self.primary.block_bytes() as u64;
+        let copied = catch_unwind(AssertUnwindSafe(|| {
+            for i in task.range.clone() {
+                if self.queue.is_shut_down() {
+                    return false;
+                }
+                let item = job.items[i];
+                let outcome = match job.kind {
+                    JobKind::Store => {
+                        self.backend
+                            .store(&self.primary, item.row, item.slot, job.key(item.pos))
+                    }
+                    JobKind::Load => {
+                        if item.pos >= job.copy_limit() {
+                            break;
+                        }
+                        self.backend
+                            .load(&self.primary, item.row, item.slot, job.key(item.pos))
+                            .map(|()| block_bytes)
+                    }
+                };
+                match outcome {
+                    Ok(bytes) => job.add_bytes(bytes),
+                    Err(e) => {
+                        job.item_failed(i, e.kind());
+                        if job.kind == JobKind::Load {
+                            break;
+                        }
+                    }
+                }
+            }
+            true
+        }));
+        match copied {
+            Ok(false) => return, // shutting down: the job is abandoned with the tier
+            Ok(true) => {}
+            Err(_) => match job.kind {
+                // None of this task's blocks may be published as stored.
+                JobKind::Store => task
+                    .range
+                    .clone()
+                    .for_each(|i| job.item_failed(i, ErrorKind::Panic)),
+                JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Panic),
+            },
+        }
+        if job.task_done() {
+            self.finish(Arc::clone(job));
+        }
+    }
+}

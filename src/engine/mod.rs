@@ -1,0 +1,410 @@
+//! The tier engine, behind the public [`Tier`] API: validates and plans jobs
+//! under the index lock, hands the copies to the worker pool, and completes
+//! jobs (index update, unpin, result).
+//!
+//! A job's data flows one way: `submit` (this file) → `plan` (index, evict,
+//! pin, under the lock) → `execute` (a worker copies rows through the
+//! backend, no lock held) → `complete` (index update, unpin, waiting loads
+//! woken) → `completion` (results queued, polled exactly once).
+//!
+//! Files: `open` (building a tier: validation, backend, recovery, threads),
+//! `plan`, `execute`, `complete`, `probes` (shared storage: keys another
+//! process may have stored), `inherited` (a tier seen from a forked child),
+//! `jobs` and `completion` (job records and the results queue), `hooks`
+//! (test-only stepping, behind the `test-hooks` feature).
+//!
+//! Locks: `state` (index and load dependencies) and the completion queue are
+//! never held together, and no byte is copied under either. The types every
+//! part shares are defined here, so that each part reads their fields.
+
+mod complete;
+pub(crate) mod completion;
+mod execute;
+#[cfg(feature = "test-hooks")]
+mod hooks;
+mod inherited;
+pub(crate) mod jobs;
+mod open;
+mod plan;
+mod probes;
+
+use self::completion::Completions;
+use self::jobs::{Job, JobKind, JobResult};
+use self::plan::check_distinct_rows;
+use self::probes::Probe;
+use crate::backend::Backend;
+use crate::config::TierConfig;
+use crate::error::{try_vec, Result};
+use crate::index::{Index, LookupState};
+use crate::key::{check_keys, count_keys};
+use crate::primary::PrimaryBuffer;
+use crate::stats::{Counters, Stats};
+use crate::workers::{Pool, WorkQueue};
+use hashlink::LruCache;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// A key whose loads fail this many times in a row with a transient error
+/// (`Io`: descriptors, permissions, device errors) is dropped, so an engine
+/// that retries a failing block does not retry it forever.
+pub const MAX_TRANSIENT_LOAD_FAILURES: u32 = 3;
+
+/// A load waiting for stores in flight of some of its keys.
+struct WaitingLoad {
+    job: Arc<Job>,
+    /// Storing slots it still waits for (with multiplicity).
+    deps: usize,
+}
+
+struct State {
+    index: Index,
+    waiting: HashMap<u64, WaitingLoad>,
+    /// Storing slot → waiting loads (wait id, key position in that load).
+    waiters: HashMap<u32, Vec<(u64, u32)>>,
+    next_wait_id: u64,
+    /// Shared disk tiers: keys being or recently probed, the least recently
+    /// asked forgotten first.
+    probes: LruCache<Vec<u8>, Probe>,
+    /// Keys whose latest loads failed transiently, and how many times in a
+    /// row (almost always empty).
+    load_failures: HashMap<Vec<u8>, u32>,
+    victims: Vec<u32>,
+}
+
+struct Shared {
+    primary: PrimaryBuffer,
+    backend: Box<dyn Backend>,
+    state: Mutex<State>,
+    queue: WorkQueue,
+    done: Completions,
+    counters: Counters,
+    io_threads: usize,
+    probe_ttl: Duration,
+}
+
+/// A secondary tier over a caller's primary buffer.
+///
+/// Every method may be called from any thread, concurrently. Dropping the tier
+/// stops the workers after their current block copy; jobs still queued are
+/// abandoned, and the primary buffer is never touched again once `drop` returns.
+///
+/// A tier belongs to the process that built it. In a child made by `fork()`
+/// (which has none of its worker threads) it is inert: fallible methods fail
+/// with [`ErrorKind::Shutdown`], [`Tier::poll`], [`Tier::wait`],
+/// [`Tier::drain`] and [`Tier::clear`] return at once having done nothing, and
+/// dropping it releases only what is safe (see `Drop`). Build a new tier in
+/// the child; the parent's tier is unaffected. [`Tier::check_process`] tells.
+pub struct Tier {
+    shared: Arc<Shared>,
+    workers: Pool,
+    /// `fork::generation()` when the tier was built: a different value now
+    /// means this is a forked child.
+    fork_generation: u64,
+    /// The process that built the tier (for the message in a child).
+    owner_pid: u32,
+}
+
+impl std::fmt::Debug for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tier")
+            .field("block_bytes", &self.shared.primary.block_bytes())
+            .field("rows", &self.shared.primary.rows())
+            .field("io_threads", &self.shared.io_threads)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Tier {
+    /// Creates a tier over `primary` with `config`.
+    ///
+    /// Fails with `Config` if the capacity holds no whole block, `Alloc` if the
+    /// backend's storage or the worker threads cannot be created.
+    pub fn new(config: &TierConfig, primary: PrimaryBuffer) -> Result<Tier> {
+        Self::build(config, primary, true)
+    }
+
+    /// Bytes per block (the primary row size).
+    pub fn block_bytes(&self) -> usize {
+        self.shared.primary.block_bytes()
+    }
+
+    /// Rows in the primary buffer.
+    pub fn rows(&self) -> usize {
+        self.shared.primary.rows()
+    }
+
+    /// Writes the state of each of the `out.len()` keys packed in `keys` into
+    /// `out` as a [`LookupState`] byte, without blocking on any copy.
+    ///
+    /// A shared disk tier answers PENDING for a key it has not seen and asks
+    /// storage on a worker; a later lookup gets HIT or MISS. (Short of memory
+    /// to ask, it answers MISS, or PENDING without asking yet: a later lookup
+    /// asks again.)
+    ///
+    /// Fails only for invalid arguments; `out` is written only on success.
+    pub fn lookup_into(&self, keys: &[u8], key_len: usize, out: &mut [u8]) -> Result<()> {
+        self.check_process()?;
+        check_keys(keys, key_len, out.len())?;
+        if out.is_empty() {
+            return Ok(());
+        }
+        let (counts, to_probe) = {
+            let mut st = self.shared.state.lock();
+            let mut counts = st.index.lookup_batch(keys, key_len, out);
+            let to_probe = if self.shared.backend.probes_absent_keys() && counts.misses > 0 {
+                Shared::probe_misses(&mut st, keys, key_len, out, &mut counts)
+            } else {
+                Vec::new()
+            };
+            (counts, to_probe)
+        };
+        self.shared.queue_probes(to_probe);
+        let c = &self.shared.counters;
+        Counters::add(&c.lookups, out.len() as u64);
+        Counters::add(&c.hits, counts.hits);
+        Counters::add(&c.misses, counts.misses);
+        Counters::add(&c.pending, counts.pending);
+        Ok(())
+    }
+
+    /// The state of each key packed in `keys`, in order.
+    ///
+    /// Fails for invalid arguments, or with `Alloc` if there is no memory for
+    /// the answer (see [`Tier::lookup_into`], which needs none).
+    pub fn lookup(&self, keys: &[u8], key_len: usize) -> Result<Vec<LookupState>> {
+        let n = count_keys(keys, key_len)?;
+        let mut out = try_vec(n, "the lookup's answer")?;
+        out.resize(n, 0u8);
+        self.lookup_into(keys, key_len, &mut out)?;
+        // Collected in place: LookupState is one byte, like the u8 it maps.
+        Ok(out.into_iter().map(LookupState::from_byte).collect())
+    }
+
+    /// Makes the stored keys among `keys` the most recently used; the first key
+    /// ends most recent, so the head of a prefix outlives its tail. Unknown keys
+    /// and keys still being stored are ignored. Allocates nothing.
+    pub fn touch(&self, keys: &[u8], key_len: usize) -> Result<()> {
+        self.check_process()?;
+        count_keys(keys, key_len)?;
+        if keys.is_empty() {
+            return Ok(());
+        }
+        self.shared.state.lock().index.touch_batch(keys, key_len);
+        Ok(())
+    }
+
+    /// Submits a store of `block_ids.len()` keys from the given primary rows.
+    ///
+    /// Returns an error, and produces no result, only for invalid arguments, a
+    /// job id in flight, or `Alloc`: no memory for the job's copy of its keys
+    /// and its planning (the tier is then unchanged and the job id free).
+    /// Otherwise the job's result (success or failure) comes from
+    /// [`Tier::poll`] exactly once.
+    pub fn submit_store(
+        &self,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        self.submit(JobKind::Store, job_id, keys, key_len, block_ids)
+    }
+
+    /// Submits a load of `block_ids.len()` keys into the given primary rows.
+    /// Same reporting rule as [`Tier::submit_store`]: `Alloc` (no memory for
+    /// the job's keys, blocks or waits) rejects it and leaves the tier
+    /// unchanged. A job naming a row twice is rejected with `InvalidArg`. Two
+    /// loads in flight into one row leave its bytes undefined but fail neither
+    /// job and harm no stored block.
+    pub fn submit_load(
+        &self,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        self.submit(JobKind::Load, job_id, keys, key_len, block_ids)
+    }
+
+    fn submit(
+        &self,
+        kind: JobKind,
+        job_id: u64,
+        keys: &[u8],
+        key_len: usize,
+        block_ids: &[i64],
+    ) -> Result<()> {
+        self.check_process()?;
+        let n = block_ids.len();
+        check_keys(keys, key_len, n)?;
+        self.check_rows(block_ids)?;
+        if kind == JobKind::Load {
+            check_distinct_rows(block_ids, self.rows())?;
+        }
+        // Memory the caller's job size decides is reserved before the tier
+        // changes: a job without it is rejected, and leaves no trace.
+        let mut job = Job::new(job_id, kind, n as u32, keys, key_len)?;
+        self.shared.done.register(job_id)?;
+        if n == 0 {
+            self.shared.finish(Arc::new(job));
+            return Ok(());
+        }
+        let planned = {
+            let mut st = self.shared.state.lock();
+            let ready = match kind {
+                JobKind::Store => self
+                    .shared
+                    .plan_store(&mut st, &mut job, block_ids)
+                    .map(|()| Some(Arc::new(job))),
+                JobKind::Load => self.shared.plan_load(&mut st, job, block_ids),
+            };
+            ready.map(|ready| (ready, st.index.take_released()))
+        };
+        let (ready, released) = match planned {
+            Ok(planned) => planned,
+            Err(e) => {
+                self.shared.done.unregister(job_id);
+                return Err(e);
+            }
+        };
+        self.shared.discard(released);
+        if let Some(job) = ready {
+            self.shared.dispatch(job);
+        }
+        Ok(())
+    }
+
+    /// Hands up to `max` finished results to `f`, oldest first; returns how
+    /// many. Allocates nothing (room for each result is made at submit). In a
+    /// forked child: 0 at once (see [`Tier::check_process`]).
+    pub fn poll_with(&self, max: usize, f: impl FnMut(JobResult)) -> usize {
+        // In a forked child the results lock may be held by a parent thread
+        // that does not exist here: do not touch it.
+        if self.inherited() {
+            return 0;
+        }
+        self.shared.done.poll(max, f)
+    }
+
+    /// Takes up to `max` finished results, oldest first.
+    pub fn poll(&self, max: usize) -> Vec<JobResult> {
+        let mut out = Vec::new();
+        self.poll_with(max, |r| out.push(r));
+        out
+    }
+
+    /// Waits up to `timeout` for a result to be ready to poll; false on timeout.
+    /// In a forked child: false at once, as no result can ever come.
+    pub fn wait(&self, timeout: Duration) -> bool {
+        if self.inherited() {
+            return false;
+        }
+        self.shared.done.wait(timeout)
+    }
+
+    /// Blocks until every accepted job has completed and its result is queued.
+    /// In a forked child: returns at once (no job can complete there; waiting
+    /// would be forever).
+    pub fn drain(&self) {
+        if self.inherited() {
+            return;
+        }
+        self.shared.done.drain()
+    }
+
+    /// Drops every stored block. Blocks in use by jobs in flight look up as MISS
+    /// at once and are released when their jobs finish; those jobs still
+    /// complete and are reported normally. In a forked child: does nothing.
+    pub fn clear(&self) {
+        if self.inherited() {
+            return;
+        }
+        let released = {
+            let mut st = self.shared.state.lock();
+            st.index.clear();
+            st.load_failures.clear();
+            st.index.take_released()
+        };
+        self.shared.discard(released);
+    }
+
+    /// One line describing the backend and its storage choices (for logs). In
+    /// a forked child it ends with a note that the tier is unusable there.
+    pub fn describe(&self) -> String {
+        // Takes no lock: the backend's description is built from fields set
+        // at open, so this is safe in a forked child too.
+        let mut line = format!(
+            "kvtier {}: {}, {} I/O threads",
+            crate::VERSION,
+            self.shared.backend.describe(),
+            self.shared.io_threads
+        );
+        if self.inherited() {
+            line.push_str(&format!(
+                " (inherited across fork from process {}: unusable here)",
+                self.owner_pid
+            ));
+        }
+        line
+    }
+
+    /// A snapshot of the counters. In a forked child: all zeros (the index
+    /// lock may be held by a parent thread that does not exist there).
+    pub fn stats(&self) -> Stats {
+        if self.inherited() {
+            return Stats::default();
+        }
+        let s = &self.shared;
+        let (allocated, ready, capacity, metadata) = {
+            let st = s.state.lock();
+            (
+                st.index.allocated() as u64,
+                st.index.ready() as u64,
+                st.index.capacity() as u64,
+                st.index.metadata_bytes() as u64,
+            )
+        };
+        let block_bytes = s.primary.block_bytes() as u64;
+        let c = &s.counters;
+        Stats {
+            capacity_bytes: capacity * block_bytes,
+            used_bytes: allocated * block_bytes,
+            num_blocks: ready,
+            lookups: Counters::get(&c.lookups),
+            hits: Counters::get(&c.hits),
+            misses: Counters::get(&c.misses),
+            evictions: Counters::get(&c.evictions),
+            stores_ok: Counters::get(&c.stores_ok),
+            stores_failed: Counters::get(&c.stores_failed),
+            loads_ok: Counters::get(&c.loads_ok),
+            loads_failed: Counters::get(&c.loads_failed),
+            bytes_stored: Counters::get(&c.bytes_stored),
+            bytes_loaded: Counters::get(&c.bytes_loaded),
+            jobs_in_flight: s.done.running() as u64,
+            lookups_pending: Counters::get(&c.pending),
+            block_bytes,
+            capacity_blocks: capacity,
+            metadata_bytes: metadata,
+            results_queued: s.done.queued() as u64,
+            io_threads: s.io_threads as u64,
+        }
+    }
+}
+
+impl Drop for Tier {
+    fn drop(&mut self) {
+        if self.inherited() {
+            self.abandon_in_forked_child();
+            return;
+        }
+        let discards = self.shared.queue.shut_down();
+        self.workers.join();
+        // Evicted blocks' storage is still released: otherwise a disk tier
+        // would find them again on its next open.
+        for work in discards {
+            self.shared.run(work);
+        }
+    }
+}

@@ -1,0 +1,105 @@
+//! Building a tier: validates the geometry, opens the backend, rebuilds the
+//! index from what storage already holds (disk), and starts the workers.
+
+use super::completion::Completions;
+use super::probes::MAX_PROBE_MEMORY;
+use super::{Shared, State, Tier};
+use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
+use crate::config::{BackendKind, TierConfig};
+use crate::error::{bail, Result};
+use crate::fork;
+use crate::index::Index;
+use crate::key::KeyHasher;
+use crate::primary::PrimaryBuffer;
+use crate::stats::Counters;
+use crate::workers::{Pool, WorkQueue};
+use hashlink::LruCache;
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+impl Tier {
+    pub(super) fn build(config: &TierConfig, primary: PrimaryBuffer, spawn: bool) -> Result<Tier> {
+        let fork_generation = fork::register()?;
+        let block_bytes = primary.block_bytes();
+        let blocks = config.capacity_bytes / block_bytes as u64;
+        if blocks == 0 {
+            bail!(
+                Config,
+                "capacity_bytes: {} holds no whole block of {block_bytes} bytes",
+                config.capacity_bytes
+            );
+        }
+        if blocks >= u32::MAX as u64 {
+            bail!(
+                Config,
+                "capacity_bytes: {blocks} blocks exceed the limit of {}",
+                u32::MAX - 1
+            );
+        }
+        let backend: Box<dyn Backend> = match config.backend {
+            BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
+            BackendKind::Disk => Box::new(DiskBackend::open(&config.disk, block_bytes)?),
+        };
+        let io_threads = if spawn {
+            config.resolved_io_threads()
+        } else {
+            1
+        };
+        let mut index = Index::new(blocks as u32, KeyHasher::random());
+        if backend.wants_discards() {
+            index.track_releases();
+        }
+        let mut evicted_at_open = 0;
+        for key in backend.recover()? {
+            // Oldest first, so when storage holds more than the capacity the
+            // oldest blocks are the ones evicted again.
+            let mut victims = Vec::new();
+            if index.free_slots() == 0 && index.pick_victims(1, &mut victims) {
+                index.evict(victims[0]);
+                evicted_at_open += 1;
+            }
+            let hash = index.hash(&key);
+            if index.free_slots() > 0 && index.find(&key, hash).is_none() {
+                index.insert_ready(&key, hash);
+            }
+        }
+        let released_at_open = index.take_released();
+        let shared = Arc::new(Shared {
+            primary,
+            backend,
+            state: Mutex::new(State {
+                index,
+                waiting: HashMap::new(),
+                waiters: HashMap::new(),
+                next_wait_id: 0,
+                probes: LruCache::new(MAX_PROBE_MEMORY),
+                load_failures: HashMap::new(),
+                victims: Vec::new(),
+            }),
+            queue: WorkQueue::new(),
+            done: Completions::default(),
+            counters: Counters::default(),
+            io_threads,
+            probe_ttl: Duration::from_millis(config.disk.probe_ttl_ms as u64),
+        });
+        Counters::add(&shared.counters.evictions, evicted_at_open);
+        shared.discard(released_at_open);
+        let mut tier = Tier {
+            shared,
+            workers: Pool::default(),
+            fork_generation,
+            owner_pid: fork::pid(),
+        };
+        if spawn {
+            let spin = Duration::from_micros(config.idle_spin_us as u64);
+            // On failure, dropping `tier` joins the threads started so far.
+            let Tier {
+                shared, workers, ..
+            } = &mut tier;
+            workers.start(shared, io_threads, spin)?;
+        }
+        Ok(tier)
+    }
+}

@@ -1,0 +1,143 @@
+//! Shared storage (a disk directory several processes use): a key absent
+//! from this process's index may have been stored by another. A lookup
+//! answers PENDING and a worker asks storage; the answer (found: the key
+//! joins the index; not found: remembered for `probe_ttl_ms`) is kept in a
+//! bounded LRU map, the least recently asked forgotten first.
+
+use super::{Shared, State};
+use crate::index::{LookupCounts, LookupState};
+use crate::stats::Counters;
+use crate::workers::{Lane, Work};
+use hashlink::LruCache;
+use std::time::Instant;
+
+/// How many keys' probe answers (in flight, or "not in storage") are
+/// remembered; beyond it the least recently asked are forgotten.
+pub(super) const MAX_PROBE_MEMORY: usize = 65_536;
+
+/// What is known about a key absent from the index but maybe in storage.
+pub(super) enum Probe {
+    /// A worker is asking storage.
+    InFlight,
+    /// Storage did not have it; ask again after this instant.
+    Missing(Instant),
+}
+
+impl Shared {
+    /// Turns the MISS answers of a lookup in a shared tier into PENDING for
+    /// keys storage should be asked about (not asked recently), and returns
+    /// those keys; a key whose "not in storage" answer is fresh stays MISS.
+    pub(super) fn probe_misses(
+        st: &mut State,
+        keys: &[u8],
+        key_len: usize,
+        out: &mut [u8],
+        counts: &mut LookupCounts,
+    ) -> Vec<Vec<u8>> {
+        let mut to_probe = Vec::new();
+        let now = Instant::now();
+        for (i, state) in out.iter_mut().enumerate() {
+            if *state != LookupState::Miss as u8 {
+                continue;
+            }
+            let key = &keys[i * key_len..][..key_len];
+            // `get` makes the answer most recent: a key looked up often keeps
+            // its cached MISS however many others pass.
+            let cached = st.probes.get(key).map(|p| match p {
+                Probe::InFlight => None,
+                Probe::Missing(until) => Some(*until),
+            });
+            match cached {
+                Some(Some(until)) if now < until => continue,
+                Some(None) => {}
+                _ => {
+                    if !Shared::note_probe(&mut st.probes, &mut to_probe, key) {
+                        // Out of memory: no more probes this time.
+                        break;
+                    }
+                }
+            }
+            *state = LookupState::Pending as u8;
+            counts.misses -= 1;
+            counts.pending += 1;
+        }
+        to_probe
+    }
+
+    /// Queues probes of `keys` for the workers.
+    pub(super) fn queue_probes(&self, keys: Vec<Vec<u8>>) {
+        if keys.is_empty() {
+            return;
+        }
+        let probes = keys.into_iter().map(Work::Probe);
+        if let Err(unqueued) = self.queue.push_all(Lane::Probes, probes) {
+            // No memory to queue them: forget them, so that the keys
+            // (answered PENDING) are asked for again by a later lookup.
+            let mut st = self.state.lock();
+            for work in unqueued {
+                if let Work::Probe(key) = work {
+                    st.probes.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// Remembers that `key` is being probed and queues it in `to_probe`;
+    /// false (changing nothing) if there is no memory for that.
+    pub(super) fn note_probe(
+        probes: &mut LruCache<Vec<u8>, Probe>,
+        to_probe: &mut Vec<Vec<u8>>,
+        key: &[u8],
+    ) -> bool {
+        let copy = || {
+            let mut v = Vec::new();
+            v.try_reserve_exact(key.len()).ok()?;
+            v.extend_from_slice(key);
+            Some(v)
+        };
+        // The cache's own node is allocated infallibly: it holds at most
+        // MAX_PROBE_MEMORY small entries, a bound the caller does not move.
+        if to_probe.try_reserve(1).is_err() {
+            return false;
+        }
+        let (Some(a), Some(b)) = (copy(), copy()) else {
+            return false;
+        };
+        probes.insert(a, Probe::InFlight);
+        to_probe.push(b);
+        true
+    }
+
+    /// Asks storage for a key another process may have stored; a block found
+    /// joins the index (making room like a store would). The index is updated
+    /// inside the backend's answer, while the backend holds off deleting the
+    /// key.
+    pub(super) fn run_probe(&self, key: Vec<u8>) {
+        let mut released = Vec::new();
+        self.backend.probe(&key, &mut |found| {
+            let mut st = self.state.lock();
+            let State {
+                index,
+                probes,
+                victims,
+                ..
+            } = &mut *st;
+            probes.remove(&key);
+            let hash = index.hash(&key);
+            if index.find(&key, hash).is_none() {
+                let room = index.free_slots() > 0 || index.pick_victims(1, victims);
+                if found && room {
+                    if index.free_slots() == 0 {
+                        index.evict(victims[0]);
+                        Counters::add(&self.counters.evictions, 1);
+                    }
+                    index.insert_ready(&key, hash);
+                } else {
+                    probes.insert(key.clone(), Probe::Missing(Instant::now() + self.probe_ttl));
+                }
+            }
+            released = index.take_released();
+        });
+        self.discard(released);
+    }
+}
