@@ -6,7 +6,6 @@
 
 use super::Backend;
 use crate::error::{bail, Result};
-use crate::primary::PrimaryBuffer;
 use std::ptr::NonNull;
 
 pub(crate) struct MemoryBackend {
@@ -73,24 +72,20 @@ impl MemoryBackend {
 }
 
 impl Backend for MemoryBackend {
-    fn store(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<u64> {
+    fn store(&self, slot: u32, _key: &[u8], block: &[u8]) -> Result<u64> {
+        assert_eq!(block.len(), self.block_bytes);
         let dst = self.slot_ptr(slot);
-        primary.with_row(row, |src| {
-            assert_eq!(src.len(), self.block_bytes);
-            // SAFETY: dst is this slot's block inside the arena, written by this
-            // store alone (see the Sync note); src is a distinct allocation.
-            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len()) }
-        });
+        // SAFETY: dst is this slot's block inside the arena, written by this
+        // store alone (see the Sync note); `block` is a distinct allocation.
+        unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) }
         Ok(self.block_bytes as u64)
     }
 
-    fn load(&self, primary: &PrimaryBuffer, row: usize, slot: u32, _key: &[u8]) -> Result<()> {
+    fn load(&self, slot: u32, _key: &[u8], dst: &mut [u8]) -> Result<()> {
+        assert_eq!(dst.len(), self.block_bytes);
         let src = self.slot_ptr(slot);
-        primary.with_row_mut(row, |dst| {
-            assert_eq!(dst.len(), self.block_bytes);
-            // SAFETY: src is a Ready, pinned slot (no writer); dst is the row.
-            unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
-        });
+        // SAFETY: src is a Ready, pinned slot (no writer); dst is distinct.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
         Ok(())
     }
 

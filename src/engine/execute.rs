@@ -89,16 +89,17 @@ impl Shared {
                 }
                 let item = job.items[i];
                 let outcome = match job.kind {
-                    JobKind::Store => {
-                        self.backend
-                            .store(&self.primary, item.row, item.slot, job.key(item.pos))
-                    }
+                    JobKind::Store => self.primary.with_row(item.row, |block| {
+                        self.backend.store(item.slot, job.key(item.pos), block)
+                    }),
                     JobKind::Load => {
                         if item.pos >= job.copy_limit() {
                             break;
                         }
-                        self.backend
-                            .load(&self.primary, item.row, item.slot, job.key(item.pos))
+                        self.primary
+                            .with_row_mut(item.row, |dst| {
+                                self.backend.load(item.slot, job.key(item.pos), dst)
+                            })
                             .map(|()| block_bytes)
                     }
                 };

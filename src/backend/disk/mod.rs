@@ -31,23 +31,27 @@
 //! directory holds at most the sum of the processes' capacities; another
 //! process that still lists a deleted block gets NOT_FOUND on load and drops it.
 
+// Files: `format` (the block file format and its checksum), `io` (the system
+// calls), `layout` (where a key's file lives), `read` (the verified load),
+// `recover` (reopening a directory); this file: opening, storing, deleting.
 mod format;
 mod io;
 mod layout;
+mod read;
+mod recover;
 
 use self::format::{file_len, xxh64, Header, ALIGN, HEADER_LEN};
-use self::io::{AlignedBuf, Fd, FileId};
+use self::io::{AlignedBuf, Fd};
 use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
-use crate::primary::PrimaryBuffer;
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Temporary files older than this are debris even in shared mode, where a
 /// younger one may belong to another process's store in progress.
@@ -85,12 +89,6 @@ fn io_error(what: &str, path: &Path, err: std::io::Error) -> Error {
         ErrorKind::Io
     };
     Error::new(kind, format!("{what} {}: {err}", path.display()))
-}
-
-/// A block found on disk when the tier opens.
-pub(crate) struct Recovered {
-    pub key: Vec<u8>,
-    pub modified: SystemTime,
 }
 
 pub(crate) struct DiskBackend {
@@ -302,217 +300,10 @@ impl DiskBackend {
         }
         Ok(())
     }
-
-    /// Opens a block file and checks that it is a regular file of the block
-    /// size before a byte is read. A missing file is `NotFound`; something
-    /// else at the path (a FIFO, a directory, a symlink, which is never
-    /// followed) can never heal and is condemned; other failures (descriptors,
-    /// permissions, I/O) are transient `Io`.
-    fn open_block(&self, key: &[u8], path: &Path) -> Result<(Fd, FileId)> {
-        let want = file_len(self.block_bytes) as u64;
-        let fd = match io::open_read(path, self.direct) {
-            Ok(fd) => fd,
-            Err(e) if io::is_missing(&e) => return Err(io_error("open", path, e)),
-            // ELOOP, ENXIO, EINVAL (O_DIRECT on a directory) and friends mean
-            // "not a regular file" only if the path's own entry says so.
-            Err(e) => {
-                return Err(match io::lstat(path) {
-                    Ok(entry) if !entry.is_regular() => self.condemn(
-                        key,
-                        path,
-                        entry,
-                        format!("{} where a block file should be", entry.kind_name()),
-                    ),
-                    _ => io_error("open", path, e),
-                })
-            }
-        };
-        let id = io::fstat(&fd).map_err(|e| io_error("stat", path, e))?;
-        if !id.is_regular() {
-            let problem = format!("{} where a block file should be", id.kind_name());
-            return Err(self.condemn(key, path, id, problem));
-        }
-        if id.len != want {
-            let problem = format!("file of {} bytes, expected {want}", id.len);
-            return Err(self.condemn(key, path, id, problem));
-        }
-        Ok((fd, id))
-    }
-
-    /// What is wrong with a block read from a file, if anything.
-    fn problem(
-        &self,
-        header: std::result::Result<Header, String>,
-        read: usize,
-        expected_read: usize,
-        key: &[u8],
-        payload: &[u8],
-    ) -> Option<String> {
-        match header {
-            _ if read < expected_read => {
-                Some(format!("short file ({read} of {expected_read} bytes)"))
-            }
-            Err(why) => Some(why),
-            Ok(h) if h.namespace_fp != self.ns_fp => Some("block of another namespace".into()),
-            Ok(h) if h.payload_len != self.block_bytes as u64 => Some(format!(
-                "block of {} bytes, expected {}",
-                h.payload_len, self.block_bytes
-            )),
-            Ok(h) if h.key != key => Some("header names another key".into()),
-            Ok(h) if h.payload_sum != xxh64(payload, 0) => Some("payload checksum mismatch".into()),
-            Ok(_) => None,
-        }
-    }
-
-    /// Loads a block into `row`, verified. A file is condemned only on what a
-    /// private read of it shows: a checksum computed over the engine's row can
-    /// fail because something else wrote that row meanwhile (two loads in
-    /// flight into one row), which says nothing about the file.
-    fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
-        let (fd, id) = self.open_block(key, path)?;
-        let read_error = |e| io_error("read", path, e);
-        if self.in_place(row) {
-            let (header, read) = with_scratch(HEADER_LEN, |h| {
-                let n = io::read_at(&fd, &mut [h, row], 0)?;
-                Ok((Header::decode(h), n))
-            })
-            .map_err(read_error)?;
-            if self
-                .problem(header, read, HEADER_LEN + row.len(), key, row)
-                .is_none()
-            {
-                return Ok(());
-            }
-        }
-        let want = file_len(self.block_bytes);
-        let problem = with_scratch(want, |buf| {
-            let n = io::read_at(&fd, &mut [buf], 0)?;
-            let (header, payload) = buf.split_at(HEADER_LEN);
-            let payload = &payload[..row.len()];
-            let problem = self.problem(Header::decode(header), n, want, key, payload);
-            if problem.is_none() {
-                row.copy_from_slice(payload);
-            }
-            Ok(problem)
-        })
-        .map_err(read_error)?;
-        match problem {
-            None => Ok(()),
-            Some(problem) => Err(self.condemn(key, path, id, problem)),
-        }
-    }
-
-    /// Removes a block file proved bad (its type, size, header or checksum)
-    /// so no later load trips on it, and returns the load's `Corrupt` error.
-    /// Under the key's stripe lock and only if the path still names the file
-    /// that was examined: a good block published there since (by a process
-    /// sharing the directory) is never removed in its place. Directories are
-    /// left alone: kvtier never made them.
-    fn condemn(&self, key: &[u8], path: &Path, examined: FileId, problem: String) -> Error {
-        let outcome = {
-            let _guard = self.stripe(key).lock();
-            match io::lstat(path) {
-                Ok(now) if now.same_file(&examined) && !now.is_dir() => {
-                    match std::fs::remove_file(path) {
-                        Ok(()) => "removed".to_string(),
-                        Err(e) => format!("could not remove it: {e}"),
-                    }
-                }
-                Ok(now) if now.is_dir() => "left in place".to_string(),
-                _ => "replaced meanwhile, kept".to_string(),
-            }
-        };
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("{}: {problem}; {outcome}", path.display()),
-        )
-    }
-
-    /// Blocks on disk from earlier runs, oldest first, deleting temporary files
-    /// (in shared mode only stale ones) and files of the wrong size.
-    pub(crate) fn scan(&self) -> Result<Vec<Recovered>> {
-        let mut found = Vec::new();
-        let fans = match std::fs::read_dir(&self.ns_dir) {
-            Ok(d) => d,
-            Err(e) => bail!(Io, "cannot scan {}: {e}", self.ns_dir.display()),
-        };
-        let want_len = file_len(self.block_bytes) as u64;
-        let now = SystemTime::now();
-        for fan in fans.flatten() {
-            if !fan.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
-            }
-            let Ok(files) = std::fs::read_dir(fan.path()) else {
-                continue;
-            };
-            for file in files.flatten() {
-                let name = file.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let Ok(meta) = file.metadata() else { continue };
-                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                if name.ends_with(layout::TMP_EXT) {
-                    let stale = now.duration_since(modified).unwrap_or_default() > SHARED_TMP_GRACE;
-                    if !self.shared || stale {
-                        let _ = std::fs::remove_file(file.path());
-                    }
-                    continue;
-                }
-                if !name.ends_with(layout::BLOCK_EXT) || !meta.is_file() {
-                    continue;
-                }
-                if meta.len() != want_len {
-                    let _ = std::fs::remove_file(file.path());
-                    continue;
-                }
-                let key = if layout::is_hashed_name(name) {
-                    match self.read_key(&file.path()) {
-                        Ok(key) => key,
-                        // Not read (descriptors, permissions, I/O): nothing is
-                        // proved about the block, so it stays on disk,
-                        // unindexed until an open that can read it.
-                        Err(_) => continue,
-                    }
-                } else {
-                    layout::key_from_name(name)
-                };
-                match key {
-                    Some(key)
-                        if !key.is_empty()
-                            && key.len() <= crate::MAX_KEY_LEN
-                            && self.path_of(&key) == file.path() =>
-                    {
-                        found.push(Recovered { key, modified })
-                    }
-                    // Read and found misplaced or not a block header: no
-                    // lookup would ever find it.
-                    _ => {
-                        let _ = std::fs::remove_file(file.path());
-                    }
-                }
-            }
-        }
-        found.sort_by_key(|r| r.modified);
-        Ok(found)
-    }
-
-    /// The key in a block file's header: `Ok(None)` when the header was read
-    /// and is not one of this layout (proved bad), `Err` when it could not be
-    /// read at all (which proves nothing).
-    fn read_key(&self, path: &Path) -> std::io::Result<Option<Vec<u8>>> {
-        let fd = io::open_read(path, false)?;
-        if !io::fstat(&fd)?.is_regular() {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let mut h = vec![0u8; HEADER_LEN];
-        let n = io::read_at(&fd, &mut [&mut h], 0)?;
-        Ok((n == HEADER_LEN)
-            .then(|| Header::decode(&h).ok().map(|h| h.key))
-            .flatten())
-    }
 }
 
 impl Backend for DiskBackend {
-    fn store(&self, primary: &PrimaryBuffer, row: usize, _slot: u32, key: &[u8]) -> Result<u64> {
+    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         let path = self.path_of(key);
         // Another process may have published this key already.
         if self.shared && self.exists_complete(&path) {
@@ -522,7 +313,7 @@ impl Backend for DiskBackend {
         let mut tmp = path.clone().into_os_string();
         tmp.push(format!(".{}-{n}{}", std::process::id(), layout::TMP_EXT));
         let tmp = PathBuf::from(tmp);
-        let written = primary.with_row(row, |data| self.write_tmp(&tmp, key, data));
+        let written = self.write_tmp(&tmp, key, block);
         let published = written.and_then(|()| {
             let _guard = self.stripe(key).lock();
             std::fs::rename(&tmp, &path)
@@ -547,9 +338,8 @@ impl Backend for DiskBackend {
         Ok(self.block_bytes as u64)
     }
 
-    fn load(&self, primary: &PrimaryBuffer, row: usize, _slot: u32, key: &[u8]) -> Result<()> {
-        let path = self.path_of(key);
-        primary.with_row_mut(row, |dst| self.read_verified(&path, key, dst))
+    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
+        self.read_verified(&self.path_of(key), key, dst)
     }
 
     fn wants_discards(&self) -> bool {

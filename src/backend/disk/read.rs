@@ -1,0 +1,142 @@
+//! The verified read of a block file: open without blocking, check it is a
+//! regular file of the block's size, check header and checksum, and condemn a
+//! file only for what a private read of it proved.
+
+use super::format::{file_len, xxh64, Header, HEADER_LEN};
+use super::io::{self, Fd, FileId};
+use super::{io_error, with_scratch, DiskBackend};
+use crate::error::{Error, ErrorKind, Result};
+use std::path::Path;
+
+impl DiskBackend {
+    /// Opens a block file and checks that it is a regular file of the block
+    /// size before a byte is read. A missing file is `NotFound`; something
+    /// else at the path (a FIFO, a directory, a symlink, which is never
+    /// followed) can never heal and is condemned; other failures (descriptors,
+    /// permissions, I/O) are transient `Io`.
+    pub(super) fn open_block(&self, key: &[u8], path: &Path) -> Result<(Fd, FileId)> {
+        let want = file_len(self.block_bytes) as u64;
+        let fd = match io::open_read(path, self.direct) {
+            Ok(fd) => fd,
+            Err(e) if io::is_missing(&e) => return Err(io_error("open", path, e)),
+            // ELOOP, ENXIO, EINVAL (O_DIRECT on a directory) and friends mean
+            // "not a regular file" only if the path's own entry says so.
+            Err(e) => {
+                return Err(match io::lstat(path) {
+                    Ok(entry) if !entry.is_regular() => self.condemn(
+                        key,
+                        path,
+                        entry,
+                        format!("{} where a block file should be", entry.kind_name()),
+                    ),
+                    _ => io_error("open", path, e),
+                })
+            }
+        };
+        let id = io::fstat(&fd).map_err(|e| io_error("stat", path, e))?;
+        if !id.is_regular() {
+            let problem = format!("{} where a block file should be", id.kind_name());
+            return Err(self.condemn(key, path, id, problem));
+        }
+        if id.len != want {
+            let problem = format!("file of {} bytes, expected {want}", id.len);
+            return Err(self.condemn(key, path, id, problem));
+        }
+        Ok((fd, id))
+    }
+
+    /// What is wrong with a block read from a file, if anything.
+    pub(super) fn problem(
+        &self,
+        header: std::result::Result<Header, String>,
+        read: usize,
+        expected_read: usize,
+        key: &[u8],
+        payload: &[u8],
+    ) -> Option<String> {
+        match header {
+            _ if read < expected_read => {
+                Some(format!("short file ({read} of {expected_read} bytes)"))
+            }
+            Err(why) => Some(why),
+            Ok(h) if h.namespace_fp != self.ns_fp => Some("block of another namespace".into()),
+            Ok(h) if h.payload_len != self.block_bytes as u64 => Some(format!(
+                "block of {} bytes, expected {}",
+                h.payload_len, self.block_bytes
+            )),
+            Ok(h) if h.key != key => Some("header names another key".into()),
+            Ok(h) if h.payload_sum != xxh64(payload, 0) => Some("payload checksum mismatch".into()),
+            Ok(_) => None,
+        }
+    }
+
+    /// Loads a block into `row`, verified. A file is condemned only on what a
+    /// private read of it shows: a checksum computed over the engine's row can
+    /// fail because something else wrote that row meanwhile (two loads in
+    /// flight into one row), which says nothing about the file.
+    pub(super) fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
+        let (fd, id) = self.open_block(key, path)?;
+        let read_error = |e| io_error("read", path, e);
+        if self.in_place(row) {
+            let (header, read) = with_scratch(HEADER_LEN, |h| {
+                let n = io::read_at(&fd, &mut [h, row], 0)?;
+                Ok((Header::decode(h), n))
+            })
+            .map_err(read_error)?;
+            if self
+                .problem(header, read, HEADER_LEN + row.len(), key, row)
+                .is_none()
+            {
+                return Ok(());
+            }
+        }
+        let want = file_len(self.block_bytes);
+        let problem = with_scratch(want, |buf| {
+            let n = io::read_at(&fd, &mut [buf], 0)?;
+            let (header, payload) = buf.split_at(HEADER_LEN);
+            let payload = &payload[..row.len()];
+            let problem = self.problem(Header::decode(header), n, want, key, payload);
+            if problem.is_none() {
+                row.copy_from_slice(payload);
+            }
+            Ok(problem)
+        })
+        .map_err(read_error)?;
+        match problem {
+            None => Ok(()),
+            Some(problem) => Err(self.condemn(key, path, id, problem)),
+        }
+    }
+
+    /// Removes a block file proved bad (its type, size, header or checksum)
+    /// so no later load trips on it, and returns the load's `Corrupt` error.
+    /// Under the key's stripe lock and only if the path still names the file
+    /// that was examined: a good block published there since (by a process
+    /// sharing the directory) is never removed in its place. Directories are
+    /// left alone: kvtier never made them.
+    pub(super) fn condemn(
+        &self,
+        key: &[u8],
+        path: &Path,
+        examined: FileId,
+        problem: String,
+    ) -> Error {
+        let outcome = {
+            let _guard = self.stripe(key).lock();
+            match io::lstat(path) {
+                Ok(now) if now.same_file(&examined) && !now.is_dir() => {
+                    match std::fs::remove_file(path) {
+                        Ok(()) => "removed".to_string(),
+                        Err(e) => format!("could not remove it: {e}"),
+                    }
+                }
+                Ok(now) if now.is_dir() => "left in place".to_string(),
+                _ => "replaced meanwhile, kept".to_string(),
+            }
+        };
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("{}: {problem}; {outcome}", path.display()),
+        )
+    }
+}
