@@ -44,6 +44,34 @@ pub(crate) fn check_keys(keys: &[u8], key_len: usize, n: usize) -> Result<()> {
     Ok(())
 }
 
+/// Keys packed back to back, `key_len` bytes each (checked by the caller).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PackedKeys<'a> {
+    bytes: &'a [u8],
+    key_len: usize,
+}
+
+impl<'a> PackedKeys<'a> {
+    pub(crate) fn new(bytes: &'a [u8], key_len: usize) -> PackedKeys<'a> {
+        debug_assert!(key_len > 0 && bytes.len() % key_len == 0);
+        PackedKeys { bytes, key_len }
+    }
+
+    /// How many keys (at most u32::MAX, see [`check_keys`]).
+    pub(crate) fn len(&self) -> u32 {
+        (self.bytes.len() / self.key_len) as u32
+    }
+
+    pub(crate) fn key_len(&self) -> usize {
+        self.key_len
+    }
+
+    /// The key at position `pos`.
+    pub(crate) fn get(&self, pos: u32) -> &'a [u8] {
+        &self.bytes[pos as usize * self.key_len..][..self.key_len]
+    }
+}
+
 /// How many keys of `key_len` bytes `keys` packs, checked (whole keys only).
 pub(crate) fn count_keys(keys: &[u8], key_len: usize) -> Result<usize> {
     check_key_len(key_len)?;

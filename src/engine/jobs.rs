@@ -1,6 +1,8 @@
 //! Jobs and the tasks workers run for them.
 
 use crate::error::{try_vec, ErrorKind, Result};
+pub(crate) use crate::index::Item;
+use crate::key::PackedKeys;
 use parking_lot::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -48,14 +50,6 @@ impl JobResult {
     pub fn status_code(&self) -> i32 {
         self.error.map_or(0, |k| k.code())
     }
-}
-
-/// One block of a job: the key at `pos`, primary row `row`, storage slot `slot`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Item {
-    pub pos: u32,
-    pub row: usize,
-    pub slot: u32,
 }
 
 const NO_FAILURE: u64 = u64::MAX;
@@ -116,6 +110,11 @@ impl Job {
             failed_items: Mutex::new(FailedItems::default()),
             bytes: AtomicU64::new(0),
         })
+    }
+
+    /// The job's keys.
+    pub(crate) fn keys(&self) -> PackedKeys<'_> {
+        PackedKeys::new(&self.keys, self.key_len)
     }
 
     pub(crate) fn key(&self, pos: u32) -> &[u8] {
@@ -242,10 +241,5 @@ impl FailedItems {
                 .find(|&&(f, _)| f == i)
                 .map(|&(_, kind)| kind)
         })
-    }
-
-    /// The failures recorded one by one (not those of `all`).
-    pub(crate) fn listed(&self) -> &[(usize, ErrorKind)] {
-        &self.list
     }
 }

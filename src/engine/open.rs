@@ -8,7 +8,7 @@ use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{bail, Result};
 use crate::fork;
-use crate::index::Index;
+use crate::index::{Admitted, Index};
 use crate::key::KeyHasher;
 use crate::primary::PrimaryBuffer;
 use crate::stats::Counters;
@@ -52,17 +52,12 @@ impl Tier {
             index.track_releases();
         }
         let mut evicted_at_open = 0;
+        let mut victims = Vec::new();
         for key in backend.recover()? {
             // Oldest first, so when storage holds more than the capacity the
             // oldest blocks are the ones evicted again.
-            let mut victims = Vec::new();
-            if index.free_slots() == 0 && index.pick_victims(1, &mut victims) {
-                index.evict(victims[0]);
+            if index.admit_found(&key, &mut victims) == (Admitted::Added { evicted: true }) {
                 evicted_at_open += 1;
-            }
-            let hash = index.hash(&key);
-            if index.free_slots() > 0 && index.find(&key, hash).is_none() {
-                index.insert_ready(&key, hash);
             }
         }
         let released_at_open = index.take_released();

@@ -3,10 +3,10 @@
 //! allocation comes before the index changes, so a job that cannot get memory
 //! is rejected and leaves no trace.
 
-use super::jobs::{Item, Job};
+use super::jobs::Job;
 use super::{Shared, State, Tier, WaitingLoad};
-use crate::error::{alloc_error, bail, try_reserve, try_vec, ErrorKind, Result};
-use crate::index::{try_long_tail, SlotState, INLINE_KEY};
+use crate::error::{alloc_error, bail, try_vec, ErrorKind, Result};
+use crate::key::PackedKeys;
 use crate::stats::Counters;
 use std::sync::Arc;
 
@@ -68,13 +68,12 @@ impl Tier {
 }
 
 impl Shared {
-    /// Plans a store under the index lock: skips keys present or in flight and
-    /// duplicates, makes room by evicting LRU blocks that are not pinned, in
-    /// flight, or part of this job, and claims slots. If there is not enough
-    /// room, records NO_SPACE and changes nothing.
+    /// Plans a store under the index lock (see [`Index::reserve_store`]): on
+    /// success the job holds its blocks to copy and its pinned present keys;
+    /// without room it records NO_SPACE and nothing changed; `Alloc` changes
+    /// nothing either.
     ///
-    /// Every allocation comes first: if one fails, returns `Alloc` and the
-    /// tier is unchanged.
+    /// [`Index::reserve_store`]: crate::index::Index::reserve_store
     pub(super) fn plan_store(
         &self,
         st: &mut State,
@@ -82,76 +81,20 @@ impl Shared {
         block_ids: &[i64],
     ) -> Result<()> {
         let State { index, victims, .. } = st;
-        let mut new: Vec<(u32, u64)> = try_vec(job.num_blocks as usize, "the store's new keys")?;
-        let mut pinned = Vec::new();
-        for pos in 0..job.num_blocks {
-            let key = job.key(pos);
-            let hash = index.hash(key);
-            match index.find(key, hash) {
-                Some(slot) => {
-                    try_reserve(&mut pinned, 1, "the store's present keys")?;
-                    pinned.push(slot);
-                }
-                None => new.push((pos, hash)),
+        match index.reserve_store(job.keys(), block_ids, victims)? {
+            Some(reserved) => {
+                Counters::add(&self.counters.evictions, reserved.evicted as u64);
+                job.items = reserved.items;
+                job.pinned = reserved.pinned;
             }
+            None => job.fail(0, ErrorKind::NoSpace),
         }
-        if new.len() > 1 {
-            // Unstable sorts do not allocate; the order is total (the position
-            // breaks ties), so it is the one a stable sort would give.
-            new.sort_unstable_by(|a, b| {
-                a.1.cmp(&b.1)
-                    .then_with(|| job.key(a.0).cmp(job.key(b.0)))
-                    .then(a.0.cmp(&b.0))
-            });
-            new.dedup_by(|later, first| later.1 == first.1 && job.key(later.0) == job.key(first.0));
-            new.sort_unstable_by_key(|e| e.0);
-        }
-        let free = index.free_slots() as usize;
-        let need = new.len().saturating_sub(free);
-        let mut items = try_vec(new.len(), "the store's blocks")?;
-        let mut tails = Vec::new();
-        if job.key_len > INLINE_KEY {
-            tails = try_vec(new.len(), "the store's long keys")?;
-            for &(pos, _) in &new {
-                tails.push(try_long_tail(job.key(pos))?);
-            }
-        }
-        victims.clear();
-        try_reserve(victims, need, "eviction victims")?;
-        index.reserve(new.len(), need, job.key_len)?;
-
-        // Nothing below allocates.
-        // Keys of the job are not evicted while it runs, by its own evictions
-        // or anyone else's.
-        for &slot in &pinned {
-            index.pin(slot);
-        }
-        let enough = need == 0 || index.pick_victims(need, victims);
-        if !enough {
-            for &slot in &pinned {
-                index.unpin(slot);
-            }
-            job.fail(0, ErrorKind::NoSpace);
-            return Ok(());
-        }
-        Counters::add(&self.counters.evictions, need as u64);
-        for &v in &victims[..need] {
-            index.evict(v);
-        }
-        job.pinned = pinned;
-        let mut tails = tails.into_iter();
-        items.extend(new.into_iter().map(|(pos, hash)| Item {
-            pos,
-            row: block_ids[pos as usize] as usize,
-            slot: index.insert_storing_with(job.key(pos), hash, tails.next().flatten()),
-        }));
-        job.items = items;
         Ok(())
     }
 
-    /// Plans a load under the index lock: pins each key's block up to the first
-    /// missing key. Returns the job if it can run now; a job waiting for stores
-    /// in flight is parked and dispatched when they finish.
+    /// Plans a load under the index lock: pins each key's block up to the
+    /// first missing key. Returns the job if it can run now; a job waiting for
+    /// stores in flight is parked and dispatched when they finish.
     ///
     /// Every allocation comes first (`Job::new` made room for the items): if
     /// one fails, returns `Alloc` and the tier is unchanged.
@@ -161,24 +104,13 @@ impl Shared {
         mut job: Job,
         block_ids: &[i64],
     ) -> Result<Option<Arc<Job>>> {
-        debug_assert!(job.items.capacity() >= job.num_blocks as usize);
         let mut storing = Vec::new();
-        for pos in 0..job.num_blocks {
-            let key = job.key(pos);
-            let slot = st.index.find(key, st.index.hash(key));
-            let Some(slot) = slot.filter(|&s| st.index.state(s) != SlotState::Dead) else {
-                job.fail(pos, ErrorKind::NotFound);
-                break;
-            };
-            if st.index.state(slot) == SlotState::Storing {
-                try_reserve(&mut storing, 1, "the load's keys in flight")?;
-                storing.push((slot, pos));
-            }
-            job.items.push(Item {
-                pos,
-                row: block_ids[pos as usize] as usize,
-                slot,
-            });
+        let keys = PackedKeys::new(&job.keys, job.key_len);
+        let missing = st
+            .index
+            .find_load(keys, block_ids, &mut job.items, &mut storing)?;
+        if let Some(pos) = missing {
+            job.fail(pos, ErrorKind::NotFound);
         }
         let wait_id = st.next_wait_id;
         if !storing.is_empty() {
@@ -206,9 +138,7 @@ impl Shared {
         }
 
         // Nothing below allocates.
-        for item in &job.items {
-            st.index.pin(item.slot);
-        }
+        st.index.pin_load(&job.items);
         let job = Arc::new(job);
         if storing.is_empty() {
             return Ok(Some(job));

@@ -5,7 +5,7 @@
 //! bounded LRU map, the least recently asked forgotten first.
 
 use super::{Shared, State};
-use crate::index::{LookupCounts, LookupState};
+use crate::index::{Admitted, LookupCounts, LookupState};
 use crate::stats::Counters;
 use crate::workers::{Lane, Work};
 use hashlink::LruCache;
@@ -123,16 +123,20 @@ impl Shared {
                 ..
             } = &mut *st;
             probes.remove(&key);
-            let hash = index.hash(&key);
-            if index.find(&key, hash).is_none() {
-                let room = index.free_slots() > 0 || index.pick_victims(1, victims);
-                if found && room {
-                    if index.free_slots() == 0 {
-                        index.evict(victims[0]);
-                        Counters::add(&self.counters.evictions, 1);
-                    }
-                    index.insert_ready(&key, hash);
-                } else {
+            let admitted = if found {
+                index.admit_found(&key, victims)
+            } else if index.contains(&key) {
+                Admitted::Present
+            } else {
+                Admitted::NoRoom
+            };
+            match admitted {
+                Admitted::Added { evicted } => {
+                    Counters::add(&self.counters.evictions, evicted as u64);
+                }
+                Admitted::Present => {}
+                // Not in storage, or no room for it: MISS for a while.
+                Admitted::NoRoom => {
                     probes.insert(key.clone(), Probe::Missing(Instant::now() + self.probe_ttl));
                 }
             }

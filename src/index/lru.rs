@@ -65,7 +65,7 @@ impl Index {
 
     /// Collects up to `need` eviction victims from the LRU end, skipping pinned
     /// slots. Returns false (with `out` partially filled) if there are not enough.
-    pub(crate) fn pick_victims(&self, need: usize, out: &mut Vec<u32>) -> bool {
+    pub(super) fn pick_victims(&self, need: usize, out: &mut Vec<u32>) -> bool {
         out.clear();
         let mut s = self.lru_head;
         while out.len() < need && s != NIL {

@@ -20,12 +20,14 @@
 //!
 //! Slot numbers double as the storage location in the memory backend's arena.
 //!
-//! Files: `table` (the hash table and hot words), `lru` (recency list and
+//! Files: `jobs` (what a store or a load does to the index, one call per
+//! stage), `table` (the hash table and hot words), `lru` (recency list and
 //! victims), `slots` (slot allocation and reservation), `batch` (the lookup
 //! and touch pipelines), `releases` (freed keys, for backends that release
 //! storage). This file holds the index itself and the per-slot state machine.
 
 mod batch;
+mod jobs;
 mod lru;
 mod releases;
 mod slots;
@@ -38,7 +40,8 @@ use self::table::{hot_matches, hot_state, hot_word, tag_of, Bucket, Table};
 use crate::key::{KeyHasher, MAX_KEY_LEN};
 use std::collections::HashMap;
 
-pub(crate) use self::slots::try_long_tail;
+pub(crate) use self::jobs::{Admitted, Item};
+use self::slots::try_long_tail;
 
 /// Key bytes kept in the slot record; longer keys keep the rest apart.
 pub(crate) const INLINE_KEY: usize = 40;
@@ -170,7 +173,7 @@ impl Index {
         self.ready
     }
 
-    pub(crate) fn free_slots(&self) -> u32 {
+    fn free_slots(&self) -> u32 {
         self.capacity - self.allocated()
     }
 
@@ -186,7 +189,7 @@ impl Index {
     }
 
     #[inline]
-    pub(crate) fn hash(&self, key: &[u8]) -> u64 {
+    fn hash(&self, key: &[u8]) -> u64 {
         self.hasher.hash(key)
     }
 
@@ -202,7 +205,7 @@ impl Index {
     }
 
     /// Writes slot `slot`'s key into `out` and returns its length.
-    pub(crate) fn key_of(&self, slot: u32, out: &mut [u8; MAX_KEY_LEN]) -> usize {
+    fn key_of(&self, slot: u32, out: &mut [u8; MAX_KEY_LEN]) -> usize {
         let s = &self.slots[slot as usize];
         let len = s.key_len as usize;
         let inline = len.min(INLINE_KEY);
@@ -216,7 +219,7 @@ impl Index {
     /// The linked slot holding `key`, whose hash is `hash`, verified against
     /// the full key (for jobs, which must never mistake one block for another).
     #[inline]
-    pub(crate) fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
+    fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
         let tag = tag_of(hash);
         let mut i = self.table.home(tag);
         loop {
@@ -252,18 +255,18 @@ impl Index {
         }
     }
 
-    pub(crate) fn state(&self, slot: u32) -> SlotState {
+    fn state(&self, slot: u32) -> SlotState {
         self.slots[slot as usize].state
     }
 
-    pub(crate) fn pin(&mut self, s: u32) {
+    fn pin(&mut self, s: u32) {
         let slot = &mut self.slots[s as usize];
         slot.pins = slot.pins.checked_add(1).expect("pin count overflow");
     }
 
     /// Drops one pin; frees the slot if it was released while pinned. Returns
     /// true if the slot was freed.
-    pub(crate) fn unpin(&mut self, s: u32) -> bool {
+    fn unpin(&mut self, s: u32) -> bool {
         let slot = &mut self.slots[s as usize];
         debug_assert!(slot.pins > 0);
         slot.pins -= 1;
@@ -276,7 +279,7 @@ impl Index {
 
     /// Removes a Ready, linked, unpinned slot and frees it (eviction).
     /// Allocates nothing once [`Index::reserve`] made room.
-    pub(crate) fn evict(&mut self, s: u32) {
+    fn evict(&mut self, s: u32) {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
         debug_assert_eq!(self.slots[s as usize].pins, 0);
         debug_assert!(self.slots[s as usize].linked);
@@ -315,7 +318,7 @@ impl Index {
     /// Adds a readable block found in storage (recovery, probes) as the most
     /// recently used. The caller has checked `free_slots() > 0` and that the key
     /// is absent.
-    pub(crate) fn insert_ready(&mut self, key: &[u8], hash: u64) -> u32 {
+    fn insert_ready(&mut self, key: &[u8], hash: u64) -> u32 {
         let s = self.insert_storing(key, hash);
         self.finish_store(s, true);
         s
@@ -326,7 +329,7 @@ impl Index {
     /// goes. The slot is not reported as released: what is in storage is the
     /// backend's to judge (already removed, gone, or kept because nothing was
     /// proved against it, or because it is a newer block of another writer).
-    pub(crate) fn forget(&mut self, s: u32) {
+    fn forget(&mut self, s: u32) {
         if self.slots[s as usize].state != SlotState::Ready || !self.slots[s as usize].linked {
             return;
         }
@@ -339,7 +342,7 @@ impl Index {
 
     /// Finishes a store into `s`: on success the block becomes readable and most
     /// recently used; on failure it disappears (or turns Dead while pinned).
-    pub(crate) fn finish_store(&mut self, s: u32, ok: bool) {
+    fn finish_store(&mut self, s: u32, ok: bool) {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Storing);
         let linked = self.slots[s as usize].linked;
         if ok {

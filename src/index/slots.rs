@@ -8,7 +8,7 @@ use crate::error::{alloc_error, try_reserve as try_reserve_vec, Result};
 
 /// The part of `key` kept outside the slot record (None if it fits inline),
 /// copied for [`Index::insert_storing_with`]; `Alloc` if memory is short.
-pub(crate) fn try_long_tail(key: &[u8]) -> Result<Option<Box<[u8]>>> {
+pub(super) fn try_long_tail(key: &[u8]) -> Result<Option<Box<[u8]>>> {
     let Some(tail) = key.get(INLINE_KEY..).filter(|t| !t.is_empty()) else {
         return Ok(None);
     };
@@ -26,7 +26,7 @@ impl Index {
     /// slot records, the free list, the table, long-key tails' map, released
     /// keys. Fails with `Alloc`, changing nothing a lookup can see, if memory
     /// is short. The tails themselves come from [`try_long_tail`].
-    pub(crate) fn reserve(
+    pub(super) fn reserve(
         &mut self,
         new_keys: usize,
         evictions: usize,
@@ -79,7 +79,7 @@ impl Index {
 
     /// Allocates a slot for a new key (absent from the table) in state
     /// Storing and links it. The caller has checked `free_slots() > 0`.
-    pub(crate) fn insert_storing(&mut self, key: &[u8], hash: u64) -> u32 {
+    pub(super) fn insert_storing(&mut self, key: &[u8], hash: u64) -> u32 {
         let tail = (key.len() > INLINE_KEY).then(|| key[INLINE_KEY..].into());
         self.insert_storing_with(key, hash, tail)
     }
@@ -87,7 +87,7 @@ impl Index {
     /// [`Index::insert_storing`] with the key's tail beyond the inline part
     /// (from [`try_long_tail`]) already copied: after [`Index::reserve`], this
     /// allocates nothing.
-    pub(crate) fn insert_storing_with(
+    pub(super) fn insert_storing_with(
         &mut self,
         key: &[u8],
         hash: u64,

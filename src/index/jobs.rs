@@ -1,0 +1,231 @@
+//! What a job does to the index, one call per stage, so the engine never
+//! walks a job's keys through the index itself:
+//! - a store reserves its keys ([`Index::reserve_store`]: pins the present
+//!   ones, evicts, claims slots) and later commits them
+//!   ([`Index::commit_store`]);
+//! - a load finds its blocks ([`Index::find_load`]), pins them
+//!   ([`Index::pin_load`]) once the engine has its waits, and later releases
+//!   them ([`Index::release_load`]);
+//! - a block found in storage (recovery, a probe) is admitted
+//!   ([`Index::admit_found`]).
+
+use super::{try_long_tail, Index, SlotState, INLINE_KEY};
+use crate::error::{try_reserve, try_vec, Result};
+use crate::key::PackedKeys;
+
+/// One block a job copies: the key at position `pos`, primary row `row`,
+/// index slot `slot`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Item {
+    pub pos: u32,
+    pub row: usize,
+    pub slot: u32,
+}
+
+/// What a store reserved: its new keys' blocks (in key order, each with a
+/// slot in state Storing) and the slots of its present keys (pinned).
+pub(crate) struct StoreReservation {
+    pub items: Vec<Item>,
+    pub pinned: Vec<u32>,
+    /// Blocks evicted to make room.
+    pub evicted: usize,
+}
+
+/// What [`Index::admit_found`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    /// Added as most recent; `evicted` says whether a block made room.
+    Added { evicted: bool },
+    /// The key was in the index already.
+    Present,
+    /// Full, and every block is pinned or in flight.
+    NoRoom,
+}
+
+impl Index {
+    /// Reserves a store of the keys packed in `keys` from rows `rows`: keys
+    /// present or in flight are skipped (and pinned: never evicted while the
+    /// job runs, by its own evictions or anyone else's), duplicates are stored
+    /// once, least recently used blocks that are not pinned, in flight or the
+    /// job's own are evicted to make room, and a slot is claimed for each new
+    /// key. `None` if there is not enough room (nothing changed).
+    ///
+    /// Every allocation comes first: `Alloc` changes nothing either.
+    pub(crate) fn reserve_store(
+        &mut self,
+        keys: PackedKeys,
+        rows: &[i64],
+        victims: &mut Vec<u32>,
+    ) -> Result<Option<StoreReservation>> {
+        let (n, key_len) = (keys.len(), keys.key_len());
+        debug_assert_eq!(n as usize, rows.len());
+        let key = |pos| keys.get(pos);
+        let mut new: Vec<(u32, u64)> = try_vec(n as usize, "the store's new keys")?;
+        let mut pinned = Vec::new();
+        for pos in 0..n {
+            let hash = self.hash(key(pos));
+            match self.find(key(pos), hash) {
+                Some(slot) => {
+                    try_reserve(&mut pinned, 1, "the store's present keys")?;
+                    pinned.push(slot);
+                }
+                None => new.push((pos, hash)),
+            }
+        }
+        if new.len() > 1 {
+            // Unstable sorts do not allocate; the order is total (the position
+            // breaks ties), so it is the one a stable sort would give.
+            new.sort_unstable_by(|a, b| {
+                a.1.cmp(&b.1)
+                    .then_with(|| key(a.0).cmp(key(b.0)))
+                    .then(a.0.cmp(&b.0))
+            });
+            new.dedup_by(|later, first| later.1 == first.1 && key(later.0) == key(first.0));
+            new.sort_unstable_by_key(|e| e.0);
+        }
+        let free = self.free_slots() as usize;
+        let need = new.len().saturating_sub(free);
+        let mut items = try_vec(new.len(), "the store's blocks")?;
+        let mut tails = Vec::new();
+        if key_len > INLINE_KEY {
+            tails = try_vec(new.len(), "the store's long keys")?;
+            for &(pos, _) in &new {
+                tails.push(try_long_tail(key(pos))?);
+            }
+        }
+        victims.clear();
+        try_reserve(victims, need, "eviction victims")?;
+        self.reserve(new.len(), need, key_len)?;
+
+        // Nothing below allocates.
+        for &slot in &pinned {
+            self.pin(slot);
+        }
+        if need > 0 && !self.pick_victims(need, victims) {
+            for &slot in &pinned {
+                self.unpin(slot);
+            }
+            return Ok(None);
+        }
+        for &v in &victims[..need] {
+            self.evict(v);
+        }
+        let mut tails = tails.into_iter();
+        items.extend(new.into_iter().map(|(pos, hash)| Item {
+            pos,
+            row: rows[pos as usize] as usize,
+            slot: self.insert_storing_with(key(pos), hash, tails.next().flatten()),
+        }));
+        Ok(Some(StoreReservation {
+            items,
+            pinned,
+            evicted: need,
+        }))
+    }
+
+    /// Commits a store whose copies are done: each block of `items` whose
+    /// copy succeeded (`copied(i)`) becomes readable and most recent, the job's
+    /// first key most recent of all; the others disappear. `settled(item, ok)`
+    /// is told of each. Drops the job's pins, and returns how many of its keys
+    /// (counting repeats) are in the index now, whatever happened meanwhile (a
+    /// clear, evictions of keys it found present).
+    pub(crate) fn commit_store(
+        &mut self,
+        keys: PackedKeys,
+        items: &[Item],
+        pinned: &[u32],
+        copied: impl Fn(usize) -> bool,
+        mut settled: impl FnMut(&Item, bool),
+    ) -> u32 {
+        // Reverse order: the job's first key ends most recent.
+        for (i, item) in items.iter().enumerate().rev() {
+            let ok = copied(i);
+            self.finish_store(item.slot, ok);
+            settled(item, ok);
+        }
+        let present = (0..keys.len())
+            .filter(|&pos| self.contains(keys.get(pos)))
+            .count();
+        for &slot in pinned {
+            self.unpin(slot);
+        }
+        present as u32
+    }
+
+    /// Finds a load's blocks in key order into `items` (which has room for
+    /// all of them), up to the first key that is not stored, whose position
+    /// is returned. Blocks still being stored are also listed in `storing` as
+    /// (slot, position). Changes nothing: [`Index::pin_load`] pins them once
+    /// the engine has registered its waits.
+    pub(crate) fn find_load(
+        &self,
+        keys: PackedKeys,
+        rows: &[i64],
+        items: &mut Vec<Item>,
+        storing: &mut Vec<(u32, u32)>,
+    ) -> Result<Option<u32>> {
+        debug_assert!(items.capacity() >= rows.len());
+        for pos in 0..rows.len() as u32 {
+            let key = keys.get(pos);
+            let slot = self.find(key, self.hash(key));
+            let Some(slot) = slot.filter(|&s| self.state(s) != SlotState::Dead) else {
+                return Ok(Some(pos));
+            };
+            if self.state(slot) == SlotState::Storing {
+                try_reserve(storing, 1, "the load's keys in flight")?;
+                storing.push((slot, pos));
+            }
+            items.push(Item {
+                pos,
+                row: rows[pos as usize] as usize,
+                slot,
+            });
+        }
+        Ok(None)
+    }
+
+    /// Pins a load's blocks against eviction while they are read.
+    pub(crate) fn pin_load(&mut self, items: &[Item]) {
+        for item in items {
+            self.pin(item.slot);
+        }
+    }
+
+    /// Releases a load whose copies are done: forgets the blocks for which
+    /// `forget(i)` says so (gone, bad, or failing again and again: they look
+    /// up as MISS from now on), then unpins every block.
+    pub(crate) fn release_load(&mut self, items: &[Item], mut forget: impl FnMut(usize) -> bool) {
+        for (i, item) in items.iter().enumerate() {
+            if forget(i) {
+                self.forget(item.slot);
+            }
+        }
+        for item in items {
+            self.unpin(item.slot);
+        }
+    }
+
+    /// Admits a block found in storage (recovery, probes) as the most
+    /// recently used, evicting the least recently used unpinned block if the
+    /// index is full. `victims` is scratch space.
+    pub(crate) fn admit_found(&mut self, key: &[u8], victims: &mut Vec<u32>) -> Admitted {
+        let hash = self.hash(key);
+        if self.find(key, hash).is_some() {
+            return Admitted::Present;
+        }
+        let evicted = self.free_slots() == 0;
+        if evicted {
+            if !self.pick_victims(1, victims) {
+                return Admitted::NoRoom;
+            }
+            self.evict(victims[0]);
+        }
+        self.insert_ready(key, hash);
+        Admitted::Added { evicted }
+    }
+
+    /// Whether `key` is in the index (stored or being stored).
+    pub(crate) fn contains(&self, key: &[u8]) -> bool {
+        self.find(key, self.hash(key)).is_some()
+    }
+}
