@@ -1,7 +1,9 @@
 //! The exported functions. Each body is a few lines: convert arguments through
 //! `boundary`, call the core, map the result.
 
-use super::boundary::{self, as_mut, as_mut_slice, as_ref, as_slice, or_default, status, utf8, OK};
+use super::boundary::{
+    self, as_mut, as_mut_slice, as_ref, as_slice, free_handle, or_default, status, utf8, OK,
+};
 use super::types::*;
 use crate::config::TierConfig;
 use crate::engine::Tier;
@@ -116,11 +118,7 @@ pub unsafe extern "C" fn tier_config_set(
 /// Threads: not concurrently with other calls on `cfg`.
 #[no_mangle]
 pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
-    or_default("tier_config_free", (), || {
-        if !cfg.is_null() {
-            drop(Box::from_raw(cfg as *mut TierConfig));
-        }
-    })
+    free_handle::<_, TierConfig>("tier_config_free", cfg)
 }
 
 /// Creates a tier over the caller's primary buffer of `primary_len` bytes, cut
@@ -192,11 +190,7 @@ pub unsafe extern "C" fn tier_new(
 /// queued jobs) until the child exits. The parent's tier is unaffected.
 #[no_mangle]
 pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
-    or_default("tier_free", (), || {
-        if !tier.is_null() {
-            drop(Box::from_raw(tier as *mut Tier));
-        }
-    })
+    free_handle::<_, Tier>("tier_free", tier)
 }
 
 /// Looks up `n` keys of `key_len` bytes, packed back to back in `keys`, and

@@ -97,6 +97,19 @@ pub(crate) fn or_default<T>(function: &str, fallback: T, body: impl FnOnce() -> 
 
 pub(crate) const OK: Result<tier_status_t> = Ok(TIER_OK);
 
+/// Frees a handle made by `Box::into_raw(Box::new(T))` and cast to `H`; NULL
+/// is a no-op (the `_free` functions).
+///
+/// # Safety
+/// A non-NULL `handle` must come from that boxing and not be used afterwards.
+pub(crate) unsafe fn free_handle<H, T>(function: &str, handle: *mut H) {
+    or_default(function, (), || {
+        if !handle.is_null() {
+            drop(Box::from_raw(handle as *mut T));
+        }
+    })
+}
+
 /// A shared reference from a non-NULL, aligned pointer.
 ///
 /// # Safety

@@ -220,18 +220,9 @@ impl Index {
     /// the full key (for jobs, which must never mistake one block for another).
     #[inline]
     fn find(&self, key: &[u8], hash: u64) -> Option<u32> {
-        let tag = tag_of(hash);
-        let mut i = self.table.home(tag);
-        loop {
-            let b = self.table.buckets[i];
-            if b.slot1 == 0 {
-                return None;
-            }
-            if b.tag == tag && self.key_eq(b.slot1 - 1, key) {
-                return Some(b.slot1 - 1);
-            }
-            i = self.table.next(i);
-        }
+        self.table
+            .first(tag_of(hash), |b| self.key_eq(b.slot1 - 1, key))
+            .map(|b| b.slot1 - 1)
     }
 
     /// The linked slot whose key has this 64-bit hash (32 bits as the tag,
@@ -241,18 +232,9 @@ impl Index {
     /// jobs verify the full key.
     #[inline(always)]
     fn find_hashed(&self, hash: u64) -> Option<(u32, LookupState)> {
-        let tag = tag_of(hash);
-        let mut i = self.table.home(tag);
-        loop {
-            let b = self.table.buckets[i];
-            if b.slot1 == 0 {
-                return None;
-            }
-            if b.tag == tag && hot_matches(b.hot, hash) {
-                return Some((b.slot1 - 1, hot_state(b.hot)));
-            }
-            i = self.table.next(i);
-        }
+        self.table
+            .first(tag_of(hash), |b| hot_matches(b.hot, hash))
+            .map(|b| (b.slot1 - 1, hot_state(b.hot)))
     }
 
     fn state(&self, slot: u32) -> SlotState {

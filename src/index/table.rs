@@ -91,6 +91,23 @@ impl Table {
         Ok(())
     }
 
+    /// The first bucket of `tag`'s probe sequence that `matches` accepts
+    /// (only buckets with this tag are offered), or None at an empty bucket.
+    #[inline(always)]
+    pub(super) fn first(&self, tag: u32, matches: impl Fn(Bucket) -> bool) -> Option<Bucket> {
+        let mut i = self.home(tag);
+        loop {
+            let b = self.buckets[i];
+            if b.slot1 == 0 {
+                return None;
+            }
+            if b.tag == tag && matches(b) {
+                return Some(b);
+            }
+            i = self.next(i);
+        }
+    }
+
     pub(super) fn insert(&mut self, tag: u32, slot: u32, hot: u32) {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             self.rebuild(vec![Bucket::default(); self.buckets.len() * 3 / 2 + 1]);
