@@ -6,6 +6,7 @@
 
 pub(crate) mod disk;
 pub(crate) mod memory;
+pub(crate) mod xxh64;
 
 use crate::error::Result;
 

@@ -11,7 +11,7 @@
 //! full key either way. Raw key bytes never become a path. Temporary files are
 //! `<name>.kvb.<pid>-<n>.tmp` beside their final name.
 
-use super::format::xxh64;
+use crate::backend::xxh64::xxh64;
 use std::path::{Path, PathBuf};
 
 const LONG_KEY: usize = 100;

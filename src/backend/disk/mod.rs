@@ -40,8 +40,9 @@ mod layout;
 mod read;
 mod recover;
 
-use self::format::{file_len, xxh64, Header, ALIGN, HEADER_LEN};
+use self::format::{file_len, Header, ALIGN, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
+use super::xxh64::xxh64;
 use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};

@@ -2,9 +2,10 @@
 //! regular file of the block's size, check header and checksum, and condemn a
 //! file only for what a private read of it proved.
 
-use super::format::{file_len, xxh64, Header, HEADER_LEN};
+use super::format::{file_len, Header, HEADER_LEN};
 use super::io::{self, Fd, FileId};
 use super::{io_error, with_scratch, DiskBackend};
+use crate::backend::xxh64::xxh64;
 use crate::error::{Error, ErrorKind, Result};
 use std::path::Path;
 
