@@ -11,6 +11,9 @@ pub enum BackendKind {
     Memory,
     /// One file per block under a directory: persistent, shareable.
     Disk,
+    /// A Redis or Valkey server, or a Redis Cluster: one keyspace a fleet of
+    /// engines can share.
+    Redis,
 }
 
 impl BackendKind {
@@ -19,6 +22,7 @@ impl BackendKind {
         match self {
             BackendKind::Memory => "memory",
             BackendKind::Disk => "disk",
+            BackendKind::Redis => "redis",
         }
     }
 }
@@ -42,6 +46,63 @@ pub enum SyncMode {
     /// The file's data (and then its directory entry) is synced before the
     /// block is published: it survives a power loss.
     Data,
+}
+
+/// Whether the Redis backend talks to a Redis Cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ClusterMode {
+    /// Ask the first reachable seed (`INFO cluster`).
+    Auto,
+    /// A Redis Cluster: keys are routed by slot, redirections followed.
+    On,
+    /// One server.
+    Off,
+}
+
+/// Who owns the blocks in the Redis keyspace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sharing {
+    /// This tier owns its keys: its LRU evicts by deleting them and its
+    /// capacity bounds them, as with memory and disk.
+    Owned,
+    /// Many tiers read and write one keyspace: keys absent from this tier's
+    /// index are probed on the server; eviction here never deletes a block
+    /// another writer may use (the server's own policy and `ttl_s` bound the
+    /// total).
+    Shared,
+}
+
+/// Redis backend options (used when `backend` is `redis`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisConfig {
+    /// Seed URLs: `redis://[user[:password]@]host:port[/db]` (or `rediss://`).
+    pub urls: Vec<String>,
+    /// Cluster or single server.
+    pub cluster: ClusterMode,
+    /// Who owns the keys.
+    pub sharing: Sharing,
+    /// First part of every key name.
+    pub key_prefix: String,
+    /// Expiry of stored blocks in seconds (0: none).
+    pub ttl_s: u64,
+    /// Deadline of every server operation, in milliseconds (at least 1).
+    pub io_timeout_ms: u64,
+    /// Connections per server node (`None`: one per I/O thread).
+    pub connections: Option<usize>,
+}
+
+impl Default for RedisConfig {
+    fn default() -> RedisConfig {
+        RedisConfig {
+            urls: Vec::new(),
+            cluster: ClusterMode::Auto,
+            sharing: Sharing::Owned,
+            key_prefix: "kvtier".into(),
+            ttl_s: 0,
+            io_timeout_ms: 3000,
+            connections: None,
+        }
+    }
 }
 
 /// Disk backend options (used when `backend` is `disk`).
@@ -100,8 +161,11 @@ pub struct TierConfig {
     /// microseconds. Spinning hides the cost of waking a sleeping thread (several
     /// microseconds) from back-to-back small jobs; 0 sleeps at once.
     pub idle_spin_us: u32,
-    /// Disk backend options.
+    /// Disk backend options (and the `namespace` and `probe_ttl_ms` every
+    /// storage backend uses).
     pub disk: DiskConfig,
+    /// Redis backend options.
+    pub redis: RedisConfig,
 }
 
 impl Default for TierConfig {
@@ -112,6 +176,7 @@ impl Default for TierConfig {
             io_threads: None,
             idle_spin_us: 50,
             disk: DiskConfig::default(),
+            redis: RedisConfig::default(),
         }
     }
 }
@@ -129,6 +194,13 @@ pub const CONFIG_KEYS: &[&str] = &[
     "shared",
     "probe_ttl_ms",
     "prepare_dirs",
+    "url",
+    "cluster",
+    "sharing",
+    "key_prefix",
+    "ttl_s",
+    "io_timeout_ms",
+    "connections",
 ];
 
 impl TierConfig {
@@ -143,9 +215,10 @@ impl TierConfig {
                 self.backend = match value.to_ascii_lowercase().as_str() {
                     "memory" => BackendKind::Memory,
                     "disk" => BackendKind::Disk,
+                    "redis" | "valkey" => BackendKind::Redis,
                     _ => bail!(
                         Config,
-                        "backend: unknown backend {value:?} (expected \"memory\" or \"disk\")"
+                        "backend: unknown backend {value:?} (expected \"memory\", \"disk\" or \"redis\")"
                     ),
                 }
             }
@@ -200,6 +273,59 @@ impl TierConfig {
                 }
                 self.disk.probe_ttl_ms = n as u32;
             }
+            "url" => {
+                let urls: Vec<String> = value
+                    .split(',')
+                    .map(|u| u.trim().to_string())
+                    .filter(|u| !u.is_empty())
+                    .collect();
+                if urls.is_empty() {
+                    bail!(Config, "url: empty");
+                }
+                for url in &urls {
+                    check_redis_url(url)?;
+                }
+                self.redis.urls = urls;
+            }
+            "cluster" => {
+                self.redis.cluster = match value.to_ascii_lowercase().as_str() {
+                    "auto" => ClusterMode::Auto,
+                    "on" | "true" | "1" => ClusterMode::On,
+                    "off" | "false" | "0" => ClusterMode::Off,
+                    _ => bail!(Config, "cluster: {value:?} is not auto, on or off"),
+                }
+            }
+            "sharing" => {
+                self.redis.sharing = match value.to_ascii_lowercase().as_str() {
+                    "owned" => Sharing::Owned,
+                    "shared" => Sharing::Shared,
+                    _ => bail!(Config, "sharing: {value:?} is not owned or shared"),
+                }
+            }
+            "key_prefix" => {
+                if value.is_empty() || value.len() > 64 || value.contains(['{', '}']) {
+                    bail!(
+                        Config,
+                        "key_prefix: {value:?} must be 1 to 64 bytes without braces"
+                    );
+                }
+                self.redis.key_prefix = value.to_string();
+            }
+            "ttl_s" => self.redis.ttl_s = parse_uint(key, value)?,
+            "io_timeout_ms" => {
+                let n = parse_uint(key, value)?;
+                if n == 0 || n > 600_000 {
+                    bail!(Config, "io_timeout_ms: {n} is outside 1..=600000");
+                }
+                self.redis.io_timeout_ms = n;
+            }
+            "connections" => {
+                let n = parse_uint(key, value)?;
+                if n == 0 || n > 1024 {
+                    bail!(Config, "connections: {n} is outside 1..=1024");
+                }
+                self.redis.connections = Some(n as usize);
+            }
             _ => bail!(
                 Config,
                 "unknown configuration key {key:?} (known keys: {})",
@@ -220,8 +346,40 @@ impl TierConfig {
             }
             // Threads mostly wait on the device; SSDs need queue depth.
             BackendKind::Disk => 8,
+            // Threads mostly wait on the network.
+            BackendKind::Redis => 8,
         })
     }
+}
+
+/// A Redis URL as `url` accepts it: a known scheme, a host, a port if any
+/// that is a number. The message never repeats the URL (it may hold a
+/// password).
+fn check_redis_url(url: &str) -> Result<()> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        bail!(Config, "url: a seed is not of the form redis://host:port");
+    };
+    if !matches!(scheme, "redis" | "rediss" | "valkey" | "valkeys") {
+        bail!(
+            Config,
+            "url: unknown scheme {scheme:?} (expected redis:// or rediss://)"
+        );
+    }
+    let authority = rest.split('/').next().unwrap_or("");
+    let host_port = authority.rsplit('@').next().unwrap_or("");
+    let (host, port) = match host_port.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (host_port, None),
+    };
+    if host.is_empty() {
+        bail!(Config, "url: a seed has no host");
+    }
+    if let Some(port) = port {
+        if port.parse::<u16>().is_err() {
+            bail!(Config, "url: port {port:?} is not a number from 0 to 65535");
+        }
+    }
+    Ok(())
 }
 
 fn parse_bool(key: &str, value: &str) -> Result<bool> {
@@ -375,5 +533,54 @@ mod tests {
                 "{k}={v}"
             );
         }
+    }
+
+    #[test]
+    fn redis_keys_parse_and_bad_values_are_config_errors() {
+        let mut cfg = TierConfig::default();
+        cfg.set("backend", "redis").unwrap();
+        cfg.set(
+            "url",
+            "redis://u:pw@127.0.0.1:6379/0, redis://10.0.0.2:7000",
+        )
+        .unwrap();
+        cfg.set("cluster", "on").unwrap();
+        cfg.set("sharing", "shared").unwrap();
+        cfg.set("key_prefix", "fleet-a").unwrap();
+        cfg.set("ttl_s", "3600").unwrap();
+        cfg.set("io_timeout_ms", "250").unwrap();
+        cfg.set("connections", "4").unwrap();
+        assert_eq!(cfg.backend, BackendKind::Redis);
+        assert_eq!(cfg.redis.urls.len(), 2);
+        assert_eq!(cfg.redis.cluster, ClusterMode::On);
+        assert_eq!(cfg.redis.sharing, Sharing::Shared);
+        assert_eq!(
+            (
+                cfg.redis.ttl_s,
+                cfg.redis.io_timeout_ms,
+                cfg.redis.connections
+            ),
+            (3600, 250, Some(4))
+        );
+        let before = cfg.clone();
+        for (k, v) in [
+            ("url", "not a url"),
+            ("url", "http://127.0.0.1:6379"),
+            ("url", "redis://:pw@127.0.0.1:notaport"),
+            ("url", "redis://"),
+            ("url", ""),
+            ("io_timeout_ms", "0"),
+            ("sharing", "shraed"),
+            ("cluster", "maybe"),
+            ("connections", "0"),
+            ("key_prefix", "a{b}"),
+            ("ttl_s", "-1"),
+        ] {
+            let err = cfg.set(k, v).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{k}={v}");
+            assert!(err.message().starts_with(k), "{k}={v}: {err}");
+            assert!(!err.message().contains("pw"), "{err}");
+        }
+        assert_eq!(cfg, before, "a rejected value changes nothing");
     }
 }

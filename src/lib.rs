@@ -43,7 +43,8 @@ mod stats;
 mod workers;
 
 pub use config::{
-    parse_size, BackendKind, TierConfig, CONFIG_KEYS, DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
+    parse_size, BackendKind, ClusterMode, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
+    DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
 };
 pub use engine::jobs::{JobKind, JobResult};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};

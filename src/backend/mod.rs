@@ -6,6 +6,8 @@
 
 pub(crate) mod disk;
 pub(crate) mod memory;
+#[cfg(feature = "redis-backend")]
+pub(crate) mod redis;
 pub(crate) mod xxh64;
 
 use crate::error::Result;

@@ -84,6 +84,12 @@ pub(crate) fn xxh64(data: &[u8], seed: u64) -> u64 {
     h ^ (h >> 32)
 }
 
+/// The fingerprint of a namespace name, written into every stored block so
+/// that blocks of different namespaces never mix.
+pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
+    xxh64(namespace.as_bytes(), 0x6b76_7469_6572)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

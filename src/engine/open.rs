@@ -41,6 +41,18 @@ impl Tier {
         let backend: Box<dyn Backend> = match config.backend {
             BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
             BackendKind::Disk => Box::new(DiskBackend::open(&config.disk, block_bytes)?),
+            #[cfg(feature = "redis-backend")]
+            BackendKind::Redis => Box::new(crate::backend::redis::RedisBackend::open(
+                &config.redis,
+                &config.disk.namespace,
+                block_bytes,
+                config.resolved_io_threads(),
+            )?),
+            #[cfg(not(feature = "redis-backend"))]
+            BackendKind::Redis => bail!(
+                Config,
+                "backend: this build of kvtier has no redis backend (feature redis-backend)"
+            ),
         };
         let io_threads = if spawn {
             config.resolved_io_threads()

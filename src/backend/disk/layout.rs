@@ -42,9 +42,7 @@ pub(crate) fn namespace_dir(namespace: &str, block_bytes: usize) -> String {
     )
 }
 
-pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
-    xxh64(namespace.as_bytes(), 0x6b76_7469_6572)
-}
+pub(crate) use crate::backend::xxh64::namespace_fingerprint;
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()

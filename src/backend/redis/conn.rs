@@ -1,0 +1,179 @@
+//! Connections to the server (or cluster): a bounded pool shared by the
+//! worker threads, every operation under the I/O deadline, and reconnection
+//! with backoff after a failure, so a server that is down costs each job one
+//! fast failure instead of a connect timeout per block.
+
+use crate::error::{Error, ErrorKind, Result};
+use parking_lot::{Condvar, Mutex};
+use redis::cluster::{ClusterClient, ClusterConnection};
+use redis::{Client, Connection, ConnectionLike, RedisError};
+use std::time::{Duration, Instant};
+
+/// What the pool connects to.
+pub(super) enum Target {
+    Single(Client),
+    Cluster(ClusterClient),
+}
+
+/// One connection: to a server, or to a cluster (routing by slot and
+/// following MOVED/ASK redirections itself).
+pub(super) enum Conn {
+    Single(Connection),
+    // Boxed: a cluster connection is four times a single one, and the pool
+    // holds many of either.
+    Cluster(Box<ClusterConnection>),
+}
+
+impl Conn {
+    pub(super) fn like(&mut self) -> &mut dyn ConnectionLike {
+        match self {
+            Conn::Single(c) => c,
+            Conn::Cluster(c) => c.as_mut(),
+        }
+    }
+}
+
+/// Longest wait between reconnection attempts to a server that is down.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+const MIN_BACKOFF: Duration = Duration::from_millis(25);
+
+struct PoolState {
+    idle: Vec<Conn>,
+    /// Connections open (idle or in use).
+    open: usize,
+    /// After a failed connection: no new attempt before this instant.
+    retry_at: Option<Instant>,
+    backoff: Duration,
+}
+
+pub(super) struct Pool {
+    target: Target,
+    max: usize,
+    timeout: Duration,
+    state: Mutex<PoolState>,
+    returned: Condvar,
+}
+
+/// A Redis failure as a kvtier error: the server's or the network's words,
+/// never the URL (it may hold a password).
+pub(super) fn io_error(what: &str, e: &RedisError) -> Error {
+    Error::new(ErrorKind::Io, format!("redis: {what}: {e}"))
+}
+
+/// Whether the connection is still usable after this error (a server reply
+/// such as WRONGTYPE is; a broken socket or a timeout is not).
+fn connection_survives(e: &RedisError) -> bool {
+    !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal())
+}
+
+impl Pool {
+    pub(super) fn new(target: Target, max: usize, timeout: Duration) -> Pool {
+        Pool {
+            target,
+            max: max.max(1),
+            timeout,
+            state: Mutex::new(PoolState {
+                idle: Vec::new(),
+                open: 0,
+                retry_at: None,
+                backoff: MIN_BACKOFF,
+            }),
+            returned: Condvar::new(),
+        }
+    }
+
+    pub(super) fn is_cluster(&self) -> bool {
+        matches!(self.target, Target::Cluster(_))
+    }
+
+    fn connect(&self) -> std::result::Result<Conn, RedisError> {
+        match &self.target {
+            Target::Single(client) => {
+                let c = client.get_connection_with_timeout(self.timeout)?;
+                c.set_read_timeout(Some(self.timeout))?;
+                c.set_write_timeout(Some(self.timeout))?;
+                Ok(Conn::Single(c))
+            }
+            Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
+        }
+    }
+
+    /// Takes an idle connection, opens one (within `max`), or waits for one
+    /// to come back, all within the deadline.
+    fn take(&self) -> Result<Conn> {
+        let deadline = Instant::now() + self.timeout;
+        let mut st = self.state.lock();
+        loop {
+            if let Some(conn) = st.idle.pop() {
+                return Ok(conn);
+            }
+            if st.open < self.max {
+                if let Some(at) = st.retry_at {
+                    if Instant::now() < at {
+                        return Err(Error::new(
+                            ErrorKind::Io,
+                            format!(
+                                "redis: server unreachable; next attempt in {} ms",
+                                at.saturating_duration_since(Instant::now()).as_millis()
+                            ),
+                        ));
+                    }
+                }
+                st.open += 1;
+                drop(st);
+                let made = self.connect();
+                let mut st = self.state.lock();
+                return match made {
+                    Ok(conn) => {
+                        st.retry_at = None;
+                        st.backoff = MIN_BACKOFF;
+                        Ok(conn)
+                    }
+                    Err(e) => {
+                        st.open -= 1;
+                        st.retry_at = Some(Instant::now() + st.backoff);
+                        st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
+                        Err(io_error("cannot connect", &e))
+                    }
+                };
+            }
+            if self.returned.wait_until(&mut st, deadline).timed_out() {
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    "redis: no connection free within io_timeout_ms",
+                ));
+            }
+        }
+    }
+
+    fn give_back(&self, conn: Option<Conn>) {
+        let mut st = self.state.lock();
+        match conn {
+            Some(conn) => st.idle.push(conn),
+            None => st.open -= 1,
+        }
+        drop(st);
+        self.returned.notify_one();
+    }
+
+    /// Runs `f` on a pooled connection. A connection that failed at the
+    /// socket level is dropped (the next use reconnects).
+    pub(super) fn with<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut dyn ConnectionLike) -> std::result::Result<T, RedisError>,
+    ) -> Result<T> {
+        let mut conn = self.take()?;
+        match f(conn.like()) {
+            Ok(v) => {
+                self.give_back(Some(conn));
+                Ok(v)
+            }
+            Err(e) => {
+                let keep = connection_survives(&e);
+                self.give_back(keep.then_some(conn));
+                Err(io_error(what, &e))
+            }
+        }
+    }
+}

@@ -1,0 +1,174 @@
+//! How a block is stored in Redis: its key name, and the value (a small
+//! header, then the payload) verified on every load.
+//!
+//! Key name: `<prefix>:<namespace fingerprint>:b<block_bytes>:{<tag>}`. The
+//! tag is the block key in hex (or, for keys over 100 bytes, `h` and a 128-bit
+//! hash); braces make it the cluster hash tag, so blocks spread over all nodes
+//! by key, and anything stored beside a block lands on its slot. Raw key bytes
+//! never appear in a name.
+//!
+//! Value (integers little-endian):
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "KVTIERR\0"
+//!      8     4  format version (1)
+//!     12     4  header length (56 + key length)
+//!     16     8  namespace fingerprint
+//!     24     8  payload length (the tier's block_bytes)
+//!     32     4  key length (1..=128)
+//!     36     4  flags (0)
+//!     40     8  xxh64 of the payload
+//!     48     k  key
+//!   48+k     8  xxh64 of bytes 0..48+k (the header itself)
+//!   56+k     n  payload
+//! ```
+
+use crate::backend::xxh64::xxh64;
+use crate::key::MAX_KEY_LEN;
+use std::io::Write;
+
+const MAGIC: [u8; 8] = *b"KVTIERR\0";
+const FORMAT_VERSION: u32 = 1;
+const FIXED: usize = 48;
+/// Longest key kept readable (hex) in a key name.
+const LONG_KEY: usize = 100;
+
+/// The header length for a key of `key_len` bytes.
+pub(super) fn header_len(key_len: usize) -> usize {
+    FIXED + key_len + 8
+}
+
+/// The Redis key name of a block.
+pub(super) fn key_name(prefix_part: &str, key: &[u8]) -> String {
+    let mut name = String::with_capacity(prefix_part.len() + 2 * key.len() + 3);
+    name.push_str(prefix_part);
+    name.push('{');
+    if key.len() <= LONG_KEY {
+        for b in key {
+            name.push_str(&format!("{b:02x}"));
+        }
+    } else {
+        name.push_str(&format!("h{:016x}{:016x}", xxh64(key, 0), xxh64(key, 1)));
+    }
+    name.push('}');
+    name
+}
+
+/// The key a name encodes, or None for hashed names (read the header) and
+/// names of something else.
+pub(super) fn key_from_name(prefix_part: &str, name: &[u8]) -> Option<Vec<u8>> {
+    let tag = name.strip_prefix(prefix_part.as_bytes())?;
+    let hex = tag.strip_prefix(b"{")?.strip_suffix(b"}")?;
+    if hex.is_empty() || hex.len() % 2 != 0 {
+        return None;
+    }
+    hex.chunks(2)
+        .map(|pair| u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok())
+        .collect()
+}
+
+/// Writes a block's value (header, then payload) to `out`.
+pub(super) fn write_value(
+    out: &mut impl Write,
+    namespace_fp: u64,
+    key: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    let mut header = [0u8; FIXED + MAX_KEY_LEN + 8];
+    let len = header_len(key.len());
+    header[0..8].copy_from_slice(&MAGIC);
+    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[12..16].copy_from_slice(&(len as u32).to_le_bytes());
+    header[16..24].copy_from_slice(&namespace_fp.to_le_bytes());
+    header[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[32..36].copy_from_slice(&(key.len() as u32).to_le_bytes());
+    header[40..48].copy_from_slice(&xxh64(payload, 0).to_le_bytes());
+    header[FIXED..FIXED + key.len()].copy_from_slice(key);
+    let sum = xxh64(&header[..FIXED + key.len()], 0);
+    header[FIXED + key.len()..len].copy_from_slice(&sum.to_le_bytes());
+    out.write_all(&header[..len])?;
+    out.write_all(payload)
+}
+
+/// The fields a stored value's header names.
+pub(super) struct Header<'a> {
+    pub namespace_fp: u64,
+    pub payload_len: u64,
+    pub key: &'a [u8],
+    pub payload_sum: u64,
+    pub len: usize,
+}
+
+/// Parses a value's header; the error says what is wrong with it.
+pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
+    if value.len() < FIXED + 9 {
+        return Err(format!("value of {} bytes is too short", value.len()));
+    }
+    if value[0..8] != MAGIC {
+        return Err("bad magic (not a kvtier block)".into());
+    }
+    let u32_at = |at: usize| u32::from_le_bytes(value[at..at + 4].try_into().expect("4"));
+    let u64_at = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8"));
+    if u32_at(8) != FORMAT_VERSION {
+        return Err(format!(
+            "format version {}, expected {FORMAT_VERSION}",
+            u32_at(8)
+        ));
+    }
+    let key_len = u32_at(32) as usize;
+    let len = u32_at(12) as usize;
+    if key_len == 0 || key_len > MAX_KEY_LEN || len != header_len(key_len) || value.len() < len {
+        return Err("damaged header lengths".into());
+    }
+    if u64_at(FIXED + key_len) != xxh64(&value[..FIXED + key_len], 0) {
+        return Err("header checksum mismatch".into());
+    }
+    Ok(Header {
+        namespace_fp: u64_at(16),
+        payload_len: u64_at(24),
+        key: &value[FIXED..FIXED + key_len],
+        payload_sum: u64_at(40),
+        len,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_round_trip_and_detect_damage() {
+        let payload: Vec<u8> = (0..4096u32).map(|i| i as u8).collect();
+        let mut value = Vec::new();
+        write_value(&mut value, 7, b"key", &payload).unwrap();
+        let h = read_header(&value).unwrap();
+        assert_eq!(
+            (h.namespace_fp, h.payload_len, h.key),
+            (7, 4096, &b"key"[..])
+        );
+        assert_eq!(&value[h.len..], &payload[..]);
+        assert_eq!(h.payload_sum, xxh64(&payload, 0));
+        for at in [0, 9, 13, 20, 33, 50] {
+            let mut bad = value.clone();
+            bad[at] ^= 1;
+            let h = read_header(&bad);
+            assert!(h.is_err() || h.unwrap().namespace_fp != 7, "byte {at}");
+        }
+        assert!(read_header(&value[..20]).is_err());
+    }
+
+    #[test]
+    fn names_hash_tag_the_key_and_round_trip() {
+        let name = key_name("kvtier:00ff:b4096:", b"\x01\xab");
+        assert_eq!(name, "kvtier:00ff:b4096:{01ab}");
+        assert_eq!(
+            key_from_name("kvtier:00ff:b4096:", name.as_bytes()),
+            Some(vec![1, 0xab])
+        );
+        let long = key_name("p:", &[7u8; 120]);
+        assert!(long.starts_with("p:{h") && long.len() < 40);
+        assert_eq!(key_from_name("p:", long.as_bytes()), None);
+        assert_eq!(key_from_name("q:", name.as_bytes()), None);
+    }
+}

@@ -1,0 +1,472 @@
+//! The Redis backend: blocks as values on a Redis or Valkey server, or a
+//! Redis Cluster, so that a fleet of engines can share one keyspace.
+//!
+//! What it guarantees, beyond the common contract:
+//! - Every value carries a header (magic, version, namespace fingerprint,
+//!   block size, full key, payload checksum) checked on every load: a
+//!   mismatch fails that block with TIER_ERR_CORRUPT, the value is deleted
+//!   and the key becomes a MISS. A key the server no longer has (evicted,
+//!   expired, server restarted empty) fails with TIER_ERR_NOT_FOUND and
+//!   becomes a MISS: never stale or wrong bytes.
+//! - Every server operation has a deadline (`io_timeout_ms`); a server that
+//!   is down fails jobs with TIER_ERR_IO on time, and the pool reconnects
+//!   with backoff when it returns (see `conn`).
+//! - `sharing=owned`: this tier's index is the truth; its LRU evicts by
+//!   deleting keys (publish and delete of one key are serialised, and a key
+//!   live again is never deleted), and reopening adopts the keys already on
+//!   the server. `sharing=shared`: keys absent from the index are probed on
+//!   the server (lookup answers PENDING, then HIT or MISS); local eviction
+//!   deletes nothing; the server's `maxmemory` policy and `ttl_s` bound the
+//!   total.
+//! - A URL's password never appears in a message or in `tier_describe`.
+//!
+//! Files: `format` (key names and the value layout), `conn` (the pool).
+
+mod conn;
+mod format;
+
+use self::conn::{io_error, Pool, Target};
+use super::xxh64::{namespace_fingerprint, xxh64};
+use super::Backend;
+use crate::config::{ClusterMode, RedisConfig, Sharing};
+use crate::error::{bail, Error, ErrorKind, Result};
+use parking_lot::Mutex;
+use redis::cluster::ClusterClient;
+use redis::{Client, ConnectionAddr, RedisWrite, ToRedisArgs};
+use std::time::Duration;
+
+const STRIPES: usize = 256;
+/// Keys asked for per SCAN step when adopting a keyspace.
+const SCAN_COUNT: usize = 1000;
+
+/// A block's value as one command argument, written straight into the
+/// command buffer (no intermediate copy of the payload).
+struct Value<'a> {
+    namespace_fp: u64,
+    key: &'a [u8],
+    payload: &'a [u8],
+}
+
+impl ToRedisArgs for Value<'_> {
+    fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        let mut arg = out.writer_for_next_arg();
+        // Writing into the command's own buffer cannot fail.
+        format::write_value(&mut arg, self.namespace_fp, self.key, self.payload)
+            .expect("writing into memory");
+    }
+}
+
+/// `url` with any password replaced by `***`.
+pub(crate) fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "(unparsable url)".into();
+    };
+    let (authority, path) = rest.split_at(rest.find('/').unwrap_or(rest.len()));
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or("");
+            let shown = if userinfo.contains(':') || user.is_empty() {
+                format!("{user}:***")
+            } else {
+                "***".into()
+            };
+            format!("{scheme}://{shown}@{host}{path}")
+        }
+        None => url.to_string(),
+    }
+}
+
+pub(crate) struct RedisBackend {
+    pool: Pool,
+    /// Key names start with this: `<prefix>:<fingerprint>:b<block_bytes>:`.
+    name_prefix: String,
+    namespace_fp: u64,
+    block_bytes: usize,
+    sharing: Sharing,
+    ttl_s: u64,
+    /// The seeds, for adopting keys at open (owned mode).
+    seeds: Vec<Client>,
+    shown_seeds: String,
+    connections: usize,
+    /// Serialise publish (SET) and delete (DEL) of the same key.
+    stripes: Vec<Mutex<()>>,
+}
+
+/// Whether a seed is a cluster node (`INFO cluster`), asked with a short-lived
+/// connection.
+fn seed_is_cluster(
+    client: &Client,
+    timeout: Duration,
+) -> std::result::Result<bool, redis::RedisError> {
+    let mut c = client.get_connection_with_timeout(timeout)?;
+    c.set_read_timeout(Some(timeout))?;
+    let info: String = redis::cmd("INFO").arg("cluster").query(&mut c)?;
+    Ok(info.contains("cluster_enabled:1"))
+}
+
+impl RedisBackend {
+    pub(crate) fn open(
+        cfg: &RedisConfig,
+        namespace: &str,
+        block_bytes: usize,
+        io_threads: usize,
+    ) -> Result<RedisBackend> {
+        if cfg.urls.is_empty() {
+            bail!(
+                Config,
+                "url: the redis backend needs a server (set \"url\" to redis://host:port)"
+            );
+        }
+        let timeout = Duration::from_millis(cfg.io_timeout_ms);
+        let mut seeds = Vec::new();
+        for url in &cfg.urls {
+            if url.starts_with("rediss://") || url.starts_with("valkeys://") {
+                bail!(
+                    Config,
+                    "url: {}: TLS (rediss://) is not supported by this build",
+                    redact(url)
+                );
+            }
+            match Client::open(url.as_str()) {
+                Ok(client) => seeds.push(client),
+                Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
+            }
+        }
+        let shown_seeds = cfg
+            .urls
+            .iter()
+            .map(|u| redact(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        let cluster = match cfg.cluster {
+            ClusterMode::On => true,
+            ClusterMode::Off => false,
+            ClusterMode::Auto => {
+                let mut answer = None;
+                let mut last_error = None;
+                for seed in &seeds {
+                    match seed_is_cluster(seed, timeout) {
+                        Ok(is) => {
+                            answer = Some(is);
+                            break;
+                        }
+                        Err(e) => last_error = Some(e),
+                    }
+                }
+                match (answer, last_error) {
+                    (Some(is), _) => is,
+                    (None, Some(e)) => return Err(open_error(&shown_seeds, &e)),
+                    (None, None) => unreachable!("at least one seed"),
+                }
+            }
+        };
+        let target = if cluster {
+            let client = ClusterClient::builder(cfg.urls.clone())
+                .connection_timeout(timeout)
+                .response_timeout(timeout)
+                .retries(2)
+                .build()
+                .map_err(|e| open_error(&shown_seeds, &e))?;
+            Target::Cluster(client)
+        } else {
+            if seeds.len() > 1 {
+                bail!(
+                    Config,
+                    "url: {} seeds given for a single server (cluster=off, or not a cluster)",
+                    seeds.len()
+                );
+            }
+            Target::Single(seeds[0].clone())
+        };
+        let connections = cfg.connections.unwrap_or(io_threads);
+        let backend = RedisBackend {
+            pool: Pool::new(target, connections, timeout),
+            name_prefix: format!(
+                "{}:{:016x}:b{block_bytes}:",
+                cfg.key_prefix,
+                namespace_fingerprint(namespace)
+            ),
+            namespace_fp: namespace_fingerprint(namespace),
+            block_bytes,
+            sharing: cfg.sharing,
+            ttl_s: cfg.ttl_s,
+            seeds,
+            shown_seeds,
+            connections,
+            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+        };
+        // One round trip now: a wrong password or an unreachable server is a
+        // clear tier_new error, not the first job's.
+        backend
+            .pool
+            .with("PING", |c| redis::cmd("PING").query::<String>(c))
+            .map_err(|e| Error::new(e.kind(), e.message().to_string()))?;
+        Ok(backend)
+    }
+
+    fn name(&self, key: &[u8]) -> String {
+        format::key_name(&self.name_prefix, key)
+    }
+
+    fn stripe(&self, key: &[u8]) -> &Mutex<()> {
+        &self.stripes[xxh64(key, 2) as usize % STRIPES]
+    }
+
+    /// Checks a value against the header this tier would write for `key`;
+    /// copies its payload into `dst` if it is good.
+    fn verify_into(
+        &self,
+        value: &[u8],
+        key: &[u8],
+        dst: &mut [u8],
+    ) -> std::result::Result<(), String> {
+        let h = format::read_header(value)?;
+        if h.namespace_fp != self.namespace_fp {
+            return Err("block of another namespace".into());
+        }
+        if h.payload_len != self.block_bytes as u64 || value.len() != h.len + self.block_bytes {
+            return Err(format!(
+                "value of {} bytes for a block of {}",
+                value.len(),
+                self.block_bytes
+            ));
+        }
+        if h.key != key {
+            return Err("header names another key".into());
+        }
+        let payload = &value[h.len..];
+        if h.payload_sum != xxh64(payload, 0) {
+            return Err("payload checksum mismatch".into());
+        }
+        dst.copy_from_slice(payload);
+        Ok(())
+    }
+
+    /// The servers holding keys: the one server, or every cluster master
+    /// (from `CLUSTER NODES` of the first seed that answers).
+    fn key_holders(&self) -> Result<Vec<Client>> {
+        if !self.pool.is_cluster() {
+            return Ok(self.seeds.clone());
+        }
+        let mut last = None;
+        for seed in &self.seeds {
+            let nodes: std::result::Result<String, _> = seed
+                .get_connection_with_timeout(Duration::from_secs(5))
+                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
+            match nodes {
+                Ok(nodes) => {
+                    let mut masters = Vec::new();
+                    for line in nodes.lines() {
+                        let fields: Vec<&str> = line.split_whitespace().collect();
+                        let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
+                            continue;
+                        };
+                        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
+                            continue;
+                        }
+                        let hostport = addr.split('@').next().unwrap_or("");
+                        let Some((host, port)) = hostport.rsplit_once(':') else {
+                            continue;
+                        };
+                        let Ok(port) = port.parse::<u16>() else {
+                            continue;
+                        };
+                        let info = seed
+                            .get_connection_info()
+                            .clone()
+                            .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
+                        masters.push(Client::open(info).map_err(|e| io_error("cluster node", &e))?);
+                    }
+                    return Ok(masters);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(io_error(
+            "CLUSTER NODES",
+            last.as_ref().expect("at least one seed"),
+        ))
+    }
+
+    /// Keys of this namespace and block size already on the server(s).
+    fn scan_keys(&self) -> Result<Vec<Vec<u8>>> {
+        let pattern = format!("{}*", self.name_prefix);
+        let mut found = Vec::new();
+        for holder in self.key_holders()? {
+            let mut con = holder
+                .get_connection_with_timeout(Duration::from_secs(5))
+                .map_err(|e| io_error("adopting keys", &e))?;
+            let mut cursor: u64 = 0;
+            loop {
+                let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(SCAN_COUNT)
+                    .query(&mut con)
+                    .map_err(|e| io_error("SCAN", &e))?;
+                for name in names {
+                    match format::key_from_name(&self.name_prefix, &name) {
+                        Some(key) => found.push(key),
+                        None => {
+                            // A hashed name: the key is in the value's header.
+                            let head: Vec<u8> = redis::cmd("GETRANGE")
+                                .arg(&name)
+                                .arg(0)
+                                .arg(format::header_len(crate::MAX_KEY_LEN) - 1)
+                                .query(&mut con)
+                                .map_err(|e| io_error("GETRANGE", &e))?;
+                            if let Ok(h) = format::read_header(&head) {
+                                if self.name(h.key).as_bytes() == name.as_slice() {
+                                    found.push(h.key.to_vec());
+                                }
+                            }
+                        }
+                    }
+                }
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
+            }
+        }
+        Ok(found)
+    }
+}
+
+/// An error of `tier_new` from the server: a refused password is a
+/// configuration error, anything else an I/O one.
+fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
+    let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
+        || e.code()
+            .is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH" || c == "NOPERM");
+    if auth {
+        Error::new(
+            ErrorKind::Config,
+            format!("url: {shown_seeds}: authentication failed: {e}"),
+        )
+    } else {
+        Error::new(
+            ErrorKind::Io,
+            format!("url: cannot reach {shown_seeds}: {e}"),
+        )
+    }
+}
+
+impl Backend for RedisBackend {
+    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
+        let name = self.name(key);
+        let value = Value {
+            namespace_fp: self.namespace_fp,
+            key,
+            payload: block,
+        };
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(&name).arg(value);
+        if self.ttl_s > 0 {
+            cmd.arg("EX").arg(self.ttl_s);
+        }
+        let _guard = self.stripe(key).lock();
+        self.pool.with("SET", |c| cmd.query::<()>(c))?;
+        Ok(self.block_bytes as u64)
+    }
+
+    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
+        let name = self.name(key);
+        let value: Option<Vec<u8>> = self
+            .pool
+            .with("GET", |c| redis::cmd("GET").arg(&name).query(c))?;
+        let Some(value) = value else {
+            bail!(
+                NotFound,
+                "redis: {name}: not on the server (evicted, expired or never stored)"
+            );
+        };
+        if let Err(problem) = self.verify_into(&value, key, dst) {
+            // A bad value would fail every later load: remove it.
+            let _ = self
+                .pool
+                .with("DEL", |c| redis::cmd("DEL").arg(&name).query::<i64>(c));
+            bail!(Corrupt, "redis: {name}: {problem}; value deleted");
+        }
+        Ok(())
+    }
+
+    fn wants_discards(&self) -> bool {
+        self.sharing == Sharing::Owned
+    }
+
+    fn discard(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
+        let _guard = self.stripe(key).lock();
+        if !is_live(key) {
+            let name = self.name(key);
+            let _ = self
+                .pool
+                .with("DEL", |c| redis::cmd("DEL").arg(&name).query::<i64>(c));
+        }
+    }
+
+    fn recover(&self) -> Result<Vec<Vec<u8>>> {
+        match self.sharing {
+            Sharing::Owned => self.scan_keys(),
+            // A shared keyspace is learnt key by key, by probes.
+            Sharing::Shared => Ok(Vec::new()),
+        }
+    }
+
+    fn probes_absent_keys(&self) -> bool {
+        self.sharing == Sharing::Shared
+    }
+
+    fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
+        let name = self.name(key);
+        // Unknown (server unreachable) reads as absent: a MISS, not a wait.
+        let exists = self
+            .pool
+            .with("EXISTS", |c| {
+                redis::cmd("EXISTS").arg(&name).query::<i64>(c)
+            })
+            .is_ok_and(|n| n > 0);
+        record(exists);
+    }
+
+    fn min_task_bytes(&self) -> usize {
+        1
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections)",
+            self.shown_seeds,
+            if self.pool.is_cluster() {
+                "cluster"
+            } else {
+                "single server"
+            },
+            match self.sharing {
+                Sharing::Owned => "owned",
+                Sharing::Shared => "shared",
+            },
+            self.name_prefix,
+            self.ttl_s,
+            self.connections
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact;
+
+    #[test]
+    fn passwords_never_show() {
+        assert_eq!(
+            redact("redis://user:secret@host:6379/0"),
+            "redis://user:***@host:6379/0"
+        );
+        assert_eq!(redact("redis://:secret@host"), "redis://:***@host");
+        assert_eq!(redact("redis://host:1"), "redis://host:1");
+        assert!(!redact("redis://a:b:c@h").contains('b'));
+    }
+}
