@@ -98,6 +98,30 @@ impl PrimaryBuffer {
         f(slice)
     }
 
+    /// Row `row`, read-only, for a store that reads several rows at once (a
+    /// pipelined batch). Panics if `row` is out of range.
+    pub(crate) fn row(&self, row: usize) -> &[u8] {
+        self.with_row(row, |r| {
+            // SAFETY: the same row `with_row` lends, for as long as `self`:
+            // the caller does not write a row while a store reads it.
+            unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) }
+        })
+    }
+
+    /// Row `row`, writable, for a load that writes several rows at once (a
+    /// pipelined batch). Panics if `row` is out of range.
+    ///
+    /// # Safety
+    /// No other reference to this row may exist while the result lives: a
+    /// load job names each row once (checked at submit) and its rows are
+    /// handed to one task each.
+    #[allow(clippy::mut_from_ref)]
+    pub(crate) unsafe fn row_mut(&self, row: usize) -> &mut [u8] {
+        self.with_row_mut(row, |r| {
+            std::slice::from_raw_parts_mut(r.as_mut_ptr(), r.len())
+        })
+    }
+
     /// Runs `f` over row `row`, writable. Panics if `row` is out of range.
     pub(crate) fn with_row_mut<R>(&self, row: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
         assert!(row < self.rows, "row {row} out of range");

@@ -27,6 +27,41 @@ pub(crate) trait Backend: Send + Sync {
     /// writing it (see `tier_submit_load`).
     fn load(&self, slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()>;
 
+    /// Whether the engine should hand this backend a task's blocks together
+    /// ([`Backend::store_batch`], [`Backend::load_batch`]) rather than one by
+    /// one: for a network backend, one pipeline instead of a round trip per
+    /// block.
+    fn batches(&self) -> bool {
+        false
+    }
+
+    /// Stores a run of one job's blocks, `(slot, key, bytes)`; `done(i, result)`
+    /// is called once per block.
+    fn store_batch(
+        &self,
+        blocks: &[(u32, &[u8], &[u8])],
+        done: &mut dyn FnMut(usize, Result<u64>),
+    ) {
+        for (i, &(slot, key, block)) in blocks.iter().enumerate() {
+            done(i, self.store(slot, key, block));
+        }
+    }
+
+    /// Loads a run of one job's blocks, `(slot, key, destination)`, in order;
+    /// `done(i, result)` is called per block until it returns false (the
+    /// job's first failure ends its copies).
+    fn load_batch(
+        &self,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        done: &mut dyn FnMut(usize, Result<()>) -> bool,
+    ) {
+        for (i, (slot, key, dst)) in blocks.iter_mut().enumerate() {
+            if !done(i, self.load(*slot, key, dst)) {
+                break;
+            }
+        }
+    }
+
     /// Whether released blocks must be handed to [`Backend::discard`].
     fn wants_discards(&self) -> bool {
         false

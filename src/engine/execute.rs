@@ -77,12 +77,63 @@ impl Shared {
         }
     }
 
+    /// Copies a task's blocks through a batching backend, all in one go.
+    fn copy_batch(&self, task: &Task) {
+        let job = &task.job;
+        let block_bytes = self.primary.block_bytes() as u64;
+        match job.kind {
+            JobKind::Store => {
+                let blocks: Vec<(u32, &[u8], &[u8])> = job.items[task.range.clone()]
+                    .iter()
+                    .map(|item| (item.slot, job.key(item.pos), self.primary.row(item.row)))
+                    .collect();
+                self.backend
+                    .store_batch(&blocks, &mut |i, outcome| match outcome {
+                        Ok(bytes) => job.add_bytes(bytes),
+                        Err(e) => job.item_failed(task.range.start + i, e.kind()),
+                    });
+            }
+            JobKind::Load => {
+                let limit = job.copy_limit();
+                let mut blocks: Vec<(u32, &[u8], &mut [u8])> = job.items[task.range.clone()]
+                    .iter()
+                    .take_while(|item| item.pos < limit)
+                    // SAFETY: a load names each row once (checked at submit),
+                    // and this task alone holds these items.
+                    .map(|item| {
+                        (item.slot, job.key(item.pos), unsafe {
+                            self.primary.row_mut(item.row)
+                        })
+                    })
+                    .collect();
+                self.backend
+                    .load_batch(&mut blocks, &mut |i, outcome| match outcome {
+                        Ok(()) => {
+                            job.add_bytes(block_bytes);
+                            true
+                        }
+                        Err(e) => {
+                            job.item_failed(task.range.start + i, e.kind());
+                            false
+                        }
+                    });
+            }
+        }
+    }
+
     /// A worker runs one task: copies its blocks, then, if it is the job's last
     /// task, completes the job.
     pub(super) fn run_task(&self, task: Task) {
         let job = &task.job;
         let block_bytes = self.primary.block_bytes() as u64;
         let copied = catch_unwind(AssertUnwindSafe(|| {
+            if self.backend.batches() {
+                if self.queue.is_shut_down() {
+                    return false;
+                }
+                self.copy_batch(&task);
+                return true;
+            }
             for i in task.range.clone() {
                 if self.queue.is_shut_down() {
                     return false;

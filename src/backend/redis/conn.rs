@@ -163,8 +163,18 @@ impl Pool {
         what: &str,
         f: impl FnOnce(&mut dyn ConnectionLike) -> std::result::Result<T, RedisError>,
     ) -> Result<T> {
+        self.with_conn(what, |conn| f(conn.like()))
+    }
+
+    /// [`Pool::with`] on the connection itself (a pipeline needs to know
+    /// whether it talks to a cluster).
+    pub(super) fn with_conn<T>(
+        &self,
+        what: &str,
+        f: impl FnOnce(&mut Conn) -> std::result::Result<T, RedisError>,
+    ) -> Result<T> {
         let mut conn = self.take()?;
-        match f(conn.like()) {
+        match f(&mut conn) {
             Ok(v) => {
                 self.give_back(Some(conn));
                 Ok(v)

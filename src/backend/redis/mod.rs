@@ -24,8 +24,10 @@
 
 mod conn;
 mod format;
+mod pipe;
 
 use self::conn::{io_error, Pool, Target};
+use self::pipe::Pipe;
 use super::xxh64::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
@@ -204,6 +206,16 @@ impl RedisBackend {
         Ok(backend)
     }
 
+    /// `SET <name> <value> [EX ttl_s]` for one block.
+    fn set_command(&self, key: &[u8], value: Value) -> redis::Cmd {
+        let mut cmd = redis::cmd("SET");
+        cmd.arg(self.name(key)).arg(value);
+        if self.ttl_s > 0 {
+            cmd.arg("EX").arg(self.ttl_s);
+        }
+        cmd
+    }
+
     fn name(&self, key: &[u8]) -> String {
         format::key_name(&self.name_prefix, key)
     }
@@ -239,6 +251,31 @@ impl RedisBackend {
             return Err("payload checksum mismatch".into());
         }
         dst.copy_from_slice(payload);
+        Ok(())
+    }
+
+    /// A GET's answer for `key`: copied into `dst` if it is this block, else
+    /// NotFound (no value) or Corrupt (the bad value is deleted, so that it
+    /// cannot fail every later load).
+    fn check_value(
+        &self,
+        name: &str,
+        value: Option<Vec<u8>>,
+        key: &[u8],
+        dst: &mut [u8],
+    ) -> Result<()> {
+        let Some(value) = value else {
+            bail!(
+                NotFound,
+                "redis: {name}: not on the server (evicted, expired or never stored)"
+            );
+        };
+        if let Err(problem) = self.verify_into(&value, key, dst) {
+            let _ = self
+                .pool
+                .with("DEL", |c| redis::cmd("DEL").arg(name).query::<i64>(c));
+            bail!(Corrupt, "redis: {name}: {problem}; value deleted");
+        }
         Ok(())
     }
 
@@ -356,17 +393,12 @@ fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
 
 impl Backend for RedisBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        let name = self.name(key);
         let value = Value {
             namespace_fp: self.namespace_fp,
             key,
             payload: block,
         };
-        let mut cmd = redis::cmd("SET");
-        cmd.arg(&name).arg(value);
-        if self.ttl_s > 0 {
-            cmd.arg("EX").arg(self.ttl_s);
-        }
+        let cmd = self.set_command(key, value);
         let _guard = self.stripe(key).lock();
         self.pool.with("SET", |c| cmd.query::<()>(c))?;
         Ok(self.block_bytes as u64)
@@ -377,20 +409,86 @@ impl Backend for RedisBackend {
         let value: Option<Vec<u8>> = self
             .pool
             .with("GET", |c| redis::cmd("GET").arg(&name).query(c))?;
-        let Some(value) = value else {
-            bail!(
-                NotFound,
-                "redis: {name}: not on the server (evicted, expired or never stored)"
+        self.check_value(&name, value, key, dst)
+    }
+
+    fn batches(&self) -> bool {
+        true
+    }
+
+    /// One pipeline of SETs for the task's blocks (per node in a cluster),
+    /// under the blocks' stripe locks. A failed pipeline fails all of them.
+    fn store_batch(
+        &self,
+        blocks: &[(u32, &[u8], &[u8])],
+        done: &mut dyn FnMut(usize, Result<u64>),
+    ) {
+        let mut stripes: Vec<usize> = blocks
+            .iter()
+            .map(|&(_, key, _)| xxh64(key, 2) as usize % STRIPES)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        // Taken in one order, so two batches never wait on each other.
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+        let sent = self.pool.with_conn("SET pipeline", |conn| {
+            let mut pipe = Pipe::new(conn);
+            for &(_, key, block) in blocks {
+                let value = Value {
+                    namespace_fp: self.namespace_fp,
+                    key,
+                    payload: block,
+                };
+                pipe.add(self.set_command(key, value));
+            }
+            pipe.query::<Vec<redis::Value>>(conn)
+        });
+        for i in 0..blocks.len() {
+            done(
+                i,
+                match &sent {
+                    Ok(_) => Ok(self.block_bytes as u64),
+                    Err(e) => Err(Error::new(e.kind(), e.message().to_string())),
+                },
             );
-        };
-        if let Err(problem) = self.verify_into(&value, key, dst) {
-            // A bad value would fail every later load: remove it.
-            let _ = self
-                .pool
-                .with("DEL", |c| redis::cmd("DEL").arg(&name).query::<i64>(c));
-            bail!(Corrupt, "redis: {name}: {problem}; value deleted");
         }
-        Ok(())
+    }
+
+    /// One pipeline of GETs for the task's blocks, then each value verified
+    /// and copied into its row, in order, until the first failure.
+    fn load_batch(
+        &self,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        done: &mut dyn FnMut(usize, Result<()>) -> bool,
+    ) {
+        let names: Vec<String> = blocks.iter().map(|(_, key, _)| self.name(key)).collect();
+        let values = self.pool.with_conn("GET pipeline", |conn| {
+            let mut pipe = Pipe::new(conn);
+            for name in &names {
+                pipe.add(redis::cmd("GET").arg(name).take());
+            }
+            pipe.query::<Vec<Option<Vec<u8>>>>(conn)
+        });
+        let values = match values {
+            Ok(values) if values.len() == blocks.len() => values,
+            Ok(values) => {
+                let e = Error::new(
+                    ErrorKind::Io,
+                    format!("redis: {} replies to {} GETs", values.len(), blocks.len()),
+                );
+                done(0, Err(e));
+                return;
+            }
+            Err(e) => {
+                done(0, Err(e));
+                return;
+            }
+        };
+        for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
+            if !done(i, self.check_value(&names[i], value, key, dst)) {
+                return;
+            }
+        }
     }
 
     fn wants_discards(&self) -> bool {
@@ -432,7 +530,8 @@ impl Backend for RedisBackend {
     }
 
     fn min_task_bytes(&self) -> usize {
-        1
+        // A job is one task: its blocks travel in one pipeline.
+        usize::MAX
     }
 
     fn describe(&self) -> String {
