@@ -513,11 +513,13 @@ impl Drop for RedisServer {
 }
 
 /// SIGKILL to the server's process group (the server and any child it forked
-/// for replication), then reaps it.
+/// for replication), then reaps it. Only while the server is unreaped: its
+/// pid, the group's id, cannot have been reused yet.
 fn kill_group(child: &mut Child) {
-    let pid = child.id() as libc::pid_t;
-    unsafe {
-        libc::kill(-pid, libc::SIGKILL);
+    if matches!(child.try_wait(), Ok(None)) {
+        unsafe {
+            libc::kill(-(child.id() as libc::pid_t), libc::SIGKILL);
+        }
     }
     let _ = child.kill();
     let _ = child.wait();
