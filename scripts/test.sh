@@ -2,9 +2,12 @@
 # Runs every test (C/C++ through the real library, ASan/UBSan, valgrind when
 # installed, the C++ wrapper, header checks, install and consumer builds, the
 # Rust tests, the benchmark smoke test) on a fresh machine that has cargo, a
-# C/C++ compiler and python3. Installs cmake and pkg-config if they are missing.
+# C/C++ compiler and python3. Installs cmake, pkg-config and redis-server if
+# they are missing.
 #
 # Environment: BUILD_DIR (default build), JOBS (parallel builds and tests, default 2).
+# Under CI (CI=true) it exports KVTIER_REQUIRE_REDIS=1: the Redis tests then
+# fail, instead of skipping, when redis-server is missing.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -46,13 +49,37 @@ install_pkg_config() {
     fi
 }
 
+# The Redis tests (tests/redis_harness.rs, the redis backend's) start their own
+# redis-server processes on 127.0.0.1; the package brings redis-cli along.
+install_redis_server() {
+    echo "test.sh: redis-server not found; installing it" >&2
+    if command -v apt-get >/dev/null 2>&1; then
+        as_root apt-get install -y redis-server ||
+            { as_root apt-get update && as_root apt-get install -y redis-server; } ||
+            echo "test.sh: apt-get could not install redis-server" >&2
+    fi
+}
+
 if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; then
     install_cmake
 fi
 if ! command -v pkg-config >/dev/null 2>&1 && ! command -v pkgconf >/dev/null 2>&1; then
     install_pkg_config
 fi
+if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
+    install_redis_server
+fi
+# In CI a missing server is a failure, never a skip. ctest passes its
+# environment on to the tests (rust_tests runs cargo test under it).
+if [ "${CI:-}" = "true" ]; then
+    export KVTIER_REQUIRE_REDIS=1
+fi
 cmake --version | sed -n 1p
+if command -v redis-server >/dev/null 2>&1; then
+    redis-server --version
+else
+    echo "test.sh: no redis-server: the Redis tests skip${KVTIER_REQUIRE_REDIS:+ (KVTIER_REQUIRE_REDIS is set: they fail)}" >&2
+fi
 
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=Release
 cmake --build "$BUILD_DIR" -j "$JOBS"

@@ -1,7 +1,10 @@
 //! Shared test harness: a primary buffer owned by the test, a tier over it, and
-//! helpers to make keys, fill rows and run jobs to completion.
+//! helpers to make keys, fill rows and run jobs to completion. Real Redis
+//! servers and clusters for the redis backend's tests: `redis`.
 
 #![allow(dead_code)]
+
+pub mod redis;
 
 use kvtier::{JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
