@@ -583,19 +583,23 @@ fn store_all(h: &Harness, job: u64, ids: &[u64]) {
     assert!(r.is_ok(), "{r:?}");
 }
 
-/// Emits one `#[test]` per contract test, calling it with `$backend`.
+/// Emits one `#[test]` per contract test, calling it with `$backend` when
+/// `$ready()` (the backend's server is there, or the test is skipped).
 macro_rules! contract_tests {
-    ($backend:expr; $($name:ident),* $(,)?) => {
-        $( #[test] fn $name() { super::$name($backend) } )*
+    ($backend:expr, $ready:expr; $($name:ident),* $(,)?) => {
+        $( #[test] fn $name() { if $ready() { super::$name($backend) } } )*
     };
 }
 
 /// Instantiates every contract test for one backend.
 macro_rules! contract_suite {
     ($module:ident, $backend:expr) => {
+        contract_suite!($module, $backend, || true);
+    };
+    ($module:ident, $backend:expr, $ready:expr) => {
         mod $module {
             contract_tests!(
-                $backend;
+                $backend, $ready;
                 empty_job_is_reported_as_success,
                 every_job_is_reported_exactly_once,
                 store_skips_present_and_duplicate_keys,
@@ -624,3 +628,9 @@ macro_rules! contract_suite {
 
 contract_suite!(memory, crate::common::memory_config);
 contract_suite!(disk, crate::common::disk_config);
+contract_suite!(redis, crate::common::redis::standalone_config, || {
+    crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()
+});
+contract_suite!(redis_cluster, crate::common::redis::cluster_config, || {
+    crate::common::redis::redis_available() && crate::common::redis::shared_cluster().is_some()
+});

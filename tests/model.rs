@@ -284,17 +284,20 @@ fn random_keys(rng: &mut Rng, max: u64) -> Vec<u64> {
     (0..rng.below(max + 1)).map(|_| rng.below(KEYS)).collect()
 }
 
-fn run_one(seed: u64, steps: usize, disk: bool) {
+/// A tier configuration for (capacity in blocks, block bytes).
+type Backend = fn(usize, usize) -> TierConfig;
+
+fn memory(capacity: usize, block_bytes: usize) -> TierConfig {
+    TierConfig {
+        capacity_bytes: (capacity * block_bytes) as u64,
+        ..TierConfig::default()
+    }
+}
+
+fn run_one(seed: u64, steps: usize, backend: Backend) {
     let mut rng = Rng::new(seed);
     let capacity = 1 + rng.below(7) as usize;
-    let config = if disk {
-        disk_config(capacity, BB)
-    } else {
-        TierConfig {
-            capacity_bytes: (capacity * BB) as u64,
-            ..TierConfig::default()
-        }
-    };
+    let config = backend(capacity, BB);
     // Source row of key k is row k and always holds k's pattern; loads go to
     // rows KEYS.. .
     let h = Harness::manual(&config, KEYS as usize + DEST_ROWS, BB);
@@ -455,13 +458,33 @@ fn seeds(default: u64) -> u64 {
 #[test]
 fn random_sequences_match_the_model() {
     for seed in 0..seeds(400) {
-        run_one(seed, 300, false);
+        run_one(seed, 300, memory);
     }
 }
 
 #[test]
 fn random_sequences_match_the_model_on_disk() {
     for seed in 0..seeds(400) / 8 {
-        run_one(seed, 300, true);
+        run_one(seed, 300, disk_config);
+    }
+}
+
+#[test]
+fn random_sequences_match_the_model_on_redis() {
+    if !(common::redis::redis_available() && common::redis::shared_server().is_some()) {
+        return;
+    }
+    for seed in 0..seeds(400) / 8 {
+        run_one(seed, 300, common::redis::standalone_config);
+    }
+}
+
+#[test]
+fn random_sequences_match_the_model_on_a_redis_cluster() {
+    if !(common::redis::redis_available() && common::redis::shared_cluster().is_some()) {
+        return;
+    }
+    for seed in 0..seeds(400) / 16 {
+        run_one(seed, 300, common::redis::cluster_config);
     }
 }

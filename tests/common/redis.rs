@@ -888,3 +888,52 @@ impl RedisCluster {
         stdout_of(&cli_output(port, self.password.as_deref(), &with_c))
     }
 }
+
+// ---- tier configurations on shared servers ----
+
+/// One standalone server for a whole test binary (suites of many small
+/// tests), or None when Redis is not installed. It lives until the process
+/// ends (PR_SET_PDEATHSIG then kills it).
+pub fn shared_server() -> Option<&'static RedisServer> {
+    static SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
+    SERVER.get_or_init(RedisServer::start).as_ref()
+}
+
+/// One three-master cluster for a whole test binary, like [`shared_server`].
+pub fn shared_cluster() -> Option<&'static RedisCluster> {
+    static CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
+    CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).as_ref()
+}
+
+/// A Redis tier configuration on `url` with a key prefix of its own, so that
+/// tests sharing a server never see each other's blocks.
+pub fn redis_config_at(
+    url: &str,
+    capacity_blocks: usize,
+    block_bytes: usize,
+) -> kvtier::TierConfig {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let mut c = super::memory_config(capacity_blocks, block_bytes);
+    c.set("backend", "redis").unwrap();
+    c.set("url", url).unwrap();
+    c.set("key_prefix", &format!("t{}-{n}", std::process::id()))
+        .unwrap();
+    c.set("io_timeout_ms", "5000").unwrap();
+    c
+}
+
+/// A configuration on the binary's standalone server (call after checking
+/// [`shared_server`]).
+pub fn standalone_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
+    let server = shared_server().expect("a Redis server (check shared_server() first)");
+    redis_config_at(&server.url(), capacity_blocks, block_bytes)
+}
+
+/// A configuration on the binary's cluster (check [`shared_cluster`] first).
+pub fn cluster_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
+    let cluster = shared_cluster().expect("a Redis cluster (check shared_cluster() first)");
+    let mut c = redis_config_at(&cluster.url(), capacity_blocks, block_bytes);
+    c.set("cluster", "on").unwrap();
+    c
+}
