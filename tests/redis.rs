@@ -1,0 +1,323 @@
+//! The Redis backend beyond the common contract (which tests/contract.rs and
+//! tests/model.rs run on it too): verification, failures, sharing, adoption,
+//! configuration errors, on real servers started by the tests.
+
+mod common;
+
+use common::redis::{redis_config_at, RedisCluster, RedisServer};
+use common::*;
+use kvtier::{ErrorKind, LookupState::*, PrimaryBuffer, Tier, TierConfig};
+use std::time::{Duration, Instant};
+
+const BB: usize = 4096;
+
+/// The cluster hash tag of test key `i`'s name (the name ends in `{<key hex>}`,
+/// so its slot is the tag's).
+fn hash_tag(i: u64) -> String {
+    format!("{{{}}}", hex_of(i))
+}
+
+/// Stores blocks `ids` from rows 0.. and checks success.
+fn store_all(h: &Harness, job: u64, ids: &[u64]) {
+    for (r, &i) in ids.iter().enumerate() {
+        h.fill(r, i);
+    }
+    let rows: Vec<i64> = (0..ids.len() as i64).collect();
+    let r = h.store(job, ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+}
+
+/// The key names the server holds under this tier's prefix.
+fn names_on(server: &RedisServer, config: &TierConfig) -> Vec<String> {
+    let out = server.cli(&[
+        "--scan",
+        "--pattern",
+        &format!("{}:*", config.redis.key_prefix),
+    ]);
+    out.lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+fn open_err(config: &TierConfig) -> kvtier::Error {
+    let mut rows = vec![0u8; 4 * BB];
+    let primary = unsafe { PrimaryBuffer::new(rows.as_mut_ptr(), rows.len(), BB) }.unwrap();
+    Tier::new(config, primary).expect_err("tier_new should fail")
+}
+
+#[test]
+fn values_are_verified_and_a_bad_one_is_deleted() {
+    let server = redis_or_skip!();
+    let config = redis_config_at(&server.url(), 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    store_all(&h, 1, &[1, 2, 3]);
+    let names = names_on(&server, &config);
+    assert_eq!(names.len(), 3, "{names:?}");
+    // Garbage under block 1's name, a truncated value under block 2's.
+    let one = names
+        .iter()
+        .find(|n| n.ends_with(&format!("{}}}", hex_of(1))))
+        .unwrap()
+        .clone();
+    let two = names
+        .iter()
+        .find(|n| n.ends_with(&format!("{}}}", hex_of(2))))
+        .unwrap()
+        .clone();
+    server.cli(&["SET", &one, "garbage"]);
+    server.cli(&["SETRANGE", &two, "100", "x"]);
+    for (job, id, name) in [(2, 1, &one), (3, 2, &two)] {
+        let r = h.load(job, &[id], &[5]);
+        assert_eq!(r.error, Some(ErrorKind::Corrupt), "block {id}: {r:?}");
+        assert_eq!(h.lookup(&[id]), [Miss]);
+        assert_eq!(
+            server.cli(&["EXISTS", name]),
+            "0",
+            "the bad value is deleted"
+        );
+    }
+    let r = h.load(4, &[3], &[5]);
+    assert!(r.is_ok() && h.row_holds(5, 3), "{r:?}");
+}
+
+fn hex_of(i: u64) -> String {
+    key(i).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn a_server_restarted_empty_gives_not_found_then_miss() {
+    let mut server = redis_or_skip!();
+    let config = redis_config_at(&server.url(), 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    store_all(&h, 1, &[1, 2]);
+    server.restart();
+    // The pool's connections broke with the restart: the first operation
+    // may fail with IO (reported, never hung); the next reconnects.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut job = 10;
+    let r = loop {
+        job += 1;
+        let r = h.load(job, &[1], &[5]);
+        if r.error != Some(ErrorKind::Io) || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    assert_eq!(h.lookup(&[1]), [Miss]);
+    // The tier works on the new server.
+    store_all(&h, 100, &[3]);
+    assert!(h.load(101, &[3], &[6]).is_ok() && h.row_holds(6, 3));
+}
+
+#[test]
+fn a_killed_server_fails_jobs_on_time_and_the_tier_recovers() {
+    let mut server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 64, BB);
+    config.set("io_timeout_ms", "300").unwrap();
+    let h = Harness::new(&config, 16, BB);
+    store_all(&h, 1, &[1]);
+    server.kill9();
+    let started = Instant::now();
+    for job in 2..22u64 {
+        let ids = [job * 10, job * 10 + 1];
+        h.tier()
+            .submit_store(job, &keys(&ids), KEY_LEN, &[0, 1])
+            .unwrap();
+        // Lookups never wait for the server.
+        let t = Instant::now();
+        h.lookup(&[1, job * 10]);
+        assert!(t.elapsed() < Duration::from_millis(50), "a lookup blocked");
+    }
+    h.tier().drain();
+    let results = h.tier().poll(usize::MAX);
+    assert_eq!(results.len(), 20, "every job reported once");
+    assert!(
+        results.iter().all(|r| r.error == Some(ErrorKind::Io)),
+        "{results:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "failures took {:?}",
+        started.elapsed()
+    );
+    let r = h.load(30, &[1], &[5]);
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert_eq!(h.lookup(&[1]), [Hit], "a transient failure keeps the key");
+    server.restart();
+    // Back: stores succeed again once the backoff lets the pool reconnect.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut job = 40;
+    loop {
+        job += 1;
+        h.fill(0, 500);
+        let r = h.store(job, &[500], &[0]);
+        if r.is_ok() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reconnected: {r:?}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(h.load(job + 1, &[500], &[7]).is_ok() && h.row_holds(7, 500));
+}
+
+#[test]
+fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
+    let server = redis_or_skip!();
+    let config = redis_config_at(&server.url(), 4, BB);
+    {
+        let mut h = Harness::new(&config, 8, BB);
+        h.scratch_dir = None;
+        store_all(&h, 1, &[1, 2, 3, 4]);
+        store_all(&h, 2, &[5, 6]); // evicts two
+        h.tier().drain();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while names_on(&server, &config).len() != 4 {
+            assert!(Instant::now() < deadline, "evicted keys were not deleted");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    let h = Harness::new(&config, 8, BB);
+    assert_eq!(h.tier().stats().num_blocks, 4);
+    let present = h.present(&[1, 2, 3, 4, 5, 6]);
+    assert_eq!(present.len(), 4, "{present:?}");
+    let rows: Vec<i64> = (0..4).collect();
+    assert!(h.load(3, &present, &rows).is_ok());
+    for (row, &i) in present.iter().enumerate() {
+        assert!(h.row_holds(row, i));
+    }
+}
+
+#[test]
+fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
+    let server = redis_or_skip!();
+    let mut a = redis_config_at(&server.url(), 2, BB);
+    a.set("sharing", "shared").unwrap();
+    a.disk.probe_ttl_ms = 20;
+    let mut b = a.clone(); // same key prefix: one keyspace
+    b.io_threads = Some(3);
+    let writer = Harness::new(&a, 8, BB);
+    let reader = Harness::new(&b, 8, BB);
+    assert_eq!(
+        reader.lookup(&[1]),
+        [Pending],
+        "an unseen key is asked of the server"
+    );
+    store_all(&writer, 1, &[1, 2]);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while reader.lookup(&[1, 2]) != [Hit, Hit] {
+        assert!(
+            Instant::now() < deadline,
+            "never found the other tier's blocks"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = reader.load(1, &[1, 2], &[4, 5]);
+    assert!(
+        r.is_ok() && reader.row_holds(4, 1) && reader.row_holds(5, 2),
+        "{r:?}"
+    );
+    // The writer's capacity is 2: storing 3 and 4 evicts 1 and 2 from its
+    // index, but in a shared keyspace nothing is deleted.
+    store_all(&writer, 2, &[3, 4]);
+    writer.tier().drain();
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(names_on(&server, &a).len(), 4);
+    assert!(reader.load(2, &[1], &[6]).is_ok() && reader.row_holds(6, 1));
+}
+
+#[test]
+fn server_eviction_under_maxmemory_gives_not_found_then_miss() {
+    let server = redis_or_skip!(RedisServer::start_with(&[
+        ("maxmemory", "2mb"),
+        ("maxmemory-policy", "allkeys-lru"),
+    ]));
+    let mut config = redis_config_at(&server.url(), 4096, BB);
+    config.set("sharing", "shared").unwrap();
+    let h = Harness::new(&config, 16, BB);
+    for job in 0..100u64 {
+        let ids: Vec<u64> = (job * 16..job * 16 + 16).collect();
+        store_all(&h, job, &ids);
+    }
+    // The oldest blocks are gone from the server but still in the index.
+    let r = h.load(1000, &[0], &[0]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    // Forgotten: in a shared keyspace the server is asked again, and says no.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.lookup(&[0]) != [Miss] {
+        assert!(Instant::now() < deadline, "never settled on MISS");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let newest = 100 * 16 - 1;
+    assert!(h.load(1001, &[newest], &[1]).is_ok() && h.row_holds(1, newest));
+}
+
+#[test]
+fn bad_settings_and_unreachable_servers_fail_tier_new_clearly() {
+    let server = redis_or_skip!(RedisServer::start_with(&[("requirepass", "s3cret-pw")]));
+    let mut config = redis_config_at("redis://127.0.0.1:1", 8, BB);
+    // Nothing listens on port 1.
+    config.set("io_timeout_ms", "500").unwrap();
+    let err = open_err(&config);
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+
+    let wrong = format!("redis://:wrong-pw@127.0.0.1:{}", server.port());
+    let config = redis_config_at(&wrong, 8, BB);
+    let err = open_err(&config);
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(err.message().contains("authentication"), "{err}");
+    assert!(
+        !err.message().contains("wrong-pw"),
+        "the password leaked: {err}"
+    );
+
+    let right = format!("redis://:s3cret-pw@127.0.0.1:{}", server.port());
+    let config = redis_config_at(&right, 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    assert!(
+        !h.tier().describe().contains("s3cret"),
+        "{}",
+        h.tier().describe()
+    );
+    store_all(&h, 1, &[1]);
+
+    let mut config = memory_config(8, BB);
+    config.set("backend", "redis").unwrap();
+    assert_eq!(open_err(&config).kind(), ErrorKind::Config, "no url");
+    config.set("url", "rediss://127.0.0.1:6380").unwrap();
+    let err = open_err(&config);
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
+#[test]
+fn a_dead_cluster_master_fails_only_its_own_slots() {
+    let mut cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("io_timeout_ms", "500").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..48).collect();
+    store_all(&h, 1, &ids);
+    let dead = cluster.kill9_master(0);
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let (lost, kept): (Vec<u64>, Vec<u64>) = ids.iter().partition(|&&i| dead.serves(slot_of(i)));
+    assert!(
+        !lost.is_empty() && !kept.is_empty(),
+        "keys spread over the masters"
+    );
+    for (n, &i) in kept.iter().enumerate() {
+        let r = h.load(100 + n as u64, &[i], &[50]);
+        assert!(
+            r.is_ok() && h.row_holds(50, i),
+            "block {i} on a live master: {r:?}"
+        );
+    }
+    let started = Instant::now();
+    let r = h.load(99, &[lost[0]], &[50]);
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+}
