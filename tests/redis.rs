@@ -321,3 +321,133 @@ fn a_dead_cluster_master_fails_only_its_own_slots() {
         started.elapsed()
     );
 }
+
+#[test]
+fn touches_reach_the_servers_lru() {
+    let server = redis_or_skip!();
+    let config = redis_config_at(&server.url(), 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    store_all(&h, 1, &[1, 2]);
+    let name = names_on(&server, &config)
+        .into_iter()
+        .find(|n| n.ends_with(&hash_tag(1)))
+        .unwrap();
+    let idle = || -> u64 { server.cli(&["OBJECT", "IDLETIME", &name]).parse().unwrap() };
+    std::thread::sleep(Duration::from_millis(2100));
+    assert!(idle() >= 2);
+    h.touch(&[1]);
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while idle() >= 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the touch never reached the server"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_hung_server_costs_a_failed_job_on_time() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 8, BB);
+    config.set("io_timeout_ms", "300").unwrap();
+    let h = Harness::new(&config, 8, BB);
+    store_all(&h, 1, &[1]);
+    server.freeze();
+    let started = Instant::now();
+    let r = h.load(2, &[1], &[5]);
+    let took = started.elapsed();
+    server.thaw();
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} for a 300 ms deadline"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut job = 3;
+    loop {
+        job += 1;
+        let r = h.load(job, &[1], &[5]);
+        if r.is_ok() {
+            assert!(h.row_holds(5, 1));
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {r:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Another process on the same keyspace (this test binary re-run as a child).
+#[test]
+fn two_processes_share_one_keyspace() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 16, BB);
+    config.set("sharing", "shared").unwrap();
+    let h = Harness::new(&config, 16, BB);
+    store_all(&h, 1, &(100..110).collect::<Vec<_>>());
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("KVTIER_CHILD_URL", server.url())
+        .env("KVTIER_CHILD_PREFIX", &config.redis.key_prefix)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("child: loaded 10 blocks"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // And the other way round: the child stored 200..205.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let theirs: Vec<u64> = (200..205).collect();
+    while h.lookup(&theirs).iter().any(|&s| s != Hit) {
+        assert!(Instant::now() < deadline, "never found the child's blocks");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = h.load(2, &theirs, &(0..5).collect::<Vec<_>>());
+    assert!(r.is_ok(), "{r:?}");
+    assert!(theirs
+        .iter()
+        .enumerate()
+        .all(|(row, &i)| h.row_holds(row, i)));
+}
+
+/// The other process of `two_processes_share_one_keyspace` (ignored when run
+/// directly).
+#[test]
+#[ignore]
+fn child() {
+    let (Ok(url), Ok(prefix)) = (
+        std::env::var("KVTIER_CHILD_URL"),
+        std::env::var("KVTIER_CHILD_PREFIX"),
+    ) else {
+        return;
+    };
+    let mut config = redis_config_at(&url, 16, BB);
+    config.set("sharing", "shared").unwrap();
+    config.set("key_prefix", &prefix).unwrap();
+    let h = Harness::new(&config, 16, BB);
+    let ids: Vec<u64> = (100..110).collect();
+    let first = h.lookup(&ids);
+    assert!(
+        first.iter().all(|&s| s == Pending),
+        "unseen keys are probed: {first:?}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while h.lookup(&ids).iter().any(|&s| s != Hit) {
+        assert!(Instant::now() < deadline, "never found the parent's blocks");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let r = h.load(1, &ids, &(0..10).collect::<Vec<_>>());
+    assert!(r.is_ok(), "{r:?}");
+    assert!(ids.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+    println!("child: loaded {} blocks", ids.len());
+    store_all(&h, 2, &(200..205).collect::<Vec<_>>());
+}

@@ -62,6 +62,16 @@ pub(crate) trait Backend: Send + Sync {
         }
     }
 
+    /// Whether storage keeps a recency of its own that `tier_touch` should
+    /// reach (a shared server's LRU).
+    fn forwards_touches(&self) -> bool {
+        false
+    }
+
+    /// Tells storage that the `key_len`-byte keys packed in `keys` were used
+    /// (worker thread, in the background; best effort).
+    fn touch(&self, _keys: &[u8], _key_len: usize) {}
+
     /// Whether released blocks must be handed to [`Backend::discard`].
     fn wants_discards(&self) -> bool {
         false

@@ -34,6 +34,19 @@ impl Shared {
         }
     }
 
+    /// Queues a touch for storage that keeps its own recency. Best effort:
+    /// without memory to copy the keys or queue the work, it is skipped.
+    pub(super) fn forward_touch(&self, keys: &[u8], key_len: usize) {
+        let mut copy = Vec::new();
+        if copy.try_reserve_exact(keys.len()).is_err() {
+            return;
+        }
+        copy.extend_from_slice(keys);
+        let _ = self
+            .queue
+            .push_all(Lane::Probes, [Work::Touch(copy, key_len)].into_iter());
+    }
+
     /// Whether a block of `key` is in use: stored, being stored, or cleared
     /// but still pinned by a load.
     pub(super) fn is_live(&self, key: &[u8]) -> bool {
@@ -49,6 +62,7 @@ impl Shared {
                 }
             }
             Work::Probe(key) => self.run_probe(key),
+            Work::Touch(keys, key_len) => self.backend.touch(&keys, key_len),
         }
     }
 

@@ -192,6 +192,9 @@ impl Tier {
             return Ok(());
         }
         self.shared.state.lock().index.touch_batch(keys, key_len);
+        if self.shared.backend.forwards_touches() {
+            self.shared.forward_touch(keys, key_len);
+        }
         Ok(())
     }
 

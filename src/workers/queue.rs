@@ -20,6 +20,8 @@ pub(crate) enum Work {
     Probe(Vec<u8>),
     /// Release the storage of evicted or cleared blocks (slot, key).
     Discard(Vec<(u32, Vec<u8>)>),
+    /// Tell storage these keys were used (packed, `key_len` bytes each).
+    Touch(Vec<u8>, usize),
 }
 
 /// Which queue a piece of work waits in.
@@ -36,7 +38,9 @@ impl Work {
         match self {
             Work::Copy(t) if t.job.kind == JobKind::Load => Lane::Loads,
             Work::Copy(_) => Lane::Stores,
-            Work::Probe(_) => Lane::Probes,
+            // Background work a lookup or touch asked for, dropped when the
+            // tier shuts down.
+            Work::Probe(_) | Work::Touch(..) => Lane::Probes,
             Work::Discard(_) => Lane::Discards,
         }
     }

@@ -491,6 +491,22 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn forwards_touches(&self) -> bool {
+        true
+    }
+
+    /// One pipeline of `TOUCH` (split by node in a cluster), so that the
+    /// server's LRU follows what the engines use.
+    fn touch(&self, keys: &[u8], key_len: usize) {
+        let _ = self.pool.with_conn("TOUCH pipeline", |conn| {
+            let mut pipe = Pipe::new(conn);
+            for key in keys.chunks_exact(key_len) {
+                pipe.add(redis::cmd("TOUCH").arg(self.name(key)).take());
+            }
+            pipe.query::<Vec<redis::Value>>(conn)
+        });
+    }
+
     fn wants_discards(&self) -> bool {
         self.sharing == Sharing::Owned
     }
