@@ -12,6 +12,7 @@ mod disk;
 mod jobs;
 mod machine;
 mod memory;
+mod primary;
 mod progress;
 mod report;
 mod stats;
