@@ -11,6 +11,8 @@ pub enum Backend {
     Memory,
     /// against raw O_DIRECT file I/O on the same directory
     Disk,
+    /// against the redis crate alone and redis-benchmark, on the same server
+    Redis,
 }
 
 /// Benchmarks kvtier through its C ABI (memory backend by default).
@@ -33,6 +35,13 @@ struct Cli {
     /// dir); its contents are deleted
     #[arg(long, value_name = "PATH")]
     dir: Option<PathBuf>,
+    /// redis: a single server to use, redis://127.0.0.1:PORT (default: start
+    /// redis-server on a free loopback port in a temp dir, stopped at the end)
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// redis: the tier's `connections` [default: one per I/O thread]
+    #[arg(long, value_name = "N", value_parser = at_least::<1>)]
+    connections: Option<usize>,
     /// disk: blocks stored before the timed reopen [default: 100000]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
@@ -124,6 +133,8 @@ fn block_size(value: &str) -> Result<usize, String> {
 pub struct Settings {
     pub backend: Backend,
     pub dir: Option<PathBuf>,
+    pub url: Option<String>,
+    pub connections: Option<usize>,
     pub recovery_blocks: usize,
     pub quick: bool,
     pub json: bool,
@@ -133,6 +144,8 @@ pub struct Settings {
     pub skip_lookup: bool,
     pub io_threads: Option<usize>,
     pub data_bytes: u64,
+    /// Whether --gib was given (a backend may then pick its own default).
+    pub data_bytes_given: bool,
     pub block_bytes: usize,
     pub job_blocks: usize,
     pub window: Option<usize>,
@@ -172,6 +185,8 @@ impl From<Cli> for Settings {
         Settings {
             backend: c.backend,
             dir: c.dir,
+            url: c.url,
+            connections: c.connections,
             recovery_blocks: pick(c.recovery_blocks, 2_000, 100_000),
             quick,
             json: c.json,
@@ -181,6 +196,7 @@ impl From<Cli> for Settings {
             skip_lookup: c.skip_lookup,
             io_threads: c.io_threads,
             data_bytes: (gib * (1u64 << 30) as f64) as u64,
+            data_bytes_given: c.gib.is_some(),
             block_bytes: c.block_bytes.unwrap_or(2 << 20),
             job_blocks: c.job_blocks.unwrap_or(16),
             window: c.window,
@@ -235,6 +251,19 @@ mod tests {
         assert_eq!(disk.backend, Backend::Disk);
         assert!(!disk.progress);
         assert_eq!(disk.dir.as_deref(), Some(std::path::Path::new("/x")));
+        let redis = Settings::try_parse(&[
+            "--backend",
+            "redis",
+            "--url",
+            "redis://127.0.0.1:7000",
+            "--connections",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(redis.backend, Backend::Redis);
+        assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:7000"));
+        assert_eq!(redis.connections, Some(2));
+        assert!(!redis.data_bytes_given);
     }
 
     #[test]
