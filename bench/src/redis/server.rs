@@ -100,6 +100,7 @@ impl Server {
                 .stderr(Stdio::null())
                 .spawn()
                 .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            crate::contention::count_as_own(child.id());
             let mut s = Server {
                 url: format!("redis://127.0.0.1:{port}"),
                 host: "127.0.0.1".into(),
