@@ -28,7 +28,10 @@ pub enum Backend {
 struct Cli {
     /// the backend measured; disk covers bandwidth, 4 KiB round trips, 64 KiB
     /// blocks/s, lookup and restart recovery of 100,000 blocks, with the page
-    /// cache bypassed
+    /// cache bypassed; redis covers 2 MiB and 64 KiB bandwidth, 4 KiB round
+    /// trips and lookup against the redis crate alone and redis-benchmark
+    /// (skipped, exit 0, if redis-server is missing, unless
+    /// KVTIER_REQUIRE_REDIS=1)
     #[arg(long, value_enum, default_value_t = Backend::Memory)]
     backend: Backend,
     /// disk: scratch directory (default: a new one under the system temp
@@ -46,7 +49,7 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
-    /// the library default, min(cores, 4), for memory; 8 for disk]
+    /// the library default, min(cores, 4), for memory; 8 for disk and redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
     io_threads: Option<usize>,
     /// data moved per direction per repetition, in GiB [default: 2]
@@ -58,7 +61,8 @@ struct Cli {
     /// blocks per bandwidth job [default: 16]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     job_blocks: Option<usize>,
-    /// bandwidth jobs kept in flight [default: 2 x io_threads; 4 for disk]
+    /// bandwidth jobs kept in flight [default: 2 x io_threads; 4 for disk
+    /// and redis]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     window: Option<usize>,
     /// bandwidth repetitions, reported as median/min/max [default: 3]
