@@ -11,6 +11,8 @@ pub enum Backend {
     Memory,
     /// against raw O_DIRECT file I/O on the same directory
     Disk,
+    /// against the redis crate alone and redis-benchmark, on the same server
+    Redis,
 }
 
 /// Benchmarks kvtier through its C ABI (memory backend by default).
@@ -26,18 +28,28 @@ pub enum Backend {
 struct Cli {
     /// the backend measured; disk covers bandwidth, 4 KiB round trips, 64 KiB
     /// blocks/s, lookup and restart recovery of 100,000 blocks, with the page
-    /// cache bypassed
+    /// cache bypassed; redis covers 2 MiB and 64 KiB bandwidth, 4 KiB round
+    /// trips and lookup against the redis crate alone and redis-benchmark
+    /// (skipped, exit 0, if redis-server is missing, unless
+    /// KVTIER_REQUIRE_REDIS=1)
     #[arg(long, value_enum, default_value_t = Backend::Memory)]
     backend: Backend,
     /// disk: scratch directory (default: a new one under the system temp
     /// dir); its contents are deleted
     #[arg(long, value_name = "PATH")]
     dir: Option<PathBuf>,
+    /// redis: a single server to use, redis://127.0.0.1:PORT (default: start
+    /// redis-server on a free loopback port in a temp dir, stopped at the end)
+    #[arg(long, value_name = "URL")]
+    url: Option<String>,
+    /// redis: the tier's `connections` [default: one per I/O thread]
+    #[arg(long, value_name = "N", value_parser = at_least::<1>)]
+    connections: Option<usize>,
     /// disk: blocks stored before the timed reopen [default: 100000]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
-    /// the library default, min(cores, 4), for memory; 8 for disk]
+    /// the library default, min(cores, 4), for memory; 8 for disk and redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
     io_threads: Option<usize>,
     /// data moved per direction per repetition, in GiB [default: 2]
@@ -49,7 +61,8 @@ struct Cli {
     /// blocks per bandwidth job [default: 16]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     job_blocks: Option<usize>,
-    /// bandwidth jobs kept in flight [default: 2 x io_threads; 4 for disk]
+    /// bandwidth jobs kept in flight [default: 2 x io_threads; 4 for disk
+    /// and redis]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     window: Option<usize>,
     /// bandwidth repetitions, reported as median/min/max [default: 3]
@@ -124,6 +137,8 @@ fn block_size(value: &str) -> Result<usize, String> {
 pub struct Settings {
     pub backend: Backend,
     pub dir: Option<PathBuf>,
+    pub url: Option<String>,
+    pub connections: Option<usize>,
     pub recovery_blocks: usize,
     pub quick: bool,
     pub json: bool,
@@ -133,6 +148,8 @@ pub struct Settings {
     pub skip_lookup: bool,
     pub io_threads: Option<usize>,
     pub data_bytes: u64,
+    /// Whether --gib was given (a backend may then pick its own default).
+    pub data_bytes_given: bool,
     pub block_bytes: usize,
     pub job_blocks: usize,
     pub window: Option<usize>,
@@ -172,6 +189,8 @@ impl From<Cli> for Settings {
         Settings {
             backend: c.backend,
             dir: c.dir,
+            url: c.url,
+            connections: c.connections,
             recovery_blocks: pick(c.recovery_blocks, 2_000, 100_000),
             quick,
             json: c.json,
@@ -181,6 +200,7 @@ impl From<Cli> for Settings {
             skip_lookup: c.skip_lookup,
             io_threads: c.io_threads,
             data_bytes: (gib * (1u64 << 30) as f64) as u64,
+            data_bytes_given: c.gib.is_some(),
             block_bytes: c.block_bytes.unwrap_or(2 << 20),
             job_blocks: c.job_blocks.unwrap_or(16),
             window: c.window,
@@ -235,6 +255,19 @@ mod tests {
         assert_eq!(disk.backend, Backend::Disk);
         assert!(!disk.progress);
         assert_eq!(disk.dir.as_deref(), Some(std::path::Path::new("/x")));
+        let redis = Settings::try_parse(&[
+            "--backend",
+            "redis",
+            "--url",
+            "redis://127.0.0.1:7000",
+            "--connections",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(redis.backend, Backend::Redis);
+        assert_eq!(redis.url.as_deref(), Some("redis://127.0.0.1:7000"));
+        assert_eq!(redis.connections, Some(2));
+        assert!(!redis.data_bytes_given);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! kvtier-bench: drives kvtier through its C ABI, the code path C engines use,
 //! and reports bandwidth against memcpy (or raw O_DIRECT I/O for the disk
-//! backend), job latency, lookup cost and memory per block. See `--help` and
+//! backend, the redis crate and redis-benchmark for the Redis backend), job latency, lookup cost and memory per block. See `--help` and
 //! bench/README.md. This file picks the backend and prints its report.
 
 mod buffer;
@@ -12,7 +12,9 @@ mod disk;
 mod jobs;
 mod machine;
 mod memory;
+mod primary;
 mod progress;
+mod redis;
 mod report;
 mod stats;
 
@@ -21,9 +23,17 @@ use std::process::ExitCode;
 
 fn main() -> ExitCode {
     let settings = Settings::from_args();
+    if settings.backend == Backend::Redis {
+        if let Some(reason) = redis::skip_reason(&settings) {
+            // Not a failure: this machine has no server to measure.
+            eprintln!("kvtier-bench: SKIPPED: {reason}");
+            return ExitCode::SUCCESS;
+        }
+    }
     let report = match settings.backend {
         Backend::Memory => memory::run(&settings),
         Backend::Disk => disk::run(&settings),
+        Backend::Redis => redis::run(&settings),
     };
     match report {
         Ok(report) if settings.json => {

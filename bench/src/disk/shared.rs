@@ -1,16 +1,11 @@
-//! What the disk phases share: the tier configuration they open, a primary
-//! buffer of source and destination rows, and waiting for one job.
+//! What the disk phases share: the tier configuration they open (the
+//! primary buffer and waiting for one job are in `crate::primary`, shared
+//! with the Redis phases).
 
-use crate::buffer::MappedBuf;
-use crate::capi::{Config, Tier};
-use crate::data::{fill_row, KEY_LEN};
-use crate::jobs::{Kind, Stream};
-use kvtier::ffi::tier_job_result_t;
+use crate::capi::Config;
 use std::path::Path;
-use std::time::Instant;
 
-/// A tier that delivers nothing for this long is reported as hung.
-const STALL_SECS: u64 = 60;
+pub use crate::primary::{one_result, Primary};
 
 /// A disk tier configuration; `prepared` creates the fan-out directories at
 /// open, so timed stores see a tier in steady state. `o_direct=on` makes a
@@ -35,92 +30,4 @@ pub fn config(
         c.set(k, &v).map_err(|e| e.to_string())?;
     }
     Ok(c)
-}
-
-/// A primary buffer of source rows `0..rows`, filled with their regenerable
-/// contents, and as many destination rows `rows..2 * rows` for loads.
-pub struct Primary {
-    pub buf: MappedBuf,
-    pub block: usize,
-    pub rows: usize,
-}
-
-impl Primary {
-    pub fn new(rows: usize, block: usize) -> Result<Primary, String> {
-        let p = Primary {
-            buf: MappedBuf::new(2 * rows * block)?,
-            block,
-            rows,
-        };
-        for i in 0..rows {
-            fill_row(i as u64, p.row(i));
-        }
-        Ok(p)
-    }
-
-    /// Row `i` as a slice, also for raw I/O threads (each touches only the
-    /// rows it was given, or only reads).
-    #[allow(clippy::mut_from_ref)]
-    pub fn row(&self, i: usize) -> &mut [u8] {
-        assert!((i + 1) * self.block <= self.buf.len());
-        // SAFETY: in bounds; callers give each thread distinct rows or only
-        // read, and never touch a row a tier job in flight is using.
-        unsafe { self.buf.slice_mut(i * self.block, self.block) }
-    }
-
-    /// Source rows for keys `0..n`, cycling.
-    pub fn sources(&self, n: usize) -> Vec<i64> {
-        (0..n).map(|i| (i % self.rows) as i64).collect()
-    }
-
-    /// Destination rows for keys `0..n`, cycling.
-    pub fn destinations(&self, n: usize) -> Vec<i64> {
-        (0..n).map(|i| (self.rows + i % self.rows) as i64).collect()
-    }
-
-    pub fn tier(&self, config: &Config) -> Result<Tier<'_>, String> {
-        Tier::new(config, &self.buf, self.block).map_err(|e| e.to_string())
-    }
-
-    /// Jobs of `job_blocks` keys with `window` in flight, key `i` with `rows[i]`.
-    pub fn stream<'a>(
-        &self,
-        kind: Kind,
-        keys: &'a [u8],
-        rows: &'a [i64],
-        job_blocks: usize,
-        window: usize,
-    ) -> Stream<'a> {
-        Stream {
-            kind,
-            keys,
-            key_len: KEY_LEN,
-            rows,
-            job_blocks,
-            window,
-            block_bytes: self.block,
-        }
-    }
-}
-
-/// Waits for one job's result: blocking (`spin` false), or spinning on the
-/// poll as a latency-bound engine would.
-pub fn one_result(tier: &Tier, spin: bool) -> Result<tier_job_result_t, String> {
-    let mut out = [tier_job_result_t::default(); 1];
-    let start = Instant::now();
-    loop {
-        if tier.poll(&mut out).map_err(|e| e.to_string())? == 1 {
-            return Ok(out[0]);
-        }
-        let waited = if spin {
-            std::hint::spin_loop();
-            start.elapsed().as_secs() <= STALL_SECS
-        } else {
-            tier.wait(STALL_SECS as u32 * 1000)
-                .map_err(|e| e.to_string())?
-        };
-        if !waited {
-            return Err(format!("a job did not finish within {STALL_SECS} s"));
-        }
-    }
 }

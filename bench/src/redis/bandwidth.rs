@@ -1,0 +1,309 @@
+//! Redis backend, bandwidth at one block size: the server's bound
+//! (redis-benchmark), then repetitions in which the client crate's passes and
+//! the tier's alternate (ABBA) on the same server, every byte the tier loads
+//! verified after each repetition; and how those figures are reported.
+
+use super::benchmark::{self, Bound};
+use super::client::{self, HEADER};
+use super::server::Server;
+use super::{Params, NS_BANDWIDTH};
+use crate::capi::Tier;
+use crate::data::{check_row, keys, KEY_LEN};
+use crate::jobs::{JobIds, Kind};
+use crate::primary::{one_result, Primary};
+use crate::progress::Progress;
+use crate::report::{num, size, Cmp, Report};
+use crate::stats::{max, median, min, paired_ratio};
+use serde_json::json;
+
+pub struct Results {
+    pub describe: String,
+    pub block: usize,
+    pub blocks: usize,
+    pub server: Bound,
+    /// GB/s per repetition; client and tier entries of one index ran side by side.
+    pub client_store_gbps: Vec<f64>,
+    pub client_load_gbps: Vec<f64>,
+    pub store_gbps: Vec<f64>,
+    pub load_gbps: Vec<f64>,
+    pub server_memory: u64,
+    pub verified_bytes: u64,
+}
+
+/// The redis-benchmark settings (clients, pipeline): the three, and
+/// the tier's own shape (jobs in flight x blocks per job).
+fn settings(p: &Params) -> Vec<(usize, usize)> {
+    let mut v = vec![(1, 16), (16, 1), (8, 2), (p.window, p.job_blocks)];
+    v.dedup();
+    v
+}
+
+pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Results, String> {
+    let label = size(block);
+    let shapes = settings(p);
+    let requests = shapes
+        .iter()
+        .map(|&(c, pl)| 2 * c * pl)
+        .max()
+        .unwrap_or(1)
+        .max(n);
+    let mut progress = Progress::new(
+        p.progress,
+        format!("redis {label}: redis-benchmark"),
+        shapes.len() as u64,
+    );
+    let bound = benchmark::run(server, block + HEADER, requests, &shapes)?;
+    progress.add(shapes.len() as u64);
+    progress.finish();
+
+    // Every job in flight and every client thread has rows of its own.
+    let rows = n.min(256).max(p.window * p.job_blocks);
+    let primary = Primary::new(rows, block)?;
+    let src = primary.sources(n);
+    let dst = primary.destinations(n);
+    let key_bytes = keys(NS_BANDWIDTH ^ block as u64, 0, n);
+    let client_prefix = format!("{}-client-b{block}", p.prefix);
+    let names = client::names(&client_prefix, n);
+    let capacity = (n as u64 + 64) * block as u64;
+    let mut ids = JobIds::default();
+    let mut progress = Progress::new(
+        p.progress,
+        format!("redis {label} bandwidth"),
+        (p.repeat * 5 * n) as u64,
+    );
+    let mut r = Results {
+        describe: String::new(),
+        block,
+        blocks: n,
+        server: bound,
+        client_store_gbps: Vec::new(),
+        client_load_gbps: Vec::new(),
+        store_gbps: Vec::new(),
+        load_gbps: Vec::new(),
+        server_memory: 0,
+        verified_bytes: 0,
+    };
+    let gbps = |secs: f64| (n * block) as f64 / secs / 1e9;
+    let conns = p.client_connections();
+    for rep in 0..p.repeat {
+        // A new tier (and key prefix) per repetition: a tier skips stores of
+        // keys it holds, so each repetition stores into an empty keyspace.
+        let prefix = format!("{}-b{block}-r{rep}", p.prefix);
+        let tier = primary.tier(&p.config(server, &prefix, capacity)?)?;
+        r.describe = tier.describe();
+        let client_first = rep % 2 == 0;
+        let directions = [
+            (
+                Kind::Store,
+                &src,
+                &mut r.store_gbps,
+                &mut r.client_store_gbps,
+            ),
+            (Kind::Load, &dst, &mut r.load_gbps, &mut r.client_load_gbps),
+        ];
+        for (kind, tier_rows, tier_gbps, client_gbps) in directions {
+            for tier_turn in [!client_first, client_first] {
+                if tier_turn {
+                    let pass = primary
+                        .stream(kind, &key_bytes, tier_rows, p.job_blocks, p.window)
+                        .run(&tier, &mut ids, |_| {})?;
+                    tier_gbps.push(pass.gbps());
+                } else {
+                    let secs = client::pass(server, &primary, kind, &names, p.job_blocks, conns)?;
+                    client_gbps.push(gbps(secs));
+                }
+                progress.add(n as u64);
+            }
+        }
+        r.verified_bytes += verify_all(&tier, &primary, &key_bytes, p.job_blocks, &mut ids)?;
+        progress.add(n as u64);
+        if rep + 1 == p.repeat {
+            r.server_memory = server.used_memory();
+        }
+        drop(tier);
+        // Untimed: the repetition's keys go, so the server holds one
+        // repetition's data at a time.
+        server.delete_prefix(&prefix)?;
+    }
+    server.delete_prefix(&client_prefix)?;
+    progress.finish();
+    Ok(r)
+}
+
+/// Poisons the destination rows, loads every key one job at a time, and
+/// checks every byte against the source row it was stored from.
+fn verify_all(
+    tier: &Tier,
+    primary: &Primary,
+    key_bytes: &[u8],
+    job_blocks: usize,
+    ids: &mut JobIds,
+) -> Result<u64, String> {
+    let rows = primary.rows;
+    let n = key_bytes.len() / KEY_LEN;
+    let per_job = job_blocks.min(rows);
+    let mut verified = 0;
+    for first in (0..n).step_by(per_job) {
+        let end = (first + per_job).min(n);
+        let dst: Vec<i64> = (first..end).map(|i| (rows + (i - first)) as i64).collect();
+        for &d in &dst {
+            primary.row(d as usize).fill(0xA5);
+        }
+        let id = ids.next();
+        tier.submit(
+            Kind::Load,
+            id,
+            &key_bytes[first * KEY_LEN..end * KEY_LEN],
+            KEY_LEN,
+            &dst,
+        )
+        .map_err(|e| e.to_string())?;
+        let res = one_result(tier, false)?;
+        if res.status != 0 || res.num_done as usize != end - first {
+            return Err(format!(
+                "verification load {id} failed: status {}, {}/{} blocks",
+                res.status,
+                res.num_done,
+                end - first
+            ));
+        }
+        for (j, i) in (first..end).enumerate() {
+            if let Some(at) = check_row((i % rows) as u64, primary.row(rows + j)) {
+                return Err(format!(
+                    "redis verification: {} key {i} differs at byte {at}",
+                    size(primary.block)
+                ));
+            }
+            verified += primary.block as u64;
+        }
+    }
+    Ok(verified)
+}
+
+impl Results {
+    /// Rows for the server bound, the client bound and the tier, per
+    /// direction; targets on the ratios to the server's bound; JSON keys with
+    /// `suffix` ("" for the main block size, "_64k" for 64 KiB).
+    pub fn report(&self, p: &Params, suffix: &str, out: &mut Report) {
+        let label = size(self.block);
+        // The targets: 2 MiB >= 0.9x / 0.95x, 64 KiB >= 0.8x.
+        let (store_target, load_target) = if self.block >= 1 << 20 {
+            (0.9, 0.95)
+        } else {
+            (0.8, 0.8)
+        };
+        out.line(
+            "bandwidth",
+            format!(
+                "{} blocks of {label} ({} values), {}-block jobs, {} in flight, {} repetitions, client and tier passes alternating; redis-benchmark: {} requests per setting, settings {}",
+                self.blocks,
+                size(self.block + HEADER),
+                p.job_blocks,
+                p.window,
+                p.repeat,
+                self.server.requests,
+                self.server
+                    .runs
+                    .iter()
+                    .map(|r| format!("{}x{}", r.clients, r.pipeline))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ),
+        );
+        let server_set = self.server.set_gbps(self.block);
+        let server_get = self.server.get_gbps(self.block);
+        let store_client = paired_ratio(&self.client_store_gbps, &self.store_gbps);
+        let load_client = paired_ratio(&self.client_load_gbps, &self.load_gbps);
+        let store_server = median(&self.store_gbps) / server_set;
+        let load_server = median(&self.load_gbps) / server_get;
+        let dirs = [
+            (
+                "SET",
+                "store",
+                server_set,
+                &self.server.set_best,
+                &self.client_store_gbps,
+                &self.store_gbps,
+                store_server,
+                store_client,
+                store_target,
+            ),
+            (
+                "GET",
+                "load",
+                server_get,
+                &self.server.get_best,
+                &self.client_load_gbps,
+                &self.load_gbps,
+                load_server,
+                load_client,
+                load_target,
+            ),
+        ];
+        for (cmd, name, server, best, client, tier, over_server, over_client, target) in dirs {
+            out.row(
+                format!("{label} server bound {cmd}"),
+                server,
+                "GB/s",
+                format!("redis-benchmark, best setting {best} (clients x pipeline)"),
+            );
+            out.row(
+                format!("{label} client crate {cmd}"),
+                median(client),
+                "GB/s",
+                format!(
+                    "{}x server; median, min {} max {}",
+                    num(median(client) / server),
+                    num(min(client)),
+                    num(max(client))
+                ),
+            );
+            out.row(
+                format!("{label} tier {name}"),
+                median(tier),
+                "GB/s",
+                format!(
+                    "{}x server, {}x client (paired); min {} max {}",
+                    num(over_server),
+                    num(over_client),
+                    num(min(tier)),
+                    num(max(tier))
+                ),
+            )
+            .target(
+                format!("{label} {name} >= {target}x server bound"),
+                over_server,
+                Cmp::AtLeast,
+                target,
+            );
+        }
+        let k = |key: &str| format!("{key}{suffix}");
+        out.field(&k("block_bytes"), self.block);
+        out.field(&k("blocks"), self.blocks);
+        out.field(&k("server_set_gbps"), server_set);
+        out.field(&k("server_get_gbps"), server_get);
+        out.field(&k("client_store_gbps"), median(&self.client_store_gbps));
+        out.field(&k("client_load_gbps"), median(&self.client_load_gbps));
+        out.field(&k("store_gbps"), median(&self.store_gbps));
+        out.field(&k("load_gbps"), median(&self.load_gbps));
+        out.field(&k("store_over_server"), store_server);
+        out.field(&k("load_over_server"), load_server);
+        out.field(&k("store_over_client"), store_client);
+        out.field(&k("load_over_client"), load_client);
+        out.field(
+            &k("runs"),
+            json!({
+                "store_gbps": self.store_gbps,
+                "load_gbps": self.load_gbps,
+                "client_store_gbps": self.client_store_gbps,
+                "client_load_gbps": self.client_load_gbps,
+                "server_bound": self.server,
+            }),
+        );
+        if suffix.is_empty() {
+            out.field("describe", &self.describe);
+            out.field("job_blocks", p.job_blocks);
+            out.field("repeat", p.repeat);
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! The server's own bound: `redis-benchmark -t set,get` with the value size
+//! kvtier writes (block + header), for a few connection x pipeline settings;
+//! the best requests/s of each command, as payload GB/s.
+
+use super::server::{find_on_path, Server};
+use serde::Serialize;
+use std::process::Command;
+
+/// One setting's answer.
+#[derive(Clone, Serialize)]
+pub struct Run {
+    pub clients: usize,
+    pub pipeline: usize,
+    pub set_rps: f64,
+    pub get_rps: f64,
+    pub set_p50_ms: f64,
+    pub get_p50_ms: f64,
+}
+
+/// The best of the settings for one value size.
+#[derive(Clone, Serialize)]
+pub struct Bound {
+    pub value_bytes: usize,
+    pub requests: usize,
+    pub runs: Vec<Run>,
+    pub set_rps: f64,
+    pub get_rps: f64,
+    /// "clients x pipeline" of the best SET and GET runs.
+    pub set_best: String,
+    pub get_best: String,
+}
+
+impl Bound {
+    /// Payload GB/s of `rps` requests of `block` bytes each.
+    pub fn set_gbps(&self, block: usize) -> f64 {
+        self.set_rps * block as f64 / 1e9
+    }
+
+    pub fn get_gbps(&self, block: usize) -> f64 {
+        self.get_rps * block as f64 / 1e9
+    }
+}
+
+pub fn available() -> bool {
+    find_on_path("redis-benchmark").is_some()
+}
+
+/// Runs `redis-benchmark -t set,get -d value_bytes -n requests -P p -c c
+/// -q --csv` for each `(c, p)` and keeps the best requests/s per command.
+pub fn run(
+    server: &Server,
+    value_bytes: usize,
+    requests: usize,
+    settings: &[(usize, usize)],
+) -> Result<Bound, String> {
+    let mut runs = Vec::new();
+    for &(clients, pipeline) in settings {
+        let mut cmd = Command::new("redis-benchmark");
+        if server.url.contains('@') {
+            // A password: redis-benchmark takes the URI as is.
+            cmd.args(["-u", &server.url]);
+        } else {
+            cmd.args(["-h", &server.host, "-p", &server.port.to_string()]);
+        }
+        let out = cmd
+            .args(["-t", "set,get", "-d", &value_bytes.to_string()])
+            .args(["-n", &requests.to_string()])
+            .args(["-P", &pipeline.to_string()])
+            .args(["-c", &clients.to_string()])
+            .args(["-q", "--csv"])
+            .output()
+            .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            return Err(format!(
+                "redis-benchmark -c {clients} -P {pipeline} -d {value_bytes} failed ({}): {}{}",
+                out.status,
+                text.trim(),
+                String::from_utf8_lossy(&out.stderr).trim()
+            ));
+        }
+        let (set_rps, set_p50_ms) = parse_csv(&text, "SET")?;
+        let (get_rps, get_p50_ms) = parse_csv(&text, "GET")?;
+        runs.push(Run {
+            clients,
+            pipeline,
+            set_rps,
+            get_rps,
+            set_p50_ms,
+            get_p50_ms,
+        });
+    }
+    let best = |rps: fn(&Run) -> f64| {
+        runs.iter()
+            .max_by(|a, b| rps(a).total_cmp(&rps(b)))
+            .expect("at least one setting")
+            .clone()
+    };
+    let (set, get) = (best(|r| r.set_rps), best(|r| r.get_rps));
+    Ok(Bound {
+        value_bytes,
+        requests,
+        set_rps: set.set_rps,
+        get_rps: get.get_rps,
+        set_best: format!("{}x{}", set.clients, set.pipeline),
+        get_best: format!("{}x{}", get.clients, get.pipeline),
+        runs,
+    })
+}
+
+/// Requests/s and p50 latency (ms) of `test` in redis-benchmark's CSV
+/// (`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...`).
+/// A run too short to time ("inf") counts as 0 requests/s.
+fn parse_csv(text: &str, test: &str) -> Result<(f64, f64), String> {
+    let quoted = format!("\"{test}\"");
+    let line = text
+        .lines()
+        .find(|l| l.split(',').next() == Some(quoted.as_str()))
+        .ok_or_else(|| format!("redis-benchmark printed no {test} line: {}", text.trim()))?;
+    let field = |i: usize| {
+        line.split(',')
+            .nth(i)
+            .map(|f| f.trim_matches('"'))
+            .and_then(|f| f.parse::<f64>().ok())
+            .filter(|x| x.is_finite())
+    };
+    Ok((field(1).unwrap_or(0.0), field(4).unwrap_or(f64::NAN)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_csv;
+
+    #[test]
+    fn csv_lines_parse() {
+        let text = "\"test\",\"rps\",\"avg_latency_ms\",\"min_latency_ms\",\"p50_latency_ms\",\"p95_latency_ms\",\"p99_latency_ms\",\"max_latency_ms\"\n\"SET\",\"18726.59\",\"0.049\",\"0.016\",\"0.047\",\"0.071\",\"0.135\",\"3.623\"\n\"GET\",\"inf\",\"0.056\",\"0.016\",\"0.055\",\"0.103\",\"0.159\",\"0.903\"\n";
+        assert_eq!(parse_csv(text, "SET").unwrap(), (18726.59, 0.047));
+        assert_eq!(parse_csv(text, "GET").unwrap(), (0.0, 0.055));
+        assert!(parse_csv(text, "PING").is_err());
+    }
+}

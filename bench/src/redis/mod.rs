@@ -1,0 +1,200 @@
+//! `--backend redis`: the Redis backend through the C ABI against two bounds
+//! measured in the same run on the same server, into the same report as the
+//! other backends. This file resolves the settings, owns the server (started
+//! here unless `--url` names one) and runs the phases.
+//!
+//! Bounds:
+//! - server: `redis-benchmark -t set,get` with kvtier's value size, the best
+//!   of a few clients x pipeline settings (see `benchmark`);
+//! - client crate: the `redis` crate alone sending the same pipelines of the
+//!   same values over as many connections as kvtier has jobs in flight (see
+//!   `client`).
+
+mod bandwidth;
+mod benchmark;
+mod client;
+mod latency;
+mod lookup;
+mod server;
+
+use crate::capi::Config;
+use crate::cli::Settings;
+use crate::report::{gib, mib, Report};
+use server::Server;
+
+/// Key namespaces, so the phases' key sets never collide.
+const NS_BANDWIDTH: u64 = 21;
+const NS_LATENCY: u64 = 23;
+const NS_LOOKUP: u64 = 24;
+
+/// Block size of the second bandwidth phase.
+const SMALL_BLOCK: usize = 64 << 10;
+
+/// The settings with the Redis backend's own defaults applied.
+pub struct Params {
+    pub io_threads: usize,
+    /// The tier's `connections` (None: the library's default, one per I/O
+    /// thread).
+    pub connections: Option<usize>,
+    pub block_bytes: usize,
+    pub blocks: usize,
+    pub small_blocks: usize,
+    pub job_blocks: usize,
+    pub window: usize,
+    pub repeat: usize,
+    pub latency_iters: usize,
+    pub lookup_blocks: usize,
+    pub lookup_batch: usize,
+    pub lookup_runs: usize,
+    pub lookup_run_secs: f64,
+    pub progress: bool,
+    /// Every key name of the run starts with this.
+    pub prefix: String,
+}
+
+impl Params {
+    fn new(s: &Settings) -> Params {
+        let default_bytes: u64 = if s.quick { 64 << 20 } else { 1 << 30 };
+        let bytes = if s.data_bytes_given {
+            s.data_bytes
+        } else {
+            default_bytes
+        };
+        Params {
+            // The library's default for redis: threads mostly wait on the network.
+            io_threads: s.io_threads.unwrap_or(8),
+            connections: s.connections,
+            block_bytes: s.block_bytes,
+            blocks: (bytes as usize).div_ceil(s.block_bytes).max(s.job_blocks),
+            small_blocks: if s.quick { 256 } else { 8192 },
+            job_blocks: s.job_blocks,
+            window: s.window.unwrap_or(4),
+            repeat: s.repeat,
+            latency_iters: s.latency_iters.min(if s.quick { 500 } else { 5000 }),
+            lookup_blocks: if s.quick { 1000 } else { 10_000 },
+            lookup_batch: s.lookup_batch,
+            lookup_runs: s.lookup_runs,
+            lookup_run_secs: s.lookup_run_secs,
+            progress: s.progress,
+            prefix: format!("kvtier-bench-{}", std::process::id()),
+        }
+    }
+
+    /// Connections the tier keeps, and the client bound uses as many as
+    /// kvtier can use at once (one per job in flight, at most that).
+    pub fn client_connections(&self) -> usize {
+        self.window.min(self.connections.unwrap_or(self.io_threads))
+    }
+
+    /// A Redis tier on `server` whose key names start with `prefix`.
+    pub fn config(&self, server: &Server, prefix: &str, capacity: u64) -> Result<Config, String> {
+        let mut c = Config::new().map_err(|e| e.to_string())?;
+        let mut pairs = vec![
+            ("backend", "redis".to_string()),
+            ("url", server.url.clone()),
+            // The bounds talk to one server; so does the tier.
+            ("cluster", "off".to_string()),
+            ("sharing", "owned".to_string()),
+            ("key_prefix", prefix.to_string()),
+            ("namespace", "kvtier-bench".to_string()),
+            ("io_threads", self.io_threads.to_string()),
+            ("capacity_bytes", capacity.to_string()),
+        ];
+        if let Some(n) = self.connections {
+            pairs.push(("connections", n.to_string()));
+        }
+        for (k, v) in pairs {
+            c.set(k, &v).map_err(|e| e.to_string())?;
+        }
+        Ok(c)
+    }
+}
+
+/// Why the run cannot happen here and is skipped (exit 0): no `--url` and no
+/// redis-server or redis-benchmark installed, unless KVTIER_REQUIRE_REDIS=1
+/// asks for a failure instead.
+pub fn skip_reason(s: &Settings) -> Option<String> {
+    if std::env::var("KVTIER_REQUIRE_REDIS").is_ok_and(|v| v == "1") {
+        return None;
+    }
+    let missing: Vec<&str> = [(s.url.is_none(), "redis-server"), (true, "redis-benchmark")]
+        .into_iter()
+        .filter(|&(needed, program)| needed && server::find_on_path(program).is_none())
+        .map(|(_, program)| program)
+        .collect();
+    (!missing.is_empty()).then(|| {
+        format!(
+            "{} not found on PATH (set KVTIER_REQUIRE_REDIS=1 to fail instead)",
+            missing.join(" and ")
+        )
+    })
+}
+
+pub fn run(s: &Settings) -> Result<Report, String> {
+    let p = Params::new(s);
+    if !benchmark::available() {
+        return Err("redis-benchmark not found on PATH (the server bound needs it)".into());
+    }
+    let server = Server::open(s.url.as_deref())?;
+    let outcome = run_on(s, &p, &server);
+    // A server given with --url is left without the run's keys; one started
+    // here is stopped (when `server` drops, on every path).
+    if server.started_here().is_none() {
+        let _ = server.delete_prefix(&p.prefix);
+    }
+    outcome
+}
+
+fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
+    let mut report = Report::start("redis", s.quick);
+    let big = bandwidth::run(p, server, p.block_bytes, p.blocks)?;
+    let small = bandwidth::run(p, server, SMALL_BLOCK, p.small_blocks)?;
+    let latency = latency::run(p, server)?;
+    let lookup = lookup::run(p, server)?;
+    let source = if s.io_threads.is_some() {
+        "--io-threads"
+    } else {
+        "redis default"
+    };
+    report.io_threads(p.io_threads, source, source);
+    report.line(
+        "server",
+        match server.started_here() {
+            Some(dir) => format!(
+                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used at the end of the bandwidth phases",
+                server.version,
+                server.shown(),
+                dir.display(),
+                mib(big.server_memory as f64)
+            ),
+            None => format!("redis {} at {} (--url)", server.version, server.shown()),
+        },
+    );
+    report.line("tier", big.describe.clone());
+    report.line(
+        "bounds",
+        format!(
+            "server: redis-benchmark -t set,get -d <block + {} header bytes>, best requests/s of the clients x pipeline settings, as payload GB/s; client crate: redis {} alone, the same SET/GET pipelines of the same values over {} connections (one per job in flight), GET replies copied into rows; both in the same run, on the same server",
+            client::HEADER,
+            "1.x",
+            p.client_connections()
+        ),
+    );
+    big.report(p, "", &mut report);
+    small.report(p, "_64k", &mut report);
+    latency.report(p, &mut report);
+    lookup.report(p, &mut report);
+    report.field("server_version", &server.version);
+    report.field("server_started", server.started_here().is_some());
+    report.field("window", p.window);
+    report.field("connections", p.connections.unwrap_or(p.io_threads));
+    report.field("client_connections", p.client_connections());
+    let verified = big.verified_bytes + small.verified_bytes + latency.verified_bytes;
+    report.field("verified_bytes", verified);
+    report.verified(format!(
+        "{} loaded back (every bandwidth repetition, every 4 KiB load; lookups all HIT)",
+        gib(verified)
+    ));
+    report.finish();
+    Ok(report)
+}

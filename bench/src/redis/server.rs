@@ -1,0 +1,269 @@
+//! The server the Redis phases talk to: one given with `--url`, or a
+//! `redis-server` the bench starts on a free loopback port in a temp dir and
+//! stops when the value is dropped (also when a phase fails or panics).
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a started server may take to answer PING.
+const START_SECS: u64 = 10;
+
+pub struct Server {
+    pub url: String,
+    pub host: String,
+    pub port: u16,
+    /// `redis_version` from INFO server.
+    pub version: String,
+    /// Present when the bench started the server.
+    child: Option<Child>,
+    dir: Option<PathBuf>,
+}
+
+/// `redis-server` on PATH, if any.
+pub fn find_on_path(program: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(program))
+        .find(|p| is_executable(p))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+fn free_port() -> Result<u16, String> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
+    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
+}
+
+/// Host and port of a `redis://host:port[/db]` URL (for redis-benchmark).
+fn host_port(url: &str) -> Result<(String, u16), String> {
+    let rest = url
+        .split_once("://")
+        .map(|(_, r)| r)
+        .ok_or_else(|| format!("--url {url:?}: expected redis://host:port"))?;
+    let authority = rest.split('/').next().unwrap_or("");
+    let hostport = authority.rsplit('@').next().unwrap_or("");
+    match hostport.rsplit_once(':') {
+        Some((h, p)) => Ok((
+            h.to_string(),
+            p.parse()
+                .map_err(|_| format!("--url: bad port in {hostport:?}"))?,
+        )),
+        None => Ok((hostport.to_string(), 6379)),
+    }
+}
+
+impl Server {
+    /// The server at `url`, or a new local one.
+    pub fn open(url: Option<&str>) -> Result<Server, String> {
+        match url {
+            Some(url) => {
+                let (host, port) = host_port(url)?;
+                let mut s = Server {
+                    url: url.to_string(),
+                    host,
+                    port,
+                    version: String::new(),
+                    child: None,
+                    dir: None,
+                };
+                s.version = s.wait_ready(Duration::from_secs(3))?;
+                Ok(s)
+            }
+            None => Server::start(),
+        }
+    }
+
+    fn start() -> Result<Server, String> {
+        let program = find_on_path("redis-server")
+            .ok_or("redis-server not found on PATH (install redis-server, or pass --url)")?;
+        let dir = std::env::temp_dir().join(format!("kvtier-bench-redis-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        // A port found free may be taken before the server binds it: retry.
+        let mut last = String::new();
+        for _ in 0..3 {
+            let port = free_port()?;
+            let child = Command::new(&program)
+                .args(["--save", "", "--appendonly", "no", "--port"])
+                .arg(port.to_string())
+                .args(["--bind", "127.0.0.1", "--dir"])
+                .arg(&dir)
+                .arg("--logfile")
+                .arg(dir.join("redis.log"))
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
+            crate::contention::count_as_own(child.id());
+            let mut s = Server {
+                url: format!("redis://127.0.0.1:{port}"),
+                host: "127.0.0.1".into(),
+                port,
+                version: String::new(),
+                child: Some(child),
+                dir: Some(dir.clone()),
+            };
+            match s.wait_ready(Duration::from_secs(START_SECS)) {
+                Ok(v) => {
+                    s.version = v;
+                    return Ok(s);
+                }
+                Err(e) => {
+                    let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                    last = format!("{e}; log: {}", tail.join(" | "));
+                    s.dir = None; // kept for the next attempt
+                    s.stop();
+                }
+            }
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+        Err(format!("redis-server did not start: {last}"))
+    }
+
+    /// Waits until the server answers PING; returns its version.
+    fn wait_ready(&mut self, limit: Duration) -> Result<String, String> {
+        let start = Instant::now();
+        loop {
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    return Err(format!("redis-server exited ({status})"));
+                }
+            }
+            match self.info_version() {
+                Ok(v) => return Ok(v),
+                Err(e) if start.elapsed() > limit => {
+                    return Err(format!("{}: no answer: {e}", self.shown()))
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+
+    fn info_version(&self) -> Result<String, String> {
+        let mut c = self.connect()?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query(&mut c)
+            .map_err(|e| e.to_string())?;
+        Ok(info
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("unknown")
+            .trim()
+            .to_string())
+    }
+
+    pub fn connect(&self) -> Result<redis::Connection, String> {
+        let client = redis::Client::open(self.url.as_str()).map_err(|e| e.to_string())?;
+        client
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .map_err(|e| format!("{}: {e}", self.shown()))
+    }
+
+    /// The URL without any password.
+    pub fn shown(&self) -> String {
+        format!("redis://{}:{}", self.host, self.port)
+    }
+
+    pub fn started_here(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+
+    /// Bytes the server uses (INFO memory), 0 if unknown.
+    pub fn used_memory(&self) -> u64 {
+        let Ok(mut c) = self.connect() else { return 0 };
+        let info: String = redis::cmd("INFO")
+            .arg("memory")
+            .query(&mut c)
+            .unwrap_or_default();
+        info.lines()
+            .find_map(|l| l.strip_prefix("used_memory:"))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    /// Deletes every key starting with `prefix` (SCAN + DEL), so a server
+    /// given with --url is left as it was found.
+    pub fn delete_prefix(&self, prefix: &str) -> Result<u64, String> {
+        let mut c = self.connect()?;
+        let pattern = format!("{prefix}*");
+        let (mut cursor, mut deleted) = (0u64, 0u64);
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut c)
+                .map_err(|e| format!("SCAN: {e}"))?;
+            if !names.is_empty() {
+                let n: u64 = redis::cmd("DEL")
+                    .arg(&names)
+                    .query(&mut c)
+                    .map_err(|e| format!("DEL: {e}"))?;
+                deleted += n;
+            }
+            if next == 0 {
+                return Ok(deleted);
+            }
+            cursor = next;
+        }
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            // SIGTERM: the server exits at once (nothing to save); SIGKILL if
+            // it has not within 5 s.
+            // SAFETY: kill(2) on our own child's pid.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+            let start = Instant::now();
+            loop {
+                match child.try_wait() {
+                    Ok(Some(_)) | Err(_) => break,
+                    Ok(None) if start.elapsed() > Duration::from_secs(5) => {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        break;
+                    }
+                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        }
+        if let Some(dir) = self.dir.take() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_port;
+
+    #[test]
+    fn urls_give_host_and_port() {
+        assert_eq!(
+            host_port("redis://127.0.0.1:7000").unwrap(),
+            ("127.0.0.1".into(), 7000)
+        );
+        assert_eq!(
+            host_port("redis://:pw@127.0.0.1:7001/0").unwrap(),
+            ("127.0.0.1".into(), 7001)
+        );
+        assert_eq!(host_port("redis://h").unwrap(), ("h".into(), 6379));
+        assert!(host_port("127.0.0.1:1").is_err());
+    }
+}
