@@ -51,6 +51,9 @@ struct Value<'a> {
 
 impl ToRedisArgs for Value<'_> {
     fn write_redis_args<W: ?Sized + RedisWrite>(&self, out: &mut W) {
+        // Room first: a 2 MiB value written into a growing buffer would be
+        // copied again at every doubling.
+        out.reserve_space_for_args([format::header_len(self.key.len()) + self.payload.len()]);
         let mut arg = out.writer_for_next_arg();
         // Writing into the command's own buffer cannot fail.
         format::write_value(&mut arg, self.namespace_fp, self.key, self.payload)
