@@ -45,8 +45,10 @@ pub(super) fn key_name(prefix_part: &str, key: &[u8]) -> String {
     name.push_str(prefix_part);
     name.push('{');
     if key.len() <= LONG_KEY {
-        for b in key {
-            name.push_str(&format!("{b:02x}"));
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        for &b in key {
+            name.push(HEX[(b >> 4) as usize] as char);
+            name.push(HEX[(b & 15) as usize] as char);
         }
     } else {
         name.push_str(&format!("h{:016x}{:016x}", xxh64(key, 0), xxh64(key, 1)));
