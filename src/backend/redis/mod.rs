@@ -34,7 +34,7 @@ use crate::config::{ClusterMode, RedisConfig, Sharing};
 use crate::error::{bail, Error, ErrorKind, Result};
 use parking_lot::Mutex;
 use redis::cluster::ClusterClient;
-use redis::{Client, ConnectionAddr, RedisWrite, ToRedisArgs};
+use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisWrite, ToRedisArgs};
 use std::time::Duration;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
@@ -101,6 +101,13 @@ pub(crate) struct RedisBackend {
     stripes: Vec<Mutex<()>>,
 }
 
+/// TCP_NODELAY: a pipeline's last partial segment must not wait for the
+/// peer's acknowledgement of the previous ones (Nagle), which costs
+/// milliseconds per job.
+fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+}
+
 /// Whether a seed is a cluster node (`INFO cluster`), asked with a short-lived
 /// connection.
 fn seed_is_cluster(
@@ -136,7 +143,11 @@ impl RedisBackend {
                     redact(url)
                 );
             }
-            match Client::open(url.as_str()) {
+            let info = match url.as_str().into_connection_info() {
+                Ok(info) => info.set_tcp_settings(tcp_settings()),
+                Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
+            };
+            match Client::open(info) {
                 Ok(client) => seeds.push(client),
                 Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
             }
@@ -171,6 +182,7 @@ impl RedisBackend {
         };
         let target = if cluster {
             let client = ClusterClient::builder(cfg.urls.clone())
+                .tcp_settings(tcp_settings())
                 .connection_timeout(timeout)
                 .response_timeout(timeout)
                 .retries(2)
