@@ -285,9 +285,141 @@ fn bad_settings_and_unreachable_servers_fail_tier_new_clearly() {
     let mut config = memory_config(8, BB);
     config.set("backend", "redis").unwrap();
     assert_eq!(open_err(&config).kind(), ErrorKind::Config, "no url");
-    config.set("url", "rediss://127.0.0.1:6380").unwrap();
+}
+
+/// `rediss://`: TLS to a server whose self-signed certificate (made here with
+/// openssl) the tier trusts through SSL_CERT_FILE, set in a child process so
+/// no other test sees it. An untrusted certificate fails `tier_new`.
+#[test]
+fn tls_connections_are_encrypted_and_verified() {
+    let dir = scratch_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
+    let (cert, key, csr) = (
+        dir.join("cert.pem"),
+        dir.join("key.pem"),
+        dir.join("srv.csr"),
+    );
+    let ext = dir.join("ext.cnf");
+    std::fs::write(
+        &ext,
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+    )
+    .unwrap();
+    let openssl = |args: &[&std::ffi::OsStr]| {
+        std::process::Command::new("openssl")
+            .args(args)
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    let os = |s: &str| std::ffi::OsString::from(s);
+    // A CA, and a server certificate for 127.0.0.1 signed by it.
+    let made = openssl(&[
+        &os("req"),
+        &os("-x509"),
+        &os("-newkey"),
+        &os("rsa:2048"),
+        &os("-nodes"),
+        &os("-days"),
+        &os("1"),
+        &os("-subj"),
+        &os("/CN=kvtier test CA"),
+        &os("-keyout"),
+        ca_key.as_os_str(),
+        &os("-out"),
+        ca.as_os_str(),
+    ]) && openssl(&[
+        &os("req"),
+        &os("-newkey"),
+        &os("rsa:2048"),
+        &os("-nodes"),
+        &os("-subj"),
+        &os("/CN=127.0.0.1"),
+        &os("-keyout"),
+        key.as_os_str(),
+        &os("-out"),
+        csr.as_os_str(),
+    ]) && openssl(&[
+        &os("x509"),
+        &os("-req"),
+        &os("-in"),
+        csr.as_os_str(),
+        &os("-CA"),
+        ca.as_os_str(),
+        &os("-CAkey"),
+        ca_key.as_os_str(),
+        &os("-CAcreateserial"),
+        &os("-days"),
+        &os("1"),
+        &os("-extfile"),
+        ext.as_os_str(),
+        &os("-out"),
+        cert.as_os_str(),
+    ]);
+    if !made {
+        assert!(
+            !common::redis::redis_required(),
+            "openssl is needed to make certificates"
+        );
+        eprintln!("skipped: openssl could not make certificates");
+        return;
+    }
+    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+        .to_string();
+    let (cert_s, key_s) = (cert.to_string_lossy(), key.to_string_lossy());
+    let server = redis_or_skip!(RedisServer::start_with(&[
+        ("tls-port", &tls_port),
+        ("tls-cert-file", &cert_s),
+        ("tls-key-file", &key_s),
+        ("tls-ca-cert-file", &ca.to_string_lossy()),
+        ("tls-auth-clients", "no"),
+    ]));
+    let url = format!("rediss://127.0.0.1:{tls_port}");
+    // Not trusted: the certificate is nobody's root.
+    let config = redis_config_at(&url, 8, BB);
     let err = open_err(&config);
-    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    // Trusted in a child process.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "tls_child",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("SSL_CERT_FILE", &ca)
+        .env("KVTIER_CHILD_URL", &url)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && stdout.contains("tls child: round trip done"),
+        "child: {}\n{stdout}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The block went through the TLS port and is on the server.
+    assert_eq!(server.cli(&["DBSIZE"]), "1");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The TLS client of `tls_connections_are_encrypted_and_verified`.
+#[test]
+#[ignore]
+fn tls_child() {
+    let Ok(url) = std::env::var("KVTIER_CHILD_URL") else {
+        return;
+    };
+    let h = Harness::new(&redis_config_at(&url, 8, BB), 8, BB);
+    store_all(&h, 1, &[7]);
+    let r = h.load(2, &[7], &[3]);
+    assert!(r.is_ok() && h.row_holds(3, 7), "{r:?}");
+    println!("tls child: round trip done");
 }
 
 #[test]

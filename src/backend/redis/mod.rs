@@ -19,6 +19,8 @@
 //!   deletes nothing; the server's `maxmemory` policy and `ttl_s` bound the
 //!   total.
 //! - A URL's password never appears in a message or in `tier_describe`.
+//! - `rediss://` uses TLS (rustls); the server's certificate is checked
+//!   against the system's roots (`SSL_CERT_FILE` names another bundle).
 //!
 //! Files: `format` (key names and the value layout), `conn` (the pool).
 
@@ -136,13 +138,6 @@ impl RedisBackend {
         let timeout = Duration::from_millis(cfg.io_timeout_ms);
         let mut seeds = Vec::new();
         for url in &cfg.urls {
-            if url.starts_with("rediss://") || url.starts_with("valkeys://") {
-                bail!(
-                    Config,
-                    "url: {}: TLS (rediss://) is not supported by this build",
-                    redact(url)
-                );
-            }
             let info = match url.as_str().into_connection_info() {
                 Ok(info) => info.set_tcp_settings(tcp_settings()),
                 Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
