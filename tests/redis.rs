@@ -583,3 +583,59 @@ fn child() {
     println!("child: loaded {} blocks", ids.len());
     store_all(&h, 2, &(200..205).collect::<Vec<_>>());
 }
+
+/// Slots move between masters while jobs run (MOVED and ASK redirections):
+/// every load is byte-exact or fails cleanly, and once the move is over every
+/// stored block loads.
+#[test]
+fn resharding_in_progress_moves_no_wrong_bytes() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let config = redis_config_at(&cluster.url(), 1024, BB);
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..192).collect();
+    for chunk in ids.chunks(32) {
+        store_all(&h, chunk[0] + 10_000, chunk);
+    }
+    let masters = cluster.masters();
+    let (from, to) = (&masters[0], &masters[1]);
+    let seed = format!("127.0.0.1:{}", to.port);
+    let (from_id, to_id) = (from.id.clone(), to.id.clone());
+    let mover = std::thread::scope(|scope| {
+        let mover = scope.spawn(|| {
+            std::process::Command::new("redis-cli")
+                .args(["--cluster", "reshard", &seed, "--cluster-from", &from_id])
+                .args(["--cluster-to", &to_id, "--cluster-slots", "2000"])
+                .args(["--cluster-yes", "--cluster-pipeline", "10"])
+                .output()
+                .expect("redis-cli --cluster reshard")
+        });
+        let mut job = 0u64;
+        while !mover.is_finished() {
+            for chunk in ids.chunks(16) {
+                job += 1;
+                let rows: Vec<i64> = (32..48).collect();
+                let r = h.load(job, chunk, &rows);
+                let good = r.num_done as usize;
+                for (row, &i) in rows.iter().zip(chunk).take(good) {
+                    assert!(h.row_holds(*row as usize, i), "block {i}: wrong bytes");
+                }
+                assert!(
+                    r.is_ok() || r.error == Some(ErrorKind::Io),
+                    "during the move: {r:?}"
+                );
+            }
+        }
+        mover.join().unwrap()
+    });
+    assert!(
+        mover.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mover.stdout)
+    );
+    let r = h.load(1, &ids[..64], &(0..64).collect::<Vec<_>>());
+    assert!(r.is_ok(), "after the move: {r:?}");
+    assert!(ids[..64]
+        .iter()
+        .enumerate()
+        .all(|(row, &i)| h.row_holds(row, i)));
+}

@@ -386,6 +386,38 @@ impl RedisBackend {
     }
 }
 
+/// Sends commands `make(0..n)` as one pipeline and returns each reply. In a
+/// cluster whose slots are moving, the crate's pipeline does not follow
+/// MOVED/ASK: then the commands are made again and sent one by one, which
+/// the cluster connection redirects. A failure of the connection itself (a
+/// dead node) fails the whole pipeline at once, without retrying command by
+/// command.
+fn pipelined<T: redis::FromRedisValue>(
+    conn: &mut conn::Conn,
+    n: usize,
+    make: impl Fn(usize) -> redis::Cmd,
+) -> std::result::Result<Vec<redis::RedisResult<T>>, redis::RedisError> {
+    let mut pipe = Pipe::new(conn);
+    for i in 0..n {
+        pipe.add(make(i));
+    }
+    match pipe.query::<Vec<T>>(conn) {
+        Ok(replies) => Ok(replies.into_iter().map(Ok).collect()),
+        Err(e) if redirected(&e) => Ok((0..n).map(|i| make(i).query(conn.like())).collect()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether a pipeline failed because slots are moving (MOVED, ASK, TRYAGAIN).
+fn redirected(e: &redis::RedisError) -> bool {
+    use redis::ServerErrorKind::{Ask, Moved, TryAgain};
+    e.clone().into_server_errors().is_some_and(|errors| {
+        errors
+            .iter()
+            .any(|(_, err)| matches!(err.kind(), Some(Moved | Ask | TryAgain)))
+    })
+}
+
 /// An error of `tier_new` from the server: a refused password is a
 /// configuration error, anything else an I/O one.
 fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
@@ -445,23 +477,26 @@ impl Backend for RedisBackend {
         stripes.dedup();
         // Taken in one order, so two batches never wait on each other.
         let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+        let set = |i: usize| {
+            let (_, key, block) = blocks[i];
+            let value = Value {
+                namespace_fp: self.namespace_fp,
+                key,
+                payload: block,
+            };
+            self.set_command(key, value)
+        };
         let sent = self.pool.with_conn("SET pipeline", |conn| {
-            let mut pipe = Pipe::new(conn);
-            for &(_, key, block) in blocks {
-                let value = Value {
-                    namespace_fp: self.namespace_fp,
-                    key,
-                    payload: block,
-                };
-                pipe.add(self.set_command(key, value));
-            }
-            pipe.query::<Vec<redis::Value>>(conn)
+            pipelined::<redis::Value>(conn, blocks.len(), set)
         });
         for i in 0..blocks.len() {
             done(
                 i,
                 match &sent {
-                    Ok(_) => Ok(self.block_bytes as u64),
+                    Ok(replies) => match &replies[i] {
+                        Ok(_) => Ok(self.block_bytes as u64),
+                        Err(e) => Err(io_error("SET", e)),
+                    },
                     Err(e) => Err(Error::new(e.kind(), e.message().to_string())),
                 },
             );
@@ -476,12 +511,9 @@ impl Backend for RedisBackend {
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
         let names: Vec<String> = blocks.iter().map(|(_, key, _)| self.name(key)).collect();
+        let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
         let values = self.pool.with_conn("GET pipeline", |conn| {
-            let mut pipe = Pipe::new(conn);
-            for name in &names {
-                pipe.add(redis::cmd("GET").arg(name).take());
-            }
-            pipe.query::<Vec<Option<Vec<u8>>>>(conn)
+            pipelined::<Option<Vec<u8>>>(conn, names.len(), get)
         });
         let values = match values {
             Ok(values) if values.len() == blocks.len() => values,
@@ -499,7 +531,11 @@ impl Backend for RedisBackend {
             }
         };
         for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
-            if !done(i, self.check_value(&names[i], value, key, dst)) {
+            let outcome = match value {
+                Ok(value) => self.check_value(&names[i], value, key, dst),
+                Err(e) => Err(io_error("GET", &e)),
+            };
+            if !done(i, outcome) {
                 return;
             }
         }
@@ -512,12 +548,12 @@ impl Backend for RedisBackend {
     /// One pipeline of `TOUCH` (split by node in a cluster), so that the
     /// server's LRU follows what the engines use.
     fn touch(&self, keys: &[u8], key_len: usize) {
+        let touch = |i: usize| {
+            let key = &keys[i * key_len..][..key_len];
+            redis::cmd("TOUCH").arg(self.name(key)).take()
+        };
         let _ = self.pool.with_conn("TOUCH pipeline", |conn| {
-            let mut pipe = Pipe::new(conn);
-            for key in keys.chunks_exact(key_len) {
-                pipe.add(redis::cmd("TOUCH").arg(self.name(key)).take());
-            }
-            pipe.query::<Vec<redis::Value>>(conn)
+            pipelined::<redis::Value>(conn, keys.len() / key_len, touch)
         });
     }
 
