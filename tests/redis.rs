@@ -639,3 +639,69 @@ fn resharding_in_progress_moves_no_wrong_bytes() {
         .enumerate()
         .all(|(row, &i)| h.row_holds(row, i)));
 }
+
+/// A master with a replica dies: its blocks fail cleanly (never wrong bytes)
+/// until the replica takes over, then load from the promoted replica.
+#[test]
+fn a_replica_takes_over_a_dead_masters_blocks() {
+    let mut cluster = redis_or_skip!(RedisCluster::start(3, 1));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("io_timeout_ms", "500").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..48).collect();
+    store_all(&h, 1, &ids);
+    // Replication is asynchronous: wait until every replica has its master's keys.
+    let replicas: Vec<u16> = cluster
+        .nodes()
+        .iter()
+        .filter(|n| n.role == common::redis::Role::Replica)
+        .map(|n| n.port)
+        .collect();
+    assert_eq!(replicas.len(), 3);
+    let on_replicas = || -> u64 {
+        replicas
+            .iter()
+            .map(|&p| {
+                cluster
+                    .cli_at(p, &["DBSIZE"])
+                    .trim()
+                    .parse::<u64>()
+                    .unwrap_or(0)
+            })
+            .sum()
+    };
+    assert!(
+        common::redis::wait_until(Duration::from_secs(10), || on_replicas() == 48),
+        "replicas hold {} of 48 keys",
+        on_replicas()
+    );
+    let dead = cluster.kill9_master(0);
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let lost: Vec<u64> = ids
+        .iter()
+        .copied()
+        .filter(|&i| dead.serves(slot_of(i)))
+        .collect();
+    assert!(!lost.is_empty());
+    // One try during the failover: it fails cleanly or already works.
+    let r = h.load(2, &lost[..1], &[50]);
+    assert!(r.is_ok() || r.error == Some(ErrorKind::Io), "{r:?}");
+    if r.is_ok() {
+        assert!(h.row_holds(50, lost[0]));
+    }
+    // Failed over: another node is the master of the dead one's slots.
+    let first = dead.slots[0].0;
+    cluster.wait_for_nodes("a replica promoted", Duration::from_secs(30), |nodes| {
+        nodes.iter().any(|n| {
+            n.role == common::redis::Role::Master
+                && !n.failed
+                && n.port != dead.port
+                && n.serves(first)
+        })
+    });
+    cluster.wait_for_state("ok", Duration::from_secs(30));
+    let rows: Vec<i64> = (0..lost.len() as i64).collect();
+    let r = h.load(10, &lost, &rows);
+    assert!(r.is_ok(), "the promoted replica serves the blocks: {r:?}");
+    assert!(lost.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+}

@@ -150,10 +150,16 @@ impl Pool {
         let mut st = self.state.lock();
         match conn {
             Some(conn) => st.idle.push(conn),
-            None => st.open -= 1,
+            None => {
+                // A broken connection says the server (or a cluster node) went
+                // away: the idle ones share that fate, so they go too, rather
+                // than fail the next jobs one after another.
+                st.open -= 1 + st.idle.len();
+                st.idle.clear();
+            }
         }
         drop(st);
-        self.returned.notify_one();
+        self.returned.notify_all();
     }
 
     /// Runs `f` on a pooled connection. A connection that failed at the
