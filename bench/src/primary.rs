@@ -3,8 +3,10 @@
 
 use crate::buffer::MappedBuf;
 use crate::capi::{Config, Tier};
+use crate::data::check_row;
 use crate::data::{fill_row, KEY_LEN};
-use crate::jobs::{Kind, Stream};
+use crate::jobs::{JobIds, Kind, Stream};
+use crate::report::size;
 use kvtier::ffi::tier_job_result_t;
 use std::time::Instant;
 
@@ -97,4 +99,55 @@ pub fn one_result(tier: &Tier, spin: bool) -> Result<tier_job_result_t, String> 
             return Err(format!("a job did not finish within {STALL_SECS} s"));
         }
     }
+}
+
+/// Poisons the destination rows, loads every key one job at a time, and
+/// checks every byte against the source row it was stored from.
+pub fn verify_all(
+    tier: &Tier,
+    primary: &Primary,
+    key_bytes: &[u8],
+    job_blocks: usize,
+    ids: &mut JobIds,
+    backend: &str,
+) -> Result<u64, String> {
+    let rows = primary.rows;
+    let n = key_bytes.len() / KEY_LEN;
+    let per_job = job_blocks.min(rows);
+    let mut verified = 0;
+    for first in (0..n).step_by(per_job) {
+        let end = (first + per_job).min(n);
+        let dst: Vec<i64> = (first..end).map(|i| (rows + (i - first)) as i64).collect();
+        for &d in &dst {
+            primary.row(d as usize).fill(0xA5);
+        }
+        let id = ids.next();
+        tier.submit(
+            Kind::Load,
+            id,
+            &key_bytes[first * KEY_LEN..end * KEY_LEN],
+            KEY_LEN,
+            &dst,
+        )
+        .map_err(|e| e.to_string())?;
+        let res = one_result(tier, false)?;
+        if res.status != 0 || res.num_done as usize != end - first {
+            return Err(format!(
+                "verification load {id} failed: status {}, {}/{} blocks",
+                res.status,
+                res.num_done,
+                end - first
+            ));
+        }
+        for (j, i) in (first..end).enumerate() {
+            if let Some(at) = check_row((i % rows) as u64, primary.row(rows + j)) {
+                return Err(format!(
+                    "{backend} verification: {} key {i} differs at byte {at}",
+                    size(primary.block)
+                ));
+            }
+            verified += primary.block as u64;
+        }
+    }
+    Ok(verified)
 }

@@ -3,12 +3,12 @@
 //! alternating (ABBA) in one run; and how those figures are reported.
 
 use super::files::{fresh_dir, read_file, remove_block_files, write_file};
-use super::shared::{config, one_result, Primary};
+use super::shared::{config, Primary};
 use super::{Params, NS_BANDWIDTH};
 use crate::buffer::time_parallel;
-use crate::capi::Tier;
-use crate::data::{check_row, keys, KEY_LEN};
+use crate::data::keys;
 use crate::jobs::{JobIds, Kind};
+use crate::primary::verify_all;
 use crate::progress::Progress;
 use crate::report::{num, size, Cmp, Report};
 use crate::stats::{max, median, min, paired_ratio};
@@ -91,7 +91,8 @@ pub fn run(p: &Params) -> Result<Results, String> {
             }
         }
         if rep == 0 {
-            r.verified_bytes += verify_all(&tier, &primary, &key_bytes, p.job_blocks, &mut ids)?;
+            r.verified_bytes +=
+                verify_all(&tier, &primary, &key_bytes, p.job_blocks, &mut ids, "disk")?;
         }
         drop(tier);
         remove_block_files(&tier_dir)?;
@@ -100,51 +101,6 @@ pub fn run(p: &Params) -> Result<Results, String> {
     progress.finish();
     let _ = std::fs::remove_dir_all(&tier_dir);
     Ok(r)
-}
-
-/// Loads every key one job at a time into the destination rows and checks
-/// every byte against the source row it was stored from.
-fn verify_all(
-    tier: &Tier,
-    primary: &Primary,
-    key_bytes: &[u8],
-    job_blocks: usize,
-    ids: &mut JobIds,
-) -> Result<u64, String> {
-    let rows = primary.rows;
-    let n = key_bytes.len() / KEY_LEN;
-    let per_job = job_blocks.min(rows);
-    let mut verified = 0;
-    for first in (0..n).step_by(per_job) {
-        let end = (first + per_job).min(n);
-        let dst: Vec<i64> = (first..end).map(|i| (rows + (i - first)) as i64).collect();
-        for &d in &dst {
-            primary.row(d as usize).fill(0xA5);
-        }
-        let id = ids.next();
-        tier.submit(
-            Kind::Load,
-            id,
-            &key_bytes[first * KEY_LEN..end * KEY_LEN],
-            KEY_LEN,
-            &dst,
-        )
-        .map_err(|e| e.to_string())?;
-        let res = one_result(tier, false)?;
-        if res.status != 0 || res.num_done as usize != end - first {
-            return Err(format!(
-                "verification load {id} failed: status {}",
-                res.status
-            ));
-        }
-        for (j, i) in (first..end).enumerate() {
-            if let Some(at) = check_row((i % rows) as u64, primary.row(rows + j)) {
-                return Err(format!("disk verification: key {i} differs at byte {at}"));
-            }
-            verified += primary.block as u64;
-        }
-    }
-    Ok(verified)
 }
 
 impl Results {

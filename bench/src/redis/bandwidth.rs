@@ -7,10 +7,9 @@ use super::benchmark::{self, Bound};
 use super::client::{self, HEADER};
 use super::server::Server;
 use super::{Params, NS_BANDWIDTH};
-use crate::capi::Tier;
-use crate::data::{check_row, keys, KEY_LEN};
+use crate::data::keys;
 use crate::jobs::{JobIds, Kind};
-use crate::primary::{one_result, Primary};
+use crate::primary::{verify_all, Primary};
 use crate::progress::Progress;
 use crate::report::{num, size, Cmp, Report};
 use crate::stats::{max, median, min, paired_ratio};
@@ -115,7 +114,8 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
                 progress.add(n as u64);
             }
         }
-        r.verified_bytes += verify_all(&tier, &primary, &key_bytes, p.job_blocks, &mut ids)?;
+        r.verified_bytes +=
+            verify_all(&tier, &primary, &key_bytes, p.job_blocks, &mut ids, "redis")?;
         progress.add(n as u64);
         if rep + 1 == p.repeat {
             r.server_memory = server.used_memory();
@@ -128,56 +128,6 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     server.delete_prefix(&client_prefix)?;
     progress.finish();
     Ok(r)
-}
-
-/// Poisons the destination rows, loads every key one job at a time, and
-/// checks every byte against the source row it was stored from.
-fn verify_all(
-    tier: &Tier,
-    primary: &Primary,
-    key_bytes: &[u8],
-    job_blocks: usize,
-    ids: &mut JobIds,
-) -> Result<u64, String> {
-    let rows = primary.rows;
-    let n = key_bytes.len() / KEY_LEN;
-    let per_job = job_blocks.min(rows);
-    let mut verified = 0;
-    for first in (0..n).step_by(per_job) {
-        let end = (first + per_job).min(n);
-        let dst: Vec<i64> = (first..end).map(|i| (rows + (i - first)) as i64).collect();
-        for &d in &dst {
-            primary.row(d as usize).fill(0xA5);
-        }
-        let id = ids.next();
-        tier.submit(
-            Kind::Load,
-            id,
-            &key_bytes[first * KEY_LEN..end * KEY_LEN],
-            KEY_LEN,
-            &dst,
-        )
-        .map_err(|e| e.to_string())?;
-        let res = one_result(tier, false)?;
-        if res.status != 0 || res.num_done as usize != end - first {
-            return Err(format!(
-                "verification load {id} failed: status {}, {}/{} blocks",
-                res.status,
-                res.num_done,
-                end - first
-            ));
-        }
-        for (j, i) in (first..end).enumerate() {
-            if let Some(at) = check_row((i % rows) as u64, primary.row(rows + j)) {
-                return Err(format!(
-                    "redis verification: {} key {i} differs at byte {at}",
-                    size(primary.block)
-                ));
-            }
-            verified += primary.block as u64;
-        }
-    }
-    Ok(verified)
 }
 
 impl Results {
