@@ -110,18 +110,12 @@ impl Default for RedisConfig {
 pub struct DiskConfig {
     /// Root directory; created (owner-only) if missing, but not its parents.
     pub path: Option<PathBuf>,
-    /// Names the block layout (model, dtype, geometry…): blocks of different
-    /// namespaces or block sizes are never mixed.
-    pub namespace: String,
     /// O_DIRECT policy.
     pub direct_io: DirectIo,
     /// Durability before publishing.
     pub sync: SyncMode,
     /// Several processes (or hosts) use the directory at once.
     pub shared: bool,
-    /// Shared mode: how long a "not on disk" answer for a key is reused before
-    /// the file system is asked again, in milliseconds.
-    pub probe_ttl_ms: u32,
     /// Create all fan-out directories when the tier opens (once per
     /// directory), instead of each on the first store that needs it.
     pub prepare_dirs: bool,
@@ -131,11 +125,9 @@ impl Default for DiskConfig {
     fn default() -> DiskConfig {
         DiskConfig {
             path: None,
-            namespace: String::new(),
             direct_io: DirectIo::Auto,
             sync: SyncMode::None,
             shared: false,
-            probe_ttl_ms: 1000,
             prepare_dirs: false,
         }
     }
@@ -161,8 +153,14 @@ pub struct TierConfig {
     /// microseconds. Spinning hides the cost of waking a sleeping thread (several
     /// microseconds) from back-to-back small jobs; 0 sleeps at once.
     pub idle_spin_us: u32,
-    /// Disk backend options (and the `namespace` and `probe_ttl_ms` every
-    /// storage backend uses).
+    /// Names the block layout (model, dtype, geometry…) in storage (disk,
+    /// Redis): blocks of different namespaces or block sizes never mix.
+    pub namespace: String,
+    /// Shared storage (disk `shared=true`, Redis `sharing=shared`): how long a
+    /// "not stored" answer for a key is reused before storage is asked
+    /// again, in milliseconds.
+    pub probe_ttl_ms: u32,
+    /// Disk backend options.
     pub disk: DiskConfig,
     /// Redis backend options.
     pub redis: RedisConfig,
@@ -175,6 +173,8 @@ impl Default for TierConfig {
             capacity_bytes: DEFAULT_CAPACITY_BYTES,
             io_threads: None,
             idle_spin_us: 50,
+            namespace: String::new(),
+            probe_ttl_ms: 1000,
             disk: DiskConfig::default(),
             redis: RedisConfig::default(),
         }
@@ -247,7 +247,7 @@ impl TierConfig {
                 if value.len() > 4096 {
                     bail!(Config, "namespace: longer than 4096 bytes");
                 }
-                self.disk.namespace = value.to_string();
+                self.namespace = value.to_string();
             }
             "o_direct" => {
                 self.disk.direct_io = match value.to_ascii_lowercase().as_str() {
@@ -271,7 +271,7 @@ impl TierConfig {
                 if n > 3_600_000 {
                     bail!(Config, "probe_ttl_ms: {n} is above 3600000 (one hour)");
                 }
-                self.disk.probe_ttl_ms = n as u32;
+                self.probe_ttl_ms = n as u32;
             }
             "url" => {
                 let urls: Vec<String> = value
@@ -520,7 +520,7 @@ mod tests {
         assert_eq!(cfg.disk.direct_io, DirectIo::Off);
         assert_eq!(cfg.disk.sync, SyncMode::Data);
         assert!(cfg.disk.shared);
-        assert_eq!(cfg.disk.probe_ttl_ms, 250);
+        assert_eq!(cfg.probe_ttl_ms, 250);
         for (k, v) in [
             ("o_direct", "maybe"),
             ("sync", "all"),

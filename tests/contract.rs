@@ -529,7 +529,7 @@ pub fn stats_count_what_happened(cfg: Backend) {
 pub fn a_load_naming_a_row_twice_is_rejected(cfg: Backend) {
     let h = Harness::new(&cfg(64, BB), 64, BB);
     let ids: Vec<u64> = (0..40).collect();
-    store_all(&h, 1, &ids);
+    h.store_all(1, &ids);
     for n in [2usize, 3, 32, 33, 40] {
         let mut rows: Vec<i64> = (0..n as i64).collect();
         rows[n - 1] = rows[n / 2 - 1];
@@ -558,7 +558,7 @@ pub fn a_load_naming_a_row_twice_is_rejected(cfg: Backend) {
 pub fn loads_racing_into_one_row_harm_no_block(cfg: Backend) {
     let bb = 64 << 10;
     let h = Harness::new(&cfg(4, bb), 4, bb);
-    store_all(&h, 1, &[1, 2]);
+    h.store_all(1, &[1, 2]);
     for round in 0..200u64 {
         let (a, b) = (1000 + 2 * round, 1001 + 2 * round);
         h.tier().submit_load(a, &keys(&[1]), KEY_LEN, &[3]).unwrap();
@@ -571,16 +571,6 @@ pub fn loads_racing_into_one_row_harm_no_block(cfg: Backend) {
     assert_eq!(h.lookup(&[1, 2]), [Hit, Hit]);
     assert!(h.load(2, &[1, 2], &[2, 3]).is_ok());
     assert!(h.row_holds(2, 1) && h.row_holds(3, 2));
-}
-
-/// Stores keys `ids` (each from a row holding its pattern) and checks success.
-fn store_all(h: &Harness, job: u64, ids: &[u64]) {
-    for (r, &i) in ids.iter().enumerate() {
-        h.fill(r, i);
-    }
-    let rows: Vec<i64> = (0..ids.len() as i64).collect();
-    let r = h.store(job, ids, &rows);
-    assert!(r.is_ok(), "{r:?}");
 }
 
 /// Emits one `#[test]` per contract test, calling it with `$backend` when

@@ -94,16 +94,6 @@ fn block_file(root: &Path, i: u64) -> PathBuf {
         .unwrap_or_else(|| panic!("no file for key {i}"))
 }
 
-/// Stores keys `ids` (each from a row holding its pattern) and checks success.
-fn store_all(h: &Harness, job: u64, ids: &[u64]) {
-    for (r, &i) in ids.iter().enumerate() {
-        h.fill(r, i);
-    }
-    let rows: Vec<i64> = (0..ids.len() as i64).collect();
-    let r = h.store(job, ids, &rows);
-    assert!(r.is_ok(), "{r:?}");
-}
-
 /// Waits until background discards have deleted files down to `n`.
 fn wait_for_files(dir: &Path, n: usize) -> usize {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -120,7 +110,7 @@ fn wait_for_files(dir: &Path, n: usize) -> usize {
 fn files_are_laid_out_by_key_with_owner_only_root() {
     let dir = scratch_dir();
     let h = Harness::new(&config(&dir, 16), 16, BB);
-    store_all(&h, 1, &[1, 2, 3]);
+    h.store_all(1, &[1, 2, 3]);
     assert_eq!(
         std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
         0o700
@@ -168,7 +158,7 @@ fn prepare_dirs_creates_every_fan_out_directory_once() {
     assert_eq!(fans, 4096);
     // Reopening finds them in place; the tier works as usual.
     let h = Harness::new(&c, 8, BB);
-    store_all(&h, 1, &[1, 2]);
+    h.store_all(1, &[1, 2]);
     assert!(h.load(2, &[1, 2], &[5, 6]).is_ok() && h.row_holds(6, 2));
 }
 
@@ -179,7 +169,7 @@ fn reopening_rebuilds_the_index_and_loads_byte_exact() {
         let mut h = Harness::new(&config(&dir, 64), 64, BB);
         for job in 0..4 {
             let ids: Vec<u64> = (job * 10..job * 10 + 10).collect();
-            store_all(&h, job, &ids);
+            h.store_all(job, &ids);
         }
         let long = vec![7u8; 128];
         h.fill(0, 999);
@@ -221,7 +211,7 @@ fn reopening_with_less_capacity_keeps_the_newest_blocks() {
     {
         let mut h = Harness::new(&config(&dir, 16), 16, BB);
         for i in 0..8 {
-            store_all(&h, i, &[i]);
+            h.store_all(i, &[i]);
             // File times order the blocks at the next open.
             std::thread::sleep(Duration::from_millis(15));
         }
@@ -241,11 +231,11 @@ fn other_namespaces_and_block_sizes_are_never_mixed() {
     let dir = scratch_dir();
     {
         let mut h = Harness::new(&config(&dir, 16), 16, BB);
-        store_all(&h, 1, &[1, 2]);
+        h.store_all(1, &[1, 2]);
         h.scratch_dir = None;
     }
     let mut other = config(&dir, 16);
-    other.disk.namespace = "another-model".into();
+    other.namespace = "another-model".into();
     {
         let mut h = Harness::new(&other, 16, BB);
         assert_eq!(h.lookup(&[1, 2]), [Miss, Miss]);
@@ -260,7 +250,7 @@ fn evictions_delete_files() {
     let dir = scratch_dir();
     let h = Harness::new(&config(&dir, 4), 8, BB);
     for i in 0..10 {
-        store_all(&h, i, &[i]);
+        h.store_all(i, &[i]);
     }
     assert_eq!(wait_for_files(&ns_dir(&dir), 4), 4);
     assert_eq!(h.present(&(0..10).collect::<Vec<_>>()), vec![6, 7, 8, 9]);
@@ -272,7 +262,7 @@ fn evictions_delete_files() {
 fn damaged_files_fail_their_block_only_and_become_misses() {
     let dir = scratch_dir();
     let h = Harness::new(&config(&dir, 32), 32, BB);
-    store_all(&h, 1, &[1, 2, 3, 4, 5, 6, 7, 8]);
+    h.store_all(1, &[1, 2, 3, 4, 5, 6, 7, 8]);
     let ns = ns_dir(&dir);
 
     // Truncated: a short read.
@@ -313,9 +303,9 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     // A file of another namespace under our key's name.
     let foreign_dir = scratch_dir();
     let mut foreign_cfg = config(&foreign_dir, 4);
-    foreign_cfg.disk.namespace = "other".into();
+    foreign_cfg.namespace = "other".into();
     let foreign = Harness::new(&foreign_cfg, 4, BB);
-    store_all(&foreign, 1, &[7]);
+    foreign.store_all(1, &[7]);
     let f7 = block_file(&dir, 7);
     std::fs::copy(block_file(&foreign_dir, 7), &f7).unwrap();
     let r = h.load(14, &[7], &[20]);
@@ -331,7 +321,7 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     // Untouched blocks still load; the damaged keys can be stored again.
     let r = h.load(16, &[1, 2], &[30, 31]);
     assert!(r.is_ok() && h.row_holds(30, 1) && h.row_holds(31, 2));
-    store_all(&h, 17, &[3, 4]);
+    h.store_all(17, &[3, 4]);
     assert_eq!(h.lookup(&[3, 4]), [Hit, Hit]);
 }
 
@@ -343,7 +333,7 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
 fn a_non_file_at_a_block_path_fails_that_block_and_never_hangs() {
     let dir = scratch_dir();
     let h = Harness::new(&config(&dir, 8), 8, BB);
-    store_all(&h, 1, &[1, 2, 3, 4]);
+    h.store_all(1, &[1, 2, 3, 4]);
     let (fifo, subdir, link) = (
         block_file(&dir, 1),
         block_file(&dir, 2),
@@ -384,7 +374,7 @@ fn a_non_file_at_a_block_path_fails_that_block_and_never_hangs() {
     assert!(std::fs::symlink_metadata(&link).is_err(), "symlink removed");
     assert!(aside.is_file(), "the symlink's target is untouched");
     assert!(h.load(13, &[4], &[6]).is_ok() && h.row_holds(6, 4));
-    store_all(&h, 14, &[1, 3]);
+    h.store_all(14, &[1, 3]);
     assert!(h.load(15, &[1, 3], &[6, 7]).is_ok() && h.row_holds(6, 1) && h.row_holds(7, 3));
     h.tier().drain();
 }
@@ -398,7 +388,7 @@ fn transient_load_failures_keep_the_file_and_drop_the_key_after_a_few() {
     {
         let mut h = Harness::new(&config(&dir, 8), 8, BB);
         h.scratch_dir = None;
-        store_all(&h, 1, &[1, 2]);
+        h.store_all(1, &[1, 2]);
     }
     let status = spawn_child("fd-starved-loads", &dir).wait().unwrap();
     assert!(status.success(), "child: {status}");
@@ -416,7 +406,7 @@ fn recovery_short_of_descriptors_deletes_nothing() {
     {
         let mut h = Harness::new(&config(&dir, 64), 32, BB);
         h.scratch_dir = None;
-        store_all(&h, 1, &(0..32).collect::<Vec<_>>());
+        h.store_all(1, &(0..32).collect::<Vec<_>>());
         // Keys over 100 bytes get hashed file names: recovery must read their
         // headers to learn the key.
         let long: Vec<u8> = (0..32).flat_map(long_key).collect();
@@ -456,7 +446,7 @@ fn buffered_loads_racing_into_one_row_harm_no_block() {
     c.capacity_bytes = (4 * bb) as u64;
     c.set("o_direct", "off").unwrap();
     let h = Harness::new(&c, 4, bb);
-    store_all(&h, 1, &[1, 2]);
+    h.store_all(1, &[1, 2]);
     for round in 0..200u64 {
         let (a, b) = (1000 + 2 * round, 1001 + 2 * round);
         h.tier().submit_load(a, &keys(&[1]), KEY_LEN, &[3]).unwrap();
@@ -484,7 +474,7 @@ fn buffered_synced_and_unaligned_blocks_round_trip() {
         c.set("o_direct", o_direct).unwrap();
         c.set("sync", sync).unwrap();
         let h = Harness::new(&c, 8, bb);
-        store_all(&h, 1, &[1, 2]);
+        h.store_all(1, &[1, 2]);
         let r = h.load(2, &[1, 2], &[6, 7]);
         assert!(r.is_ok(), "{o_direct} {sync} {bb}: {r:?}");
         assert!(
@@ -593,7 +583,7 @@ fn a_full_device_fails_stores_and_recovers_when_space_returns() {
     }
     let tier_dir = root.join("tier");
     let h = Harness::new(&config(&tier_dir, 64), 64, BB);
-    store_all(&h, 1, &[1, 2, 3]);
+    h.store_all(1, &[1, 2, 3]);
     let mut job = 10;
     let failed = loop {
         if mounted.is_none() && job == 14 {
@@ -630,7 +620,7 @@ fn a_full_device_fails_stores_and_recovers_when_space_returns() {
     h.tier().simulate_full_device(false);
     h.tier().clear();
     wait_for_files(&ns_dir(&tier_dir), 0);
-    store_all(&h, 201, &[500, 501]);
+    h.store_all(201, &[500, 501]);
     assert!(h.load(202, &[500, 501], &[20, 21]).is_ok() && h.row_holds(21, 501));
     drop(h);
     if let Some(dir) = mounted {
@@ -645,14 +635,7 @@ fn a_full_device_fails_stores_and_recovers_when_space_returns() {
 
 /// Runs this test binary's `child` test in a new process with `role`.
 fn spawn_child(role: &str, dir: &Path) -> std::process::Child {
-    Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    test_child("child")
         .env("KVTIER_CHILD_ROLE", role)
         .env("KVTIER_CHILD_DIR", dir)
         .stdout(Stdio::null())
@@ -663,7 +646,7 @@ fn spawn_child(role: &str, dir: &Path) -> std::process::Child {
 fn shared_config(dir: &Path) -> TierConfig {
     let mut c = config(dir, 256);
     c.disk.shared = true;
-    c.disk.probe_ttl_ms = 50;
+    c.probe_ttl_ms = 50;
     c
 }
 
@@ -704,7 +687,7 @@ fn child() {
         "shared-store" => {
             let mut h = Harness::new(&shared_config(&dir), 16, BB);
             h.scratch_dir = None; // the parent owns the directory
-            store_all(&h, 1, &(1000..1010).collect::<Vec<_>>());
+            h.store_all(1, &(1000..1010).collect::<Vec<_>>());
         }
         // Finds keys 2000..2005 stored by the parent, checks their bytes.
         "shared-load" => {
@@ -841,7 +824,7 @@ fn two_processes_share_a_directory() {
         assert!(h.row_holds(r, i), "block {i}");
     }
     // And the other way round.
-    store_all(&h, 2, &(2000..2005).collect::<Vec<_>>());
+    h.store_all(2, &(2000..2005).collect::<Vec<_>>());
     assert!(spawn_child("shared-load", &dir).wait().unwrap().success());
     // A key nobody stored settles on MISS.
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -867,11 +850,11 @@ fn shared_probes_never_answer_hit_for_a_block_being_deleted() {
             let mut h = Harness::new(&c, 64, BB);
             h.scratch_dir = None;
             for chunk in ids.chunks(64) {
-                store_all(&h, chunk[0], chunk);
+                h.store_all(chunk[0], chunk);
             }
         }
         c.capacity_bytes = (ids.len() / 2 * BB) as u64;
-        c.disk.probe_ttl_ms = 60_000;
+        c.probe_ttl_ms = 60_000;
         let h = Harness::new(&c, 64, BB);
         // Probe every key while the excess is being deleted, until no probe
         // is left in flight; then nothing changes the index any more.
@@ -905,7 +888,7 @@ fn a_hot_absent_key_keeps_its_cached_miss() {
     let dir = scratch_dir();
     std::fs::create_dir_all(&dir).unwrap();
     let mut c = shared_config(&dir);
-    c.disk.probe_ttl_ms = 600_000;
+    c.probe_ttl_ms = 600_000;
     let h = Harness::new(&c, 16, BB);
     let hot = [7u64];
     let deadline = Instant::now() + Duration::from_secs(10);

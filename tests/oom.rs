@@ -15,7 +15,7 @@ mod common;
 use common::{key, keys, pattern, KEY_LEN};
 use kvtier::ffi::*;
 use kvtier::{ErrorKind, JobKind, PrimaryBuffer, Tier, TierConfig};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const MARGIN: usize = 128 << 20;
@@ -25,14 +25,7 @@ const BIG_ID: u64 = 1000;
 const DONE: &str = "oom child: all checks passed";
 
 fn run_child(role: &str) {
-    let out = Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = common::test_child("child")
         .env("KVTIER_OOM_ROLE", role)
         .stdin(Stdio::null())
         .output()

@@ -17,16 +17,6 @@ fn hash_tag(i: u64) -> String {
     format!("{{{}}}", hex_of(i))
 }
 
-/// Stores blocks `ids` from rows 0.. and checks success.
-fn store_all(h: &Harness, job: u64, ids: &[u64]) {
-    for (r, &i) in ids.iter().enumerate() {
-        h.fill(r, i);
-    }
-    let rows: Vec<i64> = (0..ids.len() as i64).collect();
-    let r = h.store(job, ids, &rows);
-    assert!(r.is_ok(), "{r:?}");
-}
-
 /// The key names the server holds under this tier's prefix.
 fn names_on(server: &RedisServer, config: &TierConfig) -> Vec<String> {
     let out = server.cli(&[
@@ -51,7 +41,7 @@ fn values_are_verified_and_a_bad_one_is_deleted() {
     let server = redis_or_skip!();
     let config = redis_config_at(&server.url(), 8, BB);
     let h = Harness::new(&config, 8, BB);
-    store_all(&h, 1, &[1, 2, 3]);
+    h.store_all(1, &[1, 2, 3]);
     let names = names_on(&server, &config);
     assert_eq!(names.len(), 3, "{names:?}");
     // Garbage under block 1's name, a truncated value under block 2's.
@@ -90,7 +80,7 @@ fn a_server_restarted_empty_gives_not_found_then_miss() {
     let mut server = redis_or_skip!();
     let config = redis_config_at(&server.url(), 8, BB);
     let h = Harness::new(&config, 8, BB);
-    store_all(&h, 1, &[1, 2]);
+    h.store_all(1, &[1, 2]);
     server.restart();
     // The pool's connections broke with the restart: the first operation
     // may fail with IO (reported, never hung); the next reconnects.
@@ -107,7 +97,7 @@ fn a_server_restarted_empty_gives_not_found_then_miss() {
     assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
     assert_eq!(h.lookup(&[1]), [Miss]);
     // The tier works on the new server.
-    store_all(&h, 100, &[3]);
+    h.store_all(100, &[3]);
     assert!(h.load(101, &[3], &[6]).is_ok() && h.row_holds(6, 3));
 }
 
@@ -117,7 +107,7 @@ fn a_killed_server_fails_jobs_on_time_and_the_tier_recovers() {
     let mut config = redis_config_at(&server.url(), 64, BB);
     config.set("io_timeout_ms", "300").unwrap();
     let h = Harness::new(&config, 16, BB);
-    store_all(&h, 1, &[1]);
+    h.store_all(1, &[1]);
     server.kill9();
     let started = Instant::now();
     for job in 2..22u64 {
@@ -169,8 +159,8 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
     {
         let mut h = Harness::new(&config, 8, BB);
         h.scratch_dir = None;
-        store_all(&h, 1, &[1, 2, 3, 4]);
-        store_all(&h, 2, &[5, 6]); // evicts two
+        h.store_all(1, &[1, 2, 3, 4]);
+        h.store_all(2, &[5, 6]); // evicts two
         h.tier().drain();
         let deadline = Instant::now() + Duration::from_secs(5);
         while names_on(&server, &config).len() != 4 {
@@ -194,7 +184,7 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();
     let mut a = redis_config_at(&server.url(), 2, BB);
     a.set("sharing", "shared").unwrap();
-    a.disk.probe_ttl_ms = 20;
+    a.probe_ttl_ms = 20;
     let mut b = a.clone(); // same key prefix: one keyspace
     b.io_threads = Some(3);
     let writer = Harness::new(&a, 8, BB);
@@ -204,7 +194,7 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
         [Pending],
         "an unseen key is asked of the server"
     );
-    store_all(&writer, 1, &[1, 2]);
+    writer.store_all(1, &[1, 2]);
     let deadline = Instant::now() + Duration::from_secs(5);
     while reader.lookup(&[1, 2]) != [Hit, Hit] {
         assert!(
@@ -220,7 +210,7 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     );
     // The writer's capacity is 2: storing 3 and 4 evicts 1 and 2 from its
     // index, but in a shared keyspace nothing is deleted.
-    store_all(&writer, 2, &[3, 4]);
+    writer.store_all(2, &[3, 4]);
     writer.tier().drain();
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(names_on(&server, &a).len(), 4);
@@ -238,7 +228,7 @@ fn server_eviction_under_maxmemory_gives_not_found_then_miss() {
     let h = Harness::new(&config, 16, BB);
     for job in 0..100u64 {
         let ids: Vec<u64> = (job * 16..job * 16 + 16).collect();
-        store_all(&h, job, &ids);
+        h.store_all(job, &ids);
     }
     // The oldest blocks are gone from the server but still in the index.
     let r = h.load(1000, &[0], &[0]);
@@ -263,14 +253,18 @@ fn bad_settings_and_unreachable_servers_fail_tier_new_clearly() {
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
 
     let wrong = format!("redis://:wrong-pw@127.0.0.1:{}", server.port());
-    let config = redis_config_at(&wrong, 8, BB);
-    let err = open_err(&config);
-    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
-    assert!(err.message().contains("authentication"), "{err}");
-    assert!(
-        !err.message().contains("wrong-pw"),
-        "the password leaked: {err}"
-    );
+    // Refused whether the cluster question or the first PING meets it.
+    for cluster in ["auto", "off"] {
+        let mut config = redis_config_at(&wrong, 8, BB);
+        config.set("cluster", cluster).unwrap();
+        let err = open_err(&config);
+        assert_eq!(err.kind(), ErrorKind::Config, "cluster={cluster}: {err}");
+        assert!(err.message().contains("authentication"), "{err}");
+        assert!(
+            !err.message().contains("wrong-pw"),
+            "the password leaked: {err}"
+        );
+    }
 
     let right = format!("redis://:s3cret-pw@127.0.0.1:{}", server.port());
     let config = redis_config_at(&right, 8, BB);
@@ -280,7 +274,7 @@ fn bad_settings_and_unreachable_servers_fail_tier_new_clearly() {
         "{}",
         h.tier().describe()
     );
-    store_all(&h, 1, &[1]);
+    h.store_all(1, &[1]);
 
     let mut config = memory_config(8, BB);
     config.set("backend", "redis").unwrap();
@@ -384,14 +378,7 @@ fn tls_connections_are_encrypted_and_verified() {
     let err = open_err(&config);
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
     // Trusted in a child process.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "tls_child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    let out = test_child("tls_child")
         .env("SSL_CERT_FILE", &ca)
         .env("KVTIER_CHILD_URL", &url)
         .output()
@@ -416,7 +403,7 @@ fn tls_child() {
         return;
     };
     let h = Harness::new(&redis_config_at(&url, 8, BB), 8, BB);
-    store_all(&h, 1, &[7]);
+    h.store_all(1, &[7]);
     let r = h.load(2, &[7], &[3]);
     assert!(r.is_ok() && h.row_holds(3, 7), "{r:?}");
     println!("tls child: round trip done");
@@ -429,7 +416,7 @@ fn a_dead_cluster_master_fails_only_its_own_slots() {
     config.set("io_timeout_ms", "500").unwrap();
     let h = Harness::new(&config, 64, BB);
     let ids: Vec<u64> = (0..48).collect();
-    store_all(&h, 1, &ids);
+    h.store_all(1, &ids);
     let dead = cluster.kill9_master(0);
     let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
     let (lost, kept): (Vec<u64>, Vec<u64>) = ids.iter().partition(|&&i| dead.serves(slot_of(i)));
@@ -459,7 +446,7 @@ fn touches_reach_the_servers_lru() {
     let server = redis_or_skip!();
     let config = redis_config_at(&server.url(), 8, BB);
     let h = Harness::new(&config, 8, BB);
-    store_all(&h, 1, &[1, 2]);
+    h.store_all(1, &[1, 2]);
     let name = names_on(&server, &config)
         .into_iter()
         .find(|n| n.ends_with(&hash_tag(1)))
@@ -484,7 +471,7 @@ fn a_hung_server_costs_a_failed_job_on_time() {
     let mut config = redis_config_at(&server.url(), 8, BB);
     config.set("io_timeout_ms", "300").unwrap();
     let h = Harness::new(&config, 8, BB);
-    store_all(&h, 1, &[1]);
+    h.store_all(1, &[1]);
     server.freeze();
     let started = Instant::now();
     let r = h.load(2, &[1], &[5]);
@@ -516,15 +503,8 @@ fn two_processes_share_one_keyspace() {
     let mut config = redis_config_at(&server.url(), 16, BB);
     config.set("sharing", "shared").unwrap();
     let h = Harness::new(&config, 16, BB);
-    store_all(&h, 1, &(100..110).collect::<Vec<_>>());
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "--exact",
-            "child",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
+    h.store_all(1, &(100..110).collect::<Vec<_>>());
+    let out = test_child("child")
         .env("KVTIER_CHILD_URL", server.url())
         .env("KVTIER_CHILD_PREFIX", &config.redis.key_prefix)
         .output()
@@ -581,7 +561,7 @@ fn child() {
     assert!(r.is_ok(), "{r:?}");
     assert!(ids.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
     println!("child: loaded {} blocks", ids.len());
-    store_all(&h, 2, &(200..205).collect::<Vec<_>>());
+    h.store_all(2, &(200..205).collect::<Vec<_>>());
 }
 
 /// Slots move between masters while jobs run (MOVED and ASK redirections):
@@ -594,7 +574,7 @@ fn resharding_in_progress_moves_no_wrong_bytes() {
     let h = Harness::new(&config, 64, BB);
     let ids: Vec<u64> = (0..192).collect();
     for chunk in ids.chunks(32) {
-        store_all(&h, chunk[0] + 10_000, chunk);
+        h.store_all(chunk[0] + 10_000, chunk);
     }
     let masters = cluster.masters();
     let (from, to) = (&masters[0], &masters[1]);
@@ -649,7 +629,7 @@ fn a_replica_takes_over_a_dead_masters_blocks() {
     config.set("io_timeout_ms", "500").unwrap();
     let h = Harness::new(&config, 64, BB);
     let ids: Vec<u64> = (0..48).collect();
-    store_all(&h, 1, &ids);
+    h.store_all(1, &ids);
     // Replication is asynchronous: wait until every replica has its master's keys.
     let replicas: Vec<u16> = cluster
         .nodes()

@@ -40,11 +40,15 @@ impl Tier {
         }
         let backend: Box<dyn Backend> = match config.backend {
             BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
-            BackendKind::Disk => Box::new(DiskBackend::open(&config.disk, block_bytes)?),
+            BackendKind::Disk => Box::new(DiskBackend::open(
+                &config.disk,
+                &config.namespace,
+                block_bytes,
+            )?),
             #[cfg(feature = "redis-backend")]
             BackendKind::Redis => Box::new(crate::backend::redis::RedisBackend::open(
                 &config.redis,
-                &config.disk.namespace,
+                &config.namespace,
                 block_bytes,
                 config.resolved_io_threads(),
             )?),
@@ -89,7 +93,7 @@ impl Tier {
             done: Completions::default(),
             counters: Counters::default(),
             io_threads,
-            probe_ttl: Duration::from_millis(config.disk.probe_ttl_ms as u64),
+            probe_ttl: Duration::from_millis(config.probe_ttl_ms as u64),
         });
         Counters::add(&shared.counters.evictions, evicted_at_open);
         shared.discard(released_at_open);

@@ -170,6 +170,17 @@ impl Harness {
         self.row(row) == pattern(i, self.block_bytes).as_slice()
     }
 
+    /// Stores blocks `ids` from rows 0.. (each filled with its pattern first)
+    /// and checks the job succeeded.
+    pub fn store_all(&self, job: u64, ids: &[u64]) {
+        for (r, &i) in ids.iter().enumerate() {
+            self.fill(r, i);
+        }
+        let rows: Vec<i64> = (0..ids.len() as i64).collect();
+        let r = self.store(job, ids, &rows);
+        assert!(r.is_ok(), "{r:?}");
+    }
+
     /// Submits a store and waits for its result.
     pub fn store(&self, job: u64, ids: &[u64], rows: &[i64]) -> JobResult {
         self.tier()
@@ -253,7 +264,7 @@ pub fn disk_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
     c.backend = kvtier::BackendKind::Disk;
     c.io_threads = Some(4);
     c.disk.path = Some(scratch_dir());
-    c.disk.namespace = "contract".into();
+    c.namespace = "contract".into();
     c
 }
 
@@ -264,4 +275,18 @@ pub fn memory_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
         io_threads: Some(2),
         ..TierConfig::default()
     }
+}
+
+/// This test binary again, running only its ignored test `name` (the other
+/// process of a multi-process test); the caller adds the environment.
+pub fn test_child(name: &str) -> std::process::Command {
+    let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        name,
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ]);
+    cmd
 }

@@ -111,7 +111,11 @@ pub(crate) struct DiskBackend {
 }
 
 impl DiskBackend {
-    pub(crate) fn open(cfg: &DiskConfig, block_bytes: usize) -> Result<DiskBackend> {
+    pub(crate) fn open(
+        cfg: &DiskConfig,
+        namespace: &str,
+        block_bytes: usize,
+    ) -> Result<DiskBackend> {
         let Some(root) = cfg.path.clone() else {
             bail!(
                 Config,
@@ -136,7 +140,7 @@ impl DiskBackend {
             }
             Err(e) => bail!(Config, "path: cannot use {}: {e}", root.display()),
         }
-        let ns_dir = root.join(layout::namespace_dir(&cfg.namespace, block_bytes));
+        let ns_dir = root.join(layout::namespace_dir(namespace, block_bytes));
         match io::mkdir(&ns_dir) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -148,7 +152,7 @@ impl DiskBackend {
         }
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
         Ok(DiskBackend {
-            ns_fp: layout::namespace_fingerprint(&cfg.namespace),
+            ns_fp: layout::namespace_fingerprint(namespace),
             ns_dir,
             block_bytes,
             direct,

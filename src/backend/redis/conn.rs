@@ -98,6 +98,18 @@ impl Pool {
         }
     }
 
+    /// Opens the first connection and PINGs through it, keeping it in the
+    /// pool; the server's own error on failure (so that a refused password
+    /// can be told from an unreachable server).
+    pub(super) fn ping(&self) -> std::result::Result<(), RedisError> {
+        let mut conn = self.connect()?;
+        redis::cmd("PING").query::<String>(conn.like())?;
+        let mut st = self.state.lock();
+        st.open += 1;
+        st.idle.push(conn);
+        Ok(())
+    }
+
     /// Takes an idle connection, opens one (within `max`), or waits for one
     /// to come back, all within the deadline.
     fn take(&self) -> Result<Conn> {

@@ -213,10 +213,9 @@ impl RedisBackend {
         };
         // One round trip now: a wrong password or an unreachable server is a
         // clear tier_new error, not the first job's.
-        backend
-            .pool
-            .with("PING", |c| redis::cmd("PING").query::<String>(c))
-            .map_err(|e| Error::new(e.kind(), e.message().to_string()))?;
+        if let Err(e) = backend.pool.ping() {
+            return Err(open_error(&backend.shown_seeds, &e));
+        }
         Ok(backend)
     }
 
@@ -497,7 +496,7 @@ impl Backend for RedisBackend {
                         Ok(_) => Ok(self.block_bytes as u64),
                         Err(e) => Err(io_error("SET", e)),
                     },
-                    Err(e) => Err(Error::new(e.kind(), e.message().to_string())),
+                    Err(e) => Err(e.clone()),
                 },
             );
         }
