@@ -58,6 +58,69 @@
 #define TIER_MAX_KEY_LEN 128
 
 /**
+ * Event kind: the key's block became readable in the tier (a lookup answers
+ * TIER_HIT). `reason` is a TIER_STORED_* code.
+ */
+#define TIER_EVENT_STORED 1
+
+/**
+ * Event kind: the key's block stopped being readable in the tier (a lookup
+ * answers TIER_MISS). `reason` is a TIER_REMOVED_* code.
+ */
+#define TIER_EVENT_REMOVED 2
+
+/**
+ * Event kind: the event ring was full and `dropped` events (sequence numbers
+ * `seq` to `seq + dropped - 1`) were dropped at this place; `key_len` is 0
+ * and `reason` 0. What the consumer mirrored is stale: forget it.
+ */
+#define TIER_EVENT_LOST 3
+
+/**
+ * STORED reason: a store job of this tier wrote the block.
+ */
+#define TIER_STORED_WRITTEN 1
+
+/**
+ * STORED reason: storage held the block when the tier was opened (disk
+ * restart, Redis sharing=owned adopting its keys).
+ */
+#define TIER_STORED_RECOVERED 2
+
+/**
+ * STORED reason: shared storage (disk shared=true, Redis sharing=shared): a
+ * lookup's probe found a block another writer stored.
+ */
+#define TIER_STORED_FOUND 3
+
+/**
+ * REMOVED reason: least recently used, evicted to make room.
+ */
+#define TIER_REMOVED_EVICTED 1
+
+/**
+ * REMOVED reason: tier_clear.
+ */
+#define TIER_REMOVED_CLEARED 2
+
+/**
+ * REMOVED reason: a load found the stored block corrupt (TIER_ERR_CORRUPT).
+ */
+#define TIER_REMOVED_CORRUPT 3
+
+/**
+ * REMOVED reason: a load found that storage no longer holds the block
+ * (TIER_ERR_NOT_FOUND: a file deleted, a Redis key expired or evicted).
+ */
+#define TIER_REMOVED_VANISHED 4
+
+/**
+ * REMOVED reason: the block's loads failed transiently (TIER_ERR_IO)
+ * MAX_TRANSIENT_LOAD_FAILURES times in a row; storage may still hold it.
+ */
+#define TIER_REMOVED_UNREADABLE 5
+
+/**
  * An opaque configuration builder, created by `tier_config_new` and destroyed
  * by `tier_config_free`. Not safe for concurrent mutation.
  */
@@ -114,6 +177,38 @@ typedef struct tier_job_result_t {
      */
     uint64_t elapsed_ns;
 } tier_job_result_t;
+
+/**
+ * One block event, filled in by `tier_poll_events`.
+ */
+typedef struct tier_event_t {
+    /**
+     * Sequence number: 0, 1, 2, … in the order events were recorded, dropped
+     * ones included (a TIER_EVENT_LOST carries the first dropped number), so
+     * events polled by several threads can be put back in order.
+     */
+    uint64_t seq;
+    /**
+     * TIER_EVENT_LOST: how many events were dropped here. 0 otherwise.
+     */
+    uint64_t dropped;
+    /**
+     * TIER_EVENT_STORED, TIER_EVENT_REMOVED or TIER_EVENT_LOST.
+     */
+    uint32_t kind;
+    /**
+     * STORED: a TIER_STORED_* code; REMOVED: a TIER_REMOVED_* code; LOST: 0.
+     */
+    uint32_t reason;
+    /**
+     * Bytes of `key` in use (0 for TIER_EVENT_LOST).
+     */
+    uint32_t key_len;
+    /**
+     * The block's key; bytes past `key_len` are 0.
+     */
+    uint8_t key[TIER_MAX_KEY_LEN];
+} tier_event_t;
 
 /**
  * A snapshot of a tier's state and counters, filled in by `tier_stats`
@@ -200,6 +295,11 @@ typedef struct tier_stats_t {
      * I/O worker threads.
      */
     uint64_t io_threads;
+    /**
+     * Block events dropped because the event ring was full (events=true);
+     * tier_poll_events reports each loss in place as a TIER_EVENT_LOST.
+     */
+    uint64_t events_dropped;
 } tier_stats_t;
 
 /**
@@ -333,6 +433,10 @@ struct tier_config_t *tier_config_new(void);
  * the file system is reused, default 1000); "prepare_dirs" ("false", or
  * "true": create all 4096 fan-out directories at open rather than on first
  * use, so early stores do not pay for a mkdir).
+ * Events: "events" ("false", or "true": record block events for
+ * tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
+ * held until polled, 160 bytes each, allocated at tier_new; beyond it the
+ * oldest are dropped and reported as TIER_EVENT_LOST).
  * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
  * text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
  * Ownership: `key` and `value` are copied; the caller keeps them.
@@ -490,12 +594,16 @@ tier_status_t tier_submit_store(struct tier_t *tier,
  * Blocks are pinned against eviction while read. A key whose store is still in
  * flight is waited for, not failed. At the first key that is not stored the
  * job fails with TIER_ERR_NOT_FOUND; its result's num_done is the number of
- * leading blocks copied. Loads do not change recency (see tier_touch).
+ * leading blocks copied. A read is a use: when the job completes, the blocks
+ * it copied become the most recently used, its first key most recent of all
+ * (as for tier_touch and a store).
  * A stored block found corrupt or gone fails the job with TIER_ERR_CORRUPT or
- * TIER_ERR_NOT_FOUND and its key becomes a MISS; a transient storage error
+ * TIER_ERR_NOT_FOUND and its key becomes a MISS (a TIER_EVENT_REMOVED with
+ * TIER_REMOVED_CORRUPT or TIER_REMOVED_VANISHED); a transient storage error
  * fails it with TIER_ERR_IO and keeps the key (and the stored data) until
  * its loads fail that way 3 times in a row, after which the key is a MISS
- * (the data stays in storage, found again by the next open).
+ * (TIER_REMOVED_UNREADABLE; the data stays in storage, found again by the
+ * next open).
  * Rows: each row may appear once in `block_ids`; a job naming a row twice is
  * rejected with TIER_ERR_INVALID_ARG. Two load jobs in flight into one row
  * leave that row's contents undefined until both are polled, but neither
@@ -568,6 +676,37 @@ tier_status_t tier_drain(struct tier_t *tier);
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_clear(struct tier_t *tier);
+
+/**
+ * Moves up to `cap` block events, oldest first, into `out` and writes their
+ * number to `*out_n` (0 if none is waiting). Events are recorded only by a
+ * tier created with the config key events=true.
+ *
+ * A block's events: TIER_EVENT_STORED once when it becomes readable (a store
+ * committed it; or, with reason TIER_STORED_RECOVERED / TIER_STORED_FOUND,
+ * storage already held it at tier_new, or a shared tier's lookup found it),
+ * then TIER_EVENT_REMOVED once when it stops being readable, with the reason.
+ * A key's events come in the order they happened (its STORED before its
+ * REMOVED). Blocks being stored, and stores that fail, produce no event.
+ * The ring holds events_capacity events; when it is full the oldest are
+ * dropped (never blocking a job), counted in tier_stats_t.events_dropped,
+ * and reported in their place by one TIER_EVENT_LOST event: the consumer's
+ * view is stale and must be rebuilt (e.g. forget every block it mirrors).
+ *
+ * Never blocks on a job, allocates nothing, and holds the tier's index lock
+ * for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
+ * TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_CONFIG (the tier was created
+ * without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
+ * tier_new). Outputs are written only on success.
+ * Ownership: `out` and `out_n` are borrowed for the call.
+ * NULL: `out` and `out_n` are required.
+ * Threads: any thread; concurrent pollers each get distinct events (order
+ * them by `seq`).
+ */
+tier_status_t tier_poll_events(struct tier_t *tier,
+                               struct tier_event_t *out,
+                               size_t cap,
+                               size_t *out_n);
 
 /**
  * Copies a one-line description of the tier into `buf`: library version,

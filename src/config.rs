@@ -2,6 +2,7 @@
 //! and the bindings use.
 
 use crate::error::{bail, Result};
+use crate::events::{DEFAULT_EVENTS_CAPACITY, MAX_EVENTS_CAPACITY};
 use std::path::PathBuf;
 
 /// Where blocks live.
@@ -164,6 +165,12 @@ pub struct TierConfig {
     pub disk: DiskConfig,
     /// Redis backend options.
     pub redis: RedisConfig,
+    /// Record block events (STORED, REMOVED) for
+    /// [`Tier::poll_events`](crate::Tier::poll_events).
+    pub events: bool,
+    /// Events held until polled; beyond it the oldest are dropped (and
+    /// reported as lost). 1..=[`MAX_EVENTS_CAPACITY`].
+    pub events_capacity: usize,
 }
 
 impl Default for TierConfig {
@@ -177,6 +184,8 @@ impl Default for TierConfig {
             probe_ttl_ms: 1000,
             disk: DiskConfig::default(),
             redis: RedisConfig::default(),
+            events: false,
+            events_capacity: DEFAULT_EVENTS_CAPACITY,
         }
     }
 }
@@ -201,6 +210,8 @@ pub const CONFIG_KEYS: &[&str] = &[
     "ttl_s",
     "io_timeout_ms",
     "connections",
+    "events",
+    "events_capacity",
 ];
 
 impl TierConfig {
@@ -325,6 +336,17 @@ impl TierConfig {
                     bail!(Config, "connections: {n} is outside 1..=1024");
                 }
                 self.redis.connections = Some(n as usize);
+            }
+            "events" => self.events = parse_bool(key, value)?,
+            "events_capacity" => {
+                let n = parse_uint(key, value)?;
+                if n == 0 || n > MAX_EVENTS_CAPACITY as u64 {
+                    bail!(
+                        Config,
+                        "events_capacity: {n} is outside 1..={MAX_EVENTS_CAPACITY}"
+                    );
+                }
+                self.events_capacity = n as usize;
             }
             _ => bail!(
                 Config,
@@ -498,6 +520,35 @@ mod tests {
         cfg.set("backend", "Memory").unwrap();
         assert_eq!(cfg.io_threads, Some(3));
         assert_eq!(cfg.capacity_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn event_keys_parse_strictly() {
+        let mut cfg = TierConfig::default();
+        assert!(!cfg.events, "events are opt-in");
+        assert_eq!(cfg.events_capacity, DEFAULT_EVENTS_CAPACITY);
+        cfg.set("events", "true").unwrap();
+        cfg.set("events_capacity", "1024").unwrap();
+        assert!(cfg.events);
+        assert_eq!(cfg.events_capacity, 1024);
+        let before = cfg.clone();
+        for (k, v) in [
+            ("events", "enabled"),
+            ("events", "2"),
+            ("events_capacity", "0"),
+            ("events_capacity", "-1"),
+            ("events_capacity", "4194305"),
+            ("events_capacity", "1KiB"),
+        ] {
+            let err = cfg.set(k, v).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{k}={v}");
+            assert!(err.message().starts_with(k), "{k}={v}: {err}");
+        }
+        assert_eq!(cfg, before, "a rejected value changes nothing");
+        cfg.set("events_capacity", &MAX_EVENTS_CAPACITY.to_string())
+            .unwrap();
+        cfg.set("events", "off").unwrap();
+        assert!(!cfg.events);
     }
 
     #[test]

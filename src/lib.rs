@@ -34,6 +34,7 @@ mod backend;
 mod config;
 mod engine;
 mod error;
+mod events;
 pub mod ffi;
 mod fork;
 mod index;
@@ -49,6 +50,9 @@ pub use config::{
 pub use engine::jobs::{JobKind, JobResult};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
+pub use events::{
+    Event, EventKind, RemovedReason, StoredReason, DEFAULT_EVENTS_CAPACITY, MAX_EVENTS_CAPACITY,
+};
 pub use index::LookupState;
 pub use key::MAX_KEY_LEN;
 pub use primary::PrimaryBuffer;

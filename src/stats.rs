@@ -51,6 +51,9 @@ pub struct Stats {
     pub results_queued: u64,
     /// I/O worker threads.
     pub io_threads: u64,
+    /// Block events dropped because the event ring was full (events=true);
+    /// tier_poll_events reports each loss in place as a TIER_EVENT_LOST.
+    pub events_dropped: u64,
 }
 
 #[derive(Default)]

@@ -6,7 +6,9 @@
 mod common;
 
 use common::*;
-use kvtier::{ErrorKind, JobKind, LookupState::*, TierConfig};
+use kvtier::{
+    ErrorKind, EventKind, JobKind, LookupState::*, RemovedReason, StoredReason, TierConfig,
+};
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
@@ -135,11 +137,38 @@ pub fn eviction_is_lru_and_honours_touch(cfg: Backend) {
     assert_eq!(h.present(&[2, 4, 5, 6, 7]), vec![4, 5, 6, 7]);
     assert!(h.store(8, &[8], &[0]).is_ok());
     assert_eq!(h.present(&[4, 5, 6, 7, 8]), vec![4, 5, 7, 8]);
-    // Order 5 4 7 8. A load is not a use: loading 5 does not save it.
+    // Order 5 4 7 8. A load is a use: loading 5 saves it, 4 goes.
     assert!(h.load(9, &[5], &[1]).is_ok());
     assert!(h.store(10, &[10], &[0]).is_ok());
-    assert_eq!(h.present(&[4, 5, 7, 8, 10]), vec![4, 7, 8, 10]);
-    assert_eq!(h.tier().stats().evictions, 5);
+    assert_eq!(h.present(&[4, 5, 7, 8, 10]), vec![5, 7, 8, 10]);
+    // Order 7 8 5 10. Its first key ends most recent: loading [8, 7] gives
+    // 5 10 7 8, so 5 goes next.
+    assert!(h.load(11, &[8, 7], &[1, 2]).is_ok());
+    assert!(h.store(12, &[12], &[0]).is_ok());
+    assert_eq!(h.present(&[5, 7, 8, 10, 12]), vec![7, 8, 10, 12]);
+    assert_eq!(h.tier().stats().evictions, 6);
+}
+
+pub fn a_block_read_outlives_an_unread_one(cfg: Backend) {
+    // A prefix served again and again from the tier must not age as if
+    // unused: under capacity pressure the blocks read survive and the blocks
+    // stored after them but never read are evicted.
+    let h = Harness::new(&cfg(8, BB), 8, BB);
+    h.store_all(1, &[100, 101]);
+    let mut job = 10;
+    for round in 0..6u64 {
+        let fresh = [200 + 2 * round, 201 + 2 * round];
+        h.store_all(job, &fresh);
+        let r = h.load(job + 1, &[100, 101], &[2, 3]);
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        job += 2;
+    }
+    // 14 keys stored into 8 slots: the read prefix is still there, the
+    // oldest unread blocks went.
+    assert_eq!(h.present(&[100, 101]), vec![100, 101]);
+    assert_eq!(h.present(&[200, 201, 202, 203]), Vec::<u64>::new());
+    assert_eq!(h.tier().stats().evictions, 6);
+    assert!(h.row_holds(2, 100) && h.row_holds(3, 101));
 }
 
 pub fn store_order_makes_first_key_most_recent(cfg: Backend) {
@@ -332,11 +361,11 @@ pub fn loads_pin_blocks_against_eviction(cfg: Backend) {
     assert_eq!((r.job_id, r.error), (5, None));
     assert!(h.row_holds(7, 1));
     assert!(h.tier().run_queued_job(6));
-    // Unpinned now, 1 is evictable again (least recent).
+    // Unpinned now; the load made 1 most recent, so 3 is the least recent.
     h.tier()
         .submit_store(8, &keys(&[9]), KEY_LEN, &[0])
         .unwrap();
-    assert_eq!(h.lookup(&[1, 3]), [Miss, Hit]);
+    assert_eq!(h.lookup(&[1, 3]), [Hit, Miss]);
 }
 
 pub fn blocks_in_flight_are_not_evicted(cfg: Backend) {
@@ -573,6 +602,197 @@ pub fn loads_racing_into_one_row_harm_no_block(cfg: Backend) {
     assert!(h.row_holds(2, 1) && h.row_holds(3, 2));
 }
 
+const STORED: EventKind = EventKind::Stored(StoredReason::Written);
+const EVICTED: EventKind = EventKind::Removed(RemovedReason::Evicted);
+const CLEARED: EventKind = EventKind::Removed(RemovedReason::Cleared);
+
+pub fn events_announce_each_store_and_eviction_once(cfg: Backend) {
+    let h = Harness::new(&with_events(cfg(4, BB), 64), 8, BB);
+    h.store_all(1, &[1, 2, 3]);
+    assert_eq!(
+        h.events(),
+        [(STORED, 1), (STORED, 2), (STORED, 3)],
+        "in the job's key order"
+    );
+    // Keys already stored are not stored again; lookups, touches and loads
+    // change no block's presence: no event.
+    h.store_all(2, &[2, 3]);
+    h.touch(&[1]);
+    assert!(h.load(3, &[1, 2], &[4, 5]).is_ok());
+    assert_eq!(h.lookup(&[1, 2, 3, 9]), [Hit, Hit, Hit, Miss]);
+    assert_eq!(h.events(), []);
+    // Order 3 2 1 (the load made 1 most recent of all): storing 4 and 5
+    // fills the free slot and evicts 3.
+    h.store_all(4, &[4, 5]);
+    assert_eq!(h.events(), [(EVICTED, 3), (STORED, 4), (STORED, 5)]);
+    h.store_all(5, &[6, 7, 8]);
+    let got = h.events();
+    assert_eq!(&got[3..], [(STORED, 6), (STORED, 7), (STORED, 8)]);
+    let mut evicted: Vec<u64> = got[..3].iter().map(|&(_, id)| id).collect();
+    assert!(got[..3].iter().all(|&(kind, _)| kind == EVICTED), "{got:?}");
+    evicted.sort_unstable();
+    assert_eq!(evicted, [1, 2, 5], "each evicted block reported once");
+    assert_eq!(h.present(&[1, 2, 3, 4, 5, 6, 7, 8]), [4, 6, 7, 8]);
+    let s = h.tier().stats();
+    assert_eq!((s.evictions, s.events_dropped), (4, 0));
+    // A store that fails leaves nothing to announce.
+    let r = h.store(6, &[10, 11, 12, 13, 14], &[0, 1, 2, 3, 4]);
+    assert_eq!(r.error, Some(ErrorKind::NoSpace));
+    assert_eq!(h.events(), []);
+}
+
+pub fn clear_reports_every_readable_block_removed(cfg: Backend) {
+    let h = Harness::manual(&with_events(cfg(8, BB), 64), 8, BB);
+    h.tier()
+        .submit_store(1, &keys(&[1, 2, 3]), KEY_LEN, &[0, 1, 2])
+        .unwrap();
+    assert!(h.tier().run_queued_job(1));
+    // Being stored at the clear: never readable, so never announced.
+    h.tier()
+        .submit_store(2, &keys(&[4]), KEY_LEN, &[3])
+        .unwrap();
+    assert_eq!(h.events(), [(STORED, 1), (STORED, 2), (STORED, 3)]);
+    h.tier().clear();
+    let mut got = h.events();
+    got.sort_unstable_by_key(|&(_, id)| id);
+    assert_eq!(got, [(CLEARED, 1), (CLEARED, 2), (CLEARED, 3)]);
+    assert!(h.tier().run_queued_job(2));
+    assert_eq!(h.tier().poll(2).len(), 2);
+    assert_eq!(h.lookup(&[4]), [Miss]);
+    assert_eq!(h.events(), [], "a store completing after the clear");
+    h.tier().clear();
+    assert_eq!(h.events(), [], "nothing left to remove");
+}
+
+pub fn a_full_event_ring_drops_the_oldest_and_says_so(cfg: Backend) {
+    let h = Harness::new(&with_events(cfg(16, BB), 4), 8, BB);
+    for i in 0..10 {
+        h.store_all(i, &[i]);
+    }
+    assert_eq!(h.tier().stats().events_dropped, 6);
+    let events = h.tier().poll_events(usize::MAX).unwrap();
+    assert_eq!(events[0].kind, EventKind::Lost { dropped: 6 });
+    assert_eq!((events[0].seq, events[0].key()), (0, &[][..]));
+    let kept: Vec<(u64, u64)> = events[1..]
+        .iter()
+        .map(|e| (e.seq, id_of(e.key())))
+        .collect();
+    assert_eq!(
+        kept,
+        [(6, 6), (7, 7), (8, 8), (9, 9)],
+        "the newest are kept"
+    );
+    // Nothing more was lost: no marker, numbers follow on.
+    h.store_all(10, &[10]);
+    let events = h.tier().poll_events(usize::MAX).unwrap();
+    assert_eq!(
+        (events.len(), events[0].seq, events[0].kind),
+        (1, 10, STORED)
+    );
+    // A poll in small pieces hands each event out once.
+    for i in 11..14 {
+        h.store_all(i, &[i]);
+    }
+    let mut pieces = Vec::new();
+    while let Some(e) = h.tier().poll_events(1).unwrap().pop() {
+        pieces.push(e.seq);
+    }
+    assert_eq!(pieces, [11, 12, 13]);
+    assert_eq!(h.tier().stats().events_dropped, 6);
+}
+
+pub fn events_follow_each_key_in_order_under_concurrency(cfg: Backend) {
+    // Writers store, load, touch and clear at random over a tier much smaller
+    // than the keys, while two pollers drain events. Merged by sequence
+    // number, each key's events alternate STORED, REMOVED, starting with
+    // STORED, and replaying them gives exactly the keys the tier holds.
+    let h = Harness::new(&with_events(cfg(12, BB), 1 << 16), 64, BB);
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let polled = std::sync::Mutex::new(Vec::new());
+    std::thread::scope(|s| {
+        for _ in 0..2 {
+            s.spawn(|| {
+                let mut mine = Vec::new();
+                loop {
+                    let done = stop.load(std::sync::atomic::Ordering::Acquire);
+                    let got = h.tier().poll_events(7).unwrap();
+                    if let (Some(a), Some(b)) = (mine.last(), got.first()) {
+                        let (a, b): (&kvtier::Event, &kvtier::Event) = (a, b);
+                        assert!(a.seq < b.seq, "one poller's events are in order");
+                    }
+                    let empty = got.is_empty();
+                    mine.extend(got);
+                    if done && empty {
+                        break;
+                    }
+                }
+                polled.lock().unwrap().extend(mine);
+            });
+        }
+        let writers: Vec<_> = (0..3u64)
+            .map(|w| {
+                let h = &h;
+                s.spawn(move || {
+                    let mut rng = Rng::new(w);
+                    for j in 0..150u64 {
+                        let job = w << 32 | j;
+                        let ids: Vec<u64> = (0..1 + rng.below(3)).map(|_| rng.below(30)).collect();
+                        let rows: Vec<i64> =
+                            (0..ids.len() as i64).map(|r| w as i64 * 8 + r).collect();
+                        match rng.below(10) {
+                            0..=5 => h.tier().submit_store(job, &keys(&ids), KEY_LEN, &rows),
+                            6..=7 => h.tier().submit_load(job, &keys(&ids), KEY_LEN, &rows),
+                            8 => h.tier().touch(&keys(&ids), KEY_LEN),
+                            _ if j % 40 == 0 => {
+                                h.tier().clear();
+                                Ok(())
+                            }
+                            _ => Ok(()),
+                        }
+                        .unwrap();
+                    }
+                })
+            })
+            .collect();
+        for w in writers {
+            w.join().unwrap();
+        }
+        h.tier().drain();
+        stop.store(true, std::sync::atomic::Ordering::Release);
+    });
+    // Results are polled by nobody above: only events matter here.
+    let mut events = polled.into_inner().unwrap();
+    events.sort_unstable_by_key(|e| e.seq);
+    assert!(
+        events.windows(2).all(|p| p[1].seq == p[0].seq + 1),
+        "no event lost or repeated"
+    );
+    let mut present = std::collections::BTreeSet::new();
+    for e in &events {
+        let id = id_of(e.key());
+        match e.kind {
+            EventKind::Stored(_) => assert!(present.insert(id), "key {id} stored twice: {e:?}"),
+            EventKind::Removed(_) => {
+                assert!(present.remove(&id), "key {id} removed unstored: {e:?}")
+            }
+            EventKind::Lost { .. } => panic!("the ring was large enough: {e:?}"),
+        }
+    }
+    let ids: Vec<u64> = (0..30).collect();
+    let held: std::collections::BTreeSet<u64> = h.present(&ids).into_iter().collect();
+    assert_eq!(present, held, "the events mirror the tier");
+    assert_eq!(h.tier().stats().num_blocks, held.len() as u64);
+}
+
+pub fn polling_events_needs_them_turned_on(cfg: Backend) {
+    let h = Harness::new(&cfg(4, BB), 4, BB);
+    h.store_all(1, &[1]);
+    let err = h.tier().poll_events(16).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config);
+    assert!(err.message().contains("events=true"), "{err}");
+    assert_eq!(h.tier().stats().events_dropped, 0);
+}
+
 /// Emits one `#[test]` per contract test, calling it with `$backend` when
 /// `$ready()` (the backend's server is there, or the test is skipped).
 macro_rules! contract_tests {
@@ -595,6 +815,7 @@ macro_rules! contract_suite {
                 store_skips_present_and_duplicate_keys,
                 bytes_round_trip_exactly,
                 eviction_is_lru_and_honours_touch,
+                a_block_read_outlives_an_unread_one,
                 store_order_makes_first_key_most_recent,
                 no_space_fails_whole_and_changes_nothing,
                 never_evicts_keys_of_the_same_job,
@@ -611,6 +832,11 @@ macro_rules! contract_suite {
                 stats_count_what_happened,
                 a_load_naming_a_row_twice_is_rejected,
                 loads_racing_into_one_row_harm_no_block,
+                events_announce_each_store_and_eviction_once,
+                clear_reports_every_readable_block_removed,
+                a_full_event_ring_drops_the_oldest_and_says_so,
+                events_follow_each_key_in_order_under_concurrency,
+                polling_events_needs_them_turned_on,
             );
         }
     };

@@ -1,10 +1,13 @@
 //! Completing a job whose copies are done: publishes or drops a store's
-//! blocks, releases a load's pins (forgetting blocks found gone or failing),
+//! blocks, releases a load's pins (its copied blocks become most recent;
+//! blocks found gone or failing are forgotten),
 //! wakes loads that waited on a store, counts, and queues the result.
 
 use super::jobs::{Job, JobKind};
 use super::{Shared, State, WaitingLoad, MAX_TRANSIENT_LOAD_FAILURES};
 use crate::error::ErrorKind;
+use crate::events::RemovedReason;
+use crate::index::LoadOutcome;
 use crate::stats::Counters;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,29 +51,37 @@ impl Shared {
                     index.release_load(&job.items, |i| {
                         let key = job.key(job.items[i].pos);
                         let Some(kind) = failed.of(i) else {
+                            if job.items[i].pos >= copied {
+                                return LoadOutcome::Kept;
+                            }
                             // Failures count only when consecutive.
-                            if job.items[i].pos < copied && !load_failures.is_empty() {
+                            if !load_failures.is_empty() {
                                 load_failures.remove(key);
                             }
-                            return false;
+                            return LoadOutcome::Copied;
                         };
                         // The key must MISS once its block is gone or bad, or
                         // after repeated transient failures: either way the
                         // engine must not retry it forever.
                         let give_up = match kind {
-                            ErrorKind::Corrupt | ErrorKind::NotFound => true,
+                            ErrorKind::Corrupt => Some(RemovedReason::Corrupt),
+                            ErrorKind::NotFound => Some(RemovedReason::Vanished),
                             ErrorKind::Io => {
                                 let n = load_failures.entry(key.to_vec()).or_insert(0);
                                 *n += 1;
-                                *n >= MAX_TRANSIENT_LOAD_FAILURES
+                                (*n >= MAX_TRANSIENT_LOAD_FAILURES)
+                                    .then_some(RemovedReason::Unreadable)
                             }
                             // No memory, a panic: not the stored block's fault.
-                            _ => false,
+                            _ => None,
                         };
-                        if give_up {
-                            load_failures.remove(key);
+                        match give_up {
+                            Some(reason) => {
+                                load_failures.remove(key);
+                                LoadOutcome::Forget(reason)
+                            }
+                            None => LoadOutcome::Kept,
                         }
-                        give_up
                     });
                 }
             }

@@ -34,7 +34,8 @@ use self::plan::check_distinct_rows;
 use self::probes::Probe;
 use crate::backend::Backend;
 use crate::config::TierConfig;
-use crate::error::{try_vec, Result};
+use crate::error::{bail, try_vec, Result};
+use crate::events::Event;
 use crate::index::{Index, LookupState};
 use crate::key::{check_keys, count_keys};
 use crate::primary::PrimaryBuffer;
@@ -333,6 +334,63 @@ impl Tier {
         self.shared.discard(released);
     }
 
+    /// Hands up to `max` block events to `f`, oldest first; returns how many.
+    ///
+    /// Each event is handed out once (concurrent pollers get distinct
+    /// events; within one poller's stream a key's events keep their order,
+    /// and [`Event::seq`] orders events across pollers). See
+    /// [`crate::EventKind`] for what is reported. Allocates nothing, and holds
+    /// the index lock only for a few dozen events at a time, never while `f`
+    /// runs.
+    ///
+    /// Fails with `Config` if the tier was built without `events=true`, and
+    /// with `Shutdown` in a forked child.
+    pub fn poll_events_with(&self, max: usize, mut f: impl FnMut(&Event)) -> Result<usize> {
+        /// Events moved per hold of the index lock: short enough that a
+        /// poller never stalls lookups for long (about 10 KiB copied).
+        const BATCH: usize = 64;
+        self.check_process()?;
+        let mut handed = 0;
+        let mut batch = [None; BATCH];
+        while handed < max {
+            let want = (max - handed).min(BATCH);
+            let taken = {
+                let mut st = self.shared.state.lock();
+                if !st.index.events_enabled() {
+                    bail!(
+                        Config,
+                        "events are off: build the tier with events=true to poll them"
+                    );
+                }
+                let mut taken = 0;
+                while taken < want {
+                    let Some(event) = st.index.take_event() else {
+                        break;
+                    };
+                    batch[taken] = Some(event);
+                    taken += 1;
+                }
+                taken
+            };
+            for event in batch[..taken].iter().flatten() {
+                f(event);
+            }
+            handed += taken;
+            if taken < want {
+                break;
+            }
+        }
+        Ok(handed)
+    }
+
+    /// Takes up to `max` block events, oldest first (see
+    /// [`Tier::poll_events_with`]).
+    pub fn poll_events(&self, max: usize) -> Result<Vec<Event>> {
+        let mut out = Vec::new();
+        self.poll_events_with(max, |e| out.push(*e))?;
+        Ok(out)
+    }
+
     /// One line describing the backend and its storage choices (for logs). In
     /// a forked child it ends with a note that the tier is unusable there.
     pub fn describe(&self) -> String {
@@ -360,13 +418,14 @@ impl Tier {
             return Stats::default();
         }
         let s = &self.shared;
-        let (allocated, ready, capacity, metadata) = {
+        let (allocated, ready, capacity, metadata, events_dropped) = {
             let st = s.state.lock();
             (
                 st.index.allocated() as u64,
                 st.index.ready() as u64,
                 st.index.capacity() as u64,
                 st.index.metadata_bytes() as u64,
+                st.index.events_dropped(),
             )
         };
         let block_bytes = s.primary.block_bytes() as u64;
@@ -392,6 +451,7 @@ impl Tier {
             metadata_bytes: metadata,
             results_queued: s.done.queued() as u64,
             io_threads: s.io_threads as u64,
+            events_dropped,
         }
     }
 }

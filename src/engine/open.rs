@@ -7,6 +7,7 @@ use super::{Shared, State, Tier};
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{bail, Result};
+use crate::events::StoredReason;
 use crate::fork;
 use crate::index::{Admitted, Index};
 use crate::key::KeyHasher;
@@ -67,12 +68,19 @@ impl Tier {
         if backend.wants_discards() {
             index.track_releases();
         }
+        if config.events {
+            // Before recovery: the blocks storage already holds are announced
+            // like any other.
+            index.enable_events(config.events_capacity)?;
+        }
         let mut evicted_at_open = 0;
         let mut victims = Vec::new();
         for key in backend.recover()? {
             // Oldest first, so when storage holds more than the capacity the
             // oldest blocks are the ones evicted again.
-            if index.admit_found(&key, &mut victims) == (Admitted::Added { evicted: true }) {
+            if index.admit_found(&key, &mut victims, StoredReason::Recovered)
+                == (Admitted::Added { evicted: true })
+            {
                 evicted_at_open += 1;
             }
         }

@@ -5,6 +5,7 @@
 //! bounded LRU map, the least recently asked forgotten first.
 
 use super::{Shared, State};
+use crate::events::StoredReason;
 use crate::index::{Admitted, LookupCounts, LookupState};
 use crate::stats::Counters;
 use crate::workers::{Lane, Work};
@@ -124,7 +125,7 @@ impl Shared {
             } = &mut *st;
             probes.remove(&key);
             let admitted = if found {
-                index.admit_found(&key, victims)
+                index.admit_found(&key, victims, StoredReason::Found)
             } else if index.contains(&key) {
                 Admitted::Present
             } else {

@@ -93,6 +93,10 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// the file system is reused, default 1000); "prepare_dirs" ("false", or
 /// "true": create all 4096 fan-out directories at open rather than on first
 /// use, so early stores do not pay for a mkdir).
+/// Events: "events" ("false", or "true": record block events for
+/// tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
+/// held until polled, 160 bytes each, allocated at tier_new; beyond it the
+/// oldest are dropped and reported as TIER_EVENT_LOST).
 /// Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
 /// text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
 /// Ownership: `key` and `value` are copied; the caller keeps them.
@@ -327,12 +331,16 @@ pub unsafe extern "C" fn tier_submit_store(
 /// Blocks are pinned against eviction while read. A key whose store is still in
 /// flight is waited for, not failed. At the first key that is not stored the
 /// job fails with TIER_ERR_NOT_FOUND; its result's num_done is the number of
-/// leading blocks copied. Loads do not change recency (see tier_touch).
+/// leading blocks copied. A read is a use: when the job completes, the blocks
+/// it copied become the most recently used, its first key most recent of all
+/// (as for tier_touch and a store).
 /// A stored block found corrupt or gone fails the job with TIER_ERR_CORRUPT or
-/// TIER_ERR_NOT_FOUND and its key becomes a MISS; a transient storage error
+/// TIER_ERR_NOT_FOUND and its key becomes a MISS (a TIER_EVENT_REMOVED with
+/// TIER_REMOVED_CORRUPT or TIER_REMOVED_VANISHED); a transient storage error
 /// fails it with TIER_ERR_IO and keeps the key (and the stored data) until
 /// its loads fail that way 3 times in a row, after which the key is a MISS
-/// (the data stays in storage, found again by the next open).
+/// (TIER_REMOVED_UNREADABLE; the data stays in storage, found again by the
+/// next open).
 /// Rows: each row may appear once in `block_ids`; a job naming a row twice is
 /// rejected with TIER_ERR_INVALID_ARG. Two load jobs in flight into one row
 /// leave that row's contents undefined until both are polled, but neither
@@ -450,6 +458,57 @@ pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
 pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
     status("tier_clear", || {
         tier_ref(tier)?.clear();
+        OK
+    })
+}
+
+/// Moves up to `cap` block events, oldest first, into `out` and writes their
+/// number to `*out_n` (0 if none is waiting). Events are recorded only by a
+/// tier created with the config key events=true.
+///
+/// A block's events: TIER_EVENT_STORED once when it becomes readable (a store
+/// committed it; or, with reason TIER_STORED_RECOVERED / TIER_STORED_FOUND,
+/// storage already held it at tier_new, or a shared tier's lookup found it),
+/// then TIER_EVENT_REMOVED once when it stops being readable, with the reason.
+/// A key's events come in the order they happened (its STORED before its
+/// REMOVED). Blocks being stored, and stores that fail, produce no event.
+/// The ring holds events_capacity events; when it is full the oldest are
+/// dropped (never blocking a job), counted in tier_stats_t.events_dropped,
+/// and reported in their place by one TIER_EVENT_LOST event: the consumer's
+/// view is stale and must be rebuilt (e.g. forget every block it mirrors).
+///
+/// Never blocks on a job, allocates nothing, and holds the tier's index lock
+/// for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
+/// TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_CONFIG (the tier was created
+/// without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
+/// tier_new). Outputs are written only on success.
+/// Ownership: `out` and `out_n` are borrowed for the call.
+/// NULL: `out` and `out_n` are required.
+/// Threads: any thread; concurrent pollers each get distinct events (order
+/// them by `seq`).
+#[no_mangle]
+pub unsafe extern "C" fn tier_poll_events(
+    tier: *mut tier_t,
+    out: *mut tier_event_t,
+    cap: usize,
+    out_n: *mut usize,
+) -> tier_status_t {
+    status("tier_poll_events", || {
+        let tier = tier_ref(tier)?;
+        let out_n = as_mut(out_n, "out_n")?;
+        if out.is_null() {
+            bail!(NullArg, "out is NULL");
+        }
+        if cap == 0 {
+            bail!(InvalidArg, "cap is 0: no room for an event");
+        }
+        let out = as_mut_slice(out, cap, "out")?;
+        let mut n = 0;
+        tier.poll_events_with(cap, |e| {
+            out[n] = e.into();
+            n += 1;
+        })?;
+        *out_n = n;
         OK
     })
 }

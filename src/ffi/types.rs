@@ -2,6 +2,7 @@
 //! fields: no bools, no enums by value, so ctypes and other FFIs map it 1:1.
 
 use crate::engine::jobs::JobResult;
+use crate::events::{Event, EventKind};
 use crate::stats::Stats;
 
 /// Status of a call: `TIER_OK` (0), a positive non-error outcome
@@ -51,6 +52,79 @@ pub const TIER_JOB_LOAD: u32 = 2;
 
 /// Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
 pub const TIER_MAX_KEY_LEN: u32 = 128;
+
+/// Event kind: the key's block became readable in the tier (a lookup answers
+/// TIER_HIT). `reason` is a TIER_STORED_* code.
+pub const TIER_EVENT_STORED: u32 = 1;
+/// Event kind: the key's block stopped being readable in the tier (a lookup
+/// answers TIER_MISS). `reason` is a TIER_REMOVED_* code.
+pub const TIER_EVENT_REMOVED: u32 = 2;
+/// Event kind: the event ring was full and `dropped` events (sequence numbers
+/// `seq` to `seq + dropped - 1`) were dropped at this place; `key_len` is 0
+/// and `reason` 0. What the consumer mirrored is stale: forget it.
+pub const TIER_EVENT_LOST: u32 = 3;
+
+/// STORED reason: a store job of this tier wrote the block.
+pub const TIER_STORED_WRITTEN: u32 = 1;
+/// STORED reason: storage held the block when the tier was opened (disk
+/// restart, Redis sharing=owned adopting its keys).
+pub const TIER_STORED_RECOVERED: u32 = 2;
+/// STORED reason: shared storage (disk shared=true, Redis sharing=shared): a
+/// lookup's probe found a block another writer stored.
+pub const TIER_STORED_FOUND: u32 = 3;
+
+/// REMOVED reason: least recently used, evicted to make room.
+pub const TIER_REMOVED_EVICTED: u32 = 1;
+/// REMOVED reason: tier_clear.
+pub const TIER_REMOVED_CLEARED: u32 = 2;
+/// REMOVED reason: a load found the stored block corrupt (TIER_ERR_CORRUPT).
+pub const TIER_REMOVED_CORRUPT: u32 = 3;
+/// REMOVED reason: a load found that storage no longer holds the block
+/// (TIER_ERR_NOT_FOUND: a file deleted, a Redis key expired or evicted).
+pub const TIER_REMOVED_VANISHED: u32 = 4;
+/// REMOVED reason: the block's loads failed transiently (TIER_ERR_IO)
+/// MAX_TRANSIENT_LOAD_FAILURES times in a row; storage may still hold it.
+pub const TIER_REMOVED_UNREADABLE: u32 = 5;
+
+/// One block event, filled in by `tier_poll_events`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct tier_event_t {
+    /// Sequence number: 0, 1, 2, … in the order events were recorded, dropped
+    /// ones included (a TIER_EVENT_LOST carries the first dropped number), so
+    /// events polled by several threads can be put back in order.
+    pub seq: u64,
+    /// TIER_EVENT_LOST: how many events were dropped here. 0 otherwise.
+    pub dropped: u64,
+    /// TIER_EVENT_STORED, TIER_EVENT_REMOVED or TIER_EVENT_LOST.
+    pub kind: u32,
+    /// STORED: a TIER_STORED_* code; REMOVED: a TIER_REMOVED_* code; LOST: 0.
+    pub reason: u32,
+    /// Bytes of `key` in use (0 for TIER_EVENT_LOST).
+    pub key_len: u32,
+    /// The block's key; bytes past `key_len` are 0.
+    pub key: [u8; TIER_MAX_KEY_LEN as usize],
+}
+
+impl From<&Event> for tier_event_t {
+    fn from(e: &Event) -> tier_event_t {
+        let (kind, reason, dropped) = match e.kind {
+            EventKind::Stored(r) => (TIER_EVENT_STORED, r as u32, 0),
+            EventKind::Removed(r) => (TIER_EVENT_REMOVED, r as u32, 0),
+            EventKind::Lost { dropped } => (TIER_EVENT_LOST, 0, dropped),
+        };
+        let mut out = tier_event_t {
+            seq: e.seq,
+            dropped,
+            kind,
+            reason,
+            key_len: e.key().len() as u32,
+            key: [0; TIER_MAX_KEY_LEN as usize],
+        };
+        out.key[..e.key().len()].copy_from_slice(e.key());
+        out
+    }
+}
 
 /// An opaque tier handle, created by `tier_new` and destroyed by `tier_free`.
 /// Every function may be called on one handle from any thread, concurrently,
@@ -121,6 +195,15 @@ mod tests {
         assert_eq!(TIER_HIT, crate::LookupState::Hit as u8);
         assert_eq!(TIER_MISS, crate::LookupState::Miss as u8);
         assert_eq!(TIER_PENDING, crate::LookupState::Pending as u8);
+        use crate::{RemovedReason as R, StoredReason as S};
+        assert_eq!(TIER_STORED_WRITTEN, S::Written as u32);
+        assert_eq!(TIER_STORED_RECOVERED, S::Recovered as u32);
+        assert_eq!(TIER_STORED_FOUND, S::Found as u32);
+        assert_eq!(TIER_REMOVED_EVICTED, R::Evicted as u32);
+        assert_eq!(TIER_REMOVED_CLEARED, R::Cleared as u32);
+        assert_eq!(TIER_REMOVED_CORRUPT, R::Corrupt as u32);
+        assert_eq!(TIER_REMOVED_VANISHED, R::Vanished as u32);
+        assert_eq!(TIER_REMOVED_UNREADABLE, R::Unreadable as u32);
     }
 
     #[test]
@@ -134,6 +217,13 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, bytes), 24);
         assert_eq!(offset_of!(tier_job_result_t, elapsed_ns), 32);
         assert_eq!(size_of::<tier_job_result_t>(), 40);
-        assert_eq!(size_of::<tier_stats_t>(), 20 * 8);
+        assert_eq!(size_of::<tier_stats_t>(), 21 * 8);
+        assert_eq!(offset_of!(tier_event_t, seq), 0);
+        assert_eq!(offset_of!(tier_event_t, dropped), 8);
+        assert_eq!(offset_of!(tier_event_t, kind), 16);
+        assert_eq!(offset_of!(tier_event_t, reason), 20);
+        assert_eq!(offset_of!(tier_event_t, key_len), 24);
+        assert_eq!(offset_of!(tier_event_t, key), 28);
+        assert_eq!(size_of::<tier_event_t>(), 160);
     }
 }

@@ -11,6 +11,7 @@
 
 use super::{try_long_tail, Index, SlotState, INLINE_KEY};
 use crate::error::{try_reserve, try_vec, Result};
+use crate::events::{RemovedReason, StoredReason};
 use crate::key::PackedKeys;
 
 /// One block a job copies: the key at position `pos`, primary row `row`,
@@ -29,6 +30,18 @@ pub(crate) struct StoreReservation {
     pub pinned: Vec<u32>,
     /// Blocks evicted to make room.
     pub evicted: usize,
+}
+
+/// What became of one block of a load, for [`Index::release_load`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LoadOutcome {
+    /// Copied into its row: a use, the block becomes most recent.
+    Copied,
+    /// Not copied, through no fault of the stored block (a failure earlier in
+    /// the job, no memory, a transient error not yet given up on): kept as is.
+    Kept,
+    /// The block is gone, bad, or failed too often: it stops being readable.
+    Forget(RemovedReason),
 }
 
 /// What [`Index::admit_found`] did.
@@ -124,8 +137,8 @@ impl Index {
     }
 
     /// Commits a store whose copies are done: each block of `items` whose
-    /// copy succeeded (`copied(i)`) becomes readable and most recent, the job's
-    /// first key most recent of all; the others disappear. `settled(item, ok)`
+    /// copy succeeded (`copied(i)`) becomes readable (a STORED event) and most
+    /// recent, the job's first key most recent of all; the others disappear. `settled(item, ok)`
     /// is told of each. Drops the job's pins, and returns how many of its keys
     /// (counting repeats) are in the index now, whatever happened meanwhile (a
     /// clear, evictions of keys it found present).
@@ -142,6 +155,15 @@ impl Index {
             let ok = copied(i);
             self.finish_store(item.slot, ok);
             settled(item, ok);
+        }
+        if self.events_enabled() {
+            // Announced in key order (recency was set in reverse): a job's
+            // new blocks, readable now unless a clear came first.
+            for item in items {
+                if self.is_readable(item.slot) {
+                    self.note_stored(item.slot, StoredReason::Written);
+                }
+            }
         }
         let present = (0..keys.len())
             .filter(|&pos| self.contains(keys.get(pos)))
@@ -191,13 +213,21 @@ impl Index {
         }
     }
 
-    /// Releases a load whose copies are done: forgets the blocks for which
-    /// `forget(i)` says so (gone, bad, or failing again and again: they look
-    /// up as MISS from now on), then unpins every block.
-    pub(crate) fn release_load(&mut self, items: &[Item], mut forget: impl FnMut(usize) -> bool) {
-        for (i, item) in items.iter().enumerate() {
-            if forget(i) {
-                self.forget(item.slot);
+    /// Releases a load whose copies are done, by each block's `outcome(i)`:
+    /// blocks copied become most recent (a read is a use; the job's first key
+    /// ends most recent of all, as for a store or a touch), blocks to forget
+    /// look up as MISS from now on (a REMOVED event); then unpins every block.
+    pub(crate) fn release_load(
+        &mut self,
+        items: &[Item],
+        mut outcome: impl FnMut(usize) -> LoadOutcome,
+    ) {
+        // Reverse order: the job's first key ends most recent.
+        for (i, item) in items.iter().enumerate().rev() {
+            match outcome(i) {
+                LoadOutcome::Copied => self.refresh(item.slot),
+                LoadOutcome::Kept => {}
+                LoadOutcome::Forget(reason) => self.forget(item.slot, reason),
             }
         }
         for item in items {
@@ -206,9 +236,15 @@ impl Index {
     }
 
     /// Admits a block found in storage (recovery, probes) as the most
-    /// recently used, evicting the least recently used unpinned block if the
-    /// index is full. `victims` is scratch space.
-    pub(crate) fn admit_found(&mut self, key: &[u8], victims: &mut Vec<u32>) -> Admitted {
+    /// recently used (a STORED event with `reason`), evicting the least
+    /// recently used unpinned block if the index is full. `victims` is
+    /// scratch space.
+    pub(crate) fn admit_found(
+        &mut self,
+        key: &[u8],
+        victims: &mut Vec<u32>,
+        reason: StoredReason,
+    ) -> Admitted {
         let hash = self.hash(key);
         if self.find(key, hash).is_some() {
             return Admitted::Present;
@@ -220,7 +256,7 @@ impl Index {
             }
             self.evict(victims[0]);
         }
-        self.insert_ready(key, hash);
+        self.insert_ready(key, hash, reason);
         Admitted::Added { evicted }
     }
 

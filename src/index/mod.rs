@@ -24,9 +24,11 @@
 //! stage), `table` (the hash table and hot words), `lru` (recency list and
 //! victims), `slots` (slot allocation and reservation), `batch` (the lookup
 //! and touch pipelines), `releases` (freed keys, for backends that release
-//! storage). This file holds the index itself and the per-slot state machine.
+//! storage), `events` (block events at state changes). This file holds the
+//! index itself and the per-slot state machine.
 
 mod batch;
+mod events;
 mod jobs;
 mod lru;
 mod releases;
@@ -37,10 +39,11 @@ mod tests;
 
 use self::lru::Link;
 use self::table::{hot_matches, hot_state, hot_word, tag_of, Bucket, Table};
+use crate::events::{EventLog, RemovedReason, StoredReason};
 use crate::key::{KeyHasher, MAX_KEY_LEN};
 use std::collections::HashMap;
 
-pub(crate) use self::jobs::{Admitted, Item};
+pub(crate) use self::jobs::{Admitted, Item, LoadOutcome};
 use self::slots::try_long_tail;
 
 /// Key bytes kept in the slot record; longer keys keep the rest apart.
@@ -137,6 +140,8 @@ pub(crate) struct Index {
     /// forgotten while a job still uses them), with their count. Their storage
     /// is still in use although lookups no longer see them.
     unlinked_keys: HashMap<Box<[u8]>, u32>,
+    /// Block events, when the tier records them.
+    events: Option<EventLog>,
 }
 
 impl Index {
@@ -156,6 +161,7 @@ impl Index {
             ready: 0,
             released: None,
             unlinked_keys: HashMap::new(),
+            events: None,
         }
     }
 
@@ -265,6 +271,7 @@ impl Index {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Ready);
         debug_assert_eq!(self.slots[s as usize].pins, 0);
         debug_assert!(self.slots[s as usize].linked);
+        self.note_removed(s, RemovedReason::Evicted);
         // Unlinked and freed at once: never counted among unlinked keys.
         self.unlink_quietly(s);
         self.release_slot(s);
@@ -300,9 +307,10 @@ impl Index {
     /// Adds a readable block found in storage (recovery, probes) as the most
     /// recently used. The caller has checked `free_slots() > 0` and that the key
     /// is absent.
-    fn insert_ready(&mut self, key: &[u8], hash: u64) -> u32 {
+    fn insert_ready(&mut self, key: &[u8], hash: u64, reason: StoredReason) -> u32 {
         let s = self.insert_storing(key, hash);
         self.finish_store(s, true);
+        self.note_stored(s, reason);
         s
     }
 
@@ -311,10 +319,11 @@ impl Index {
     /// goes. The slot is not reported as released: what is in storage is the
     /// backend's to judge (already removed, gone, or kept because nothing was
     /// proved against it, or because it is a newer block of another writer).
-    fn forget(&mut self, s: u32) {
+    fn forget(&mut self, s: u32, reason: RemovedReason) {
         if self.slots[s as usize].state != SlotState::Ready || !self.slots[s as usize].linked {
             return;
         }
+        self.note_removed(s, reason);
         self.unlink(s);
         self.slots[s as usize].state = SlotState::Dead;
         if self.slots[s as usize].pins == 0 {
@@ -324,7 +333,8 @@ impl Index {
 
     /// Finishes a store into `s`: on success the block becomes readable and most
     /// recently used; on failure it disappears (or turns Dead while pinned).
-    fn finish_store(&mut self, s: u32, ok: bool) {
+    /// Returns whether the block is readable now (not if cleared meanwhile).
+    fn finish_store(&mut self, s: u32, ok: bool) -> bool {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Storing);
         let linked = self.slots[s as usize].linked;
         if ok {
@@ -335,7 +345,7 @@ impl Index {
                     .set_hot(tag_of(hash), s, hot_word(hash, LookupState::Hit));
                 self.lru_push_mru(s);
                 self.ready += 1;
-                return;
+                return true;
             }
         } else {
             self.unlink(s);
@@ -343,6 +353,21 @@ impl Index {
         }
         if self.slots[s as usize].pins == 0 {
             self.free_slot(s);
+        }
+        false
+    }
+
+    /// Whether the slot holds a block lookups answer HIT for.
+    fn is_readable(&self, s: u32) -> bool {
+        let slot = &self.slots[s as usize];
+        slot.state == SlotState::Ready && slot.linked
+    }
+
+    /// Makes a readable block the most recently used (a load read it).
+    fn refresh(&mut self, s: u32) {
+        if self.is_readable(s) {
+            self.lru_unlink(s);
+            self.lru_push_mru(s);
         }
     }
 
@@ -354,6 +379,9 @@ impl Index {
             let slot = self.slots[s as usize];
             if slot.state == SlotState::Free || !slot.linked {
                 continue;
+            }
+            if slot.state == SlotState::Ready {
+                self.note_removed(s, RemovedReason::Cleared);
             }
             self.slots[s as usize].linked = false;
             self.links[s as usize] = Link::NONE;

@@ -1,6 +1,8 @@
 //! Unit tests of the index structures.
 
 use super::*;
+use crate::events::EventKind;
+use crate::key::PackedKeys;
 
 fn key(i: u32) -> Vec<u8> {
     let mut k = vec![0u8; 36];
@@ -158,13 +160,13 @@ fn forget_drops_a_pinned_block_at_its_last_unpin() {
     let mut ix = Index::new(4, KeyHasher::with_seed(1));
     let s = store(&mut ix, &key(1));
     ix.pin(s);
-    ix.forget(s);
+    ix.forget(s, RemovedReason::Vanished);
     assert_eq!(lookup(&ix, &key(1)), LookupState::Miss);
     assert_eq!(ix.allocated(), 1);
     assert!(ix.unpin(s));
     assert_eq!(ix.allocated(), 0);
     let h = ix.hash(&key(2));
-    ix.insert_ready(&key(2), h);
+    ix.insert_ready(&key(2), h, StoredReason::Recovered);
     assert_eq!(lookup(&ix, &key(2)), LookupState::Hit);
 }
 
@@ -240,4 +242,108 @@ fn a_reserved_store_allocates_nothing() {
 fn slot_record_stays_small() {
     assert_eq!(std::mem::size_of::<Slot>(), 48);
     assert_eq!(std::mem::size_of::<Link>(), 8);
+}
+
+/// A store job's index stages (reserve, then commit with every copy done).
+fn store_job(ix: &mut Index, ids: &[u32]) -> Option<Vec<Item>> {
+    let packed: Vec<u8> = ids.iter().flat_map(|&i| key(i)).collect();
+    let rows: Vec<i64> = (0..ids.len() as i64).collect();
+    let mut victims = Vec::new();
+    let reserved = ix
+        .reserve_store(PackedKeys::new(&packed, 36), &rows, &mut victims)
+        .unwrap()?;
+    let keys = PackedKeys::new(&packed, 36);
+    ix.commit_store(keys, &reserved.items, &reserved.pinned, |_| true, |_, _| {});
+    Some(reserved.items)
+}
+
+/// A load job's index stages, each block ending with `outcome`.
+fn load_job(ix: &mut Index, ids: &[u32], outcome: LoadOutcome) {
+    let packed: Vec<u8> = ids.iter().flat_map(|&i| key(i)).collect();
+    let rows: Vec<i64> = (0..ids.len() as i64).collect();
+    let mut items = Vec::with_capacity(ids.len());
+    let missing = ix
+        .find_load(
+            PackedKeys::new(&packed, 36),
+            &rows,
+            &mut items,
+            &mut Vec::new(),
+        )
+        .unwrap();
+    assert_eq!(missing, None);
+    ix.pin_load(&items);
+    ix.release_load(&items, |_| outcome);
+}
+
+fn taken_events(ix: &mut Index) -> Vec<(EventKind, u32)> {
+    let events: Vec<_> = std::iter::from_fn(|| ix.take_event()).collect();
+    events
+        .iter()
+        .map(|e| (e.kind, u32::from_be_bytes(e.key()[..4].try_into().unwrap())))
+        .collect()
+}
+
+#[test]
+fn a_block_is_announced_when_readable_and_withdrawn_once_with_its_reason() {
+    use crate::events::EventKind::{Removed, Stored};
+    let mut ix = Index::new(2, KeyHasher::with_seed(5));
+    ix.enable_events(64).unwrap();
+    store_job(&mut ix, &[1, 2]).unwrap();
+    assert_eq!(
+        taken_events(&mut ix),
+        [
+            (Stored(StoredReason::Written), 1),
+            (Stored(StoredReason::Written), 2)
+        ],
+        "in the job's key order"
+    );
+    // Present keys are not stored again: no event.
+    store_job(&mut ix, &[2]).unwrap();
+    assert_eq!(taken_events(&mut ix), []);
+    // LRU is 2 then 1 (the first key ends most recent).
+    store_job(&mut ix, &[3]).unwrap();
+    assert_eq!(
+        taken_events(&mut ix),
+        [
+            (Removed(RemovedReason::Evicted), 2),
+            (Stored(StoredReason::Written), 3)
+        ]
+    );
+    load_job(&mut ix, &[1], LoadOutcome::Forget(RemovedReason::Corrupt));
+    assert_eq!(
+        taken_events(&mut ix),
+        [(Removed(RemovedReason::Corrupt), 1)]
+    );
+    // A block being stored when cleared was never readable: no event for it,
+    // neither at the clear nor when its store completes.
+    let packed = key(4);
+    let reserved = ix
+        .reserve_store(PackedKeys::new(&packed, 36), &[0], &mut Vec::new())
+        .unwrap()
+        .unwrap();
+    ix.clear();
+    assert_eq!(
+        taken_events(&mut ix),
+        [(Removed(RemovedReason::Cleared), 3)]
+    );
+    let keys = PackedKeys::new(&packed, 36);
+    ix.commit_store(keys, &reserved.items, &reserved.pinned, |_| true, |_, _| {});
+    assert_eq!(taken_events(&mut ix), []);
+    assert_eq!(lookup(&ix, &key(4)), LookupState::Miss);
+}
+
+#[test]
+fn a_copied_block_becomes_most_recent_first_key_last() {
+    let mut ix = Index::new(4, KeyHasher::with_seed(6));
+    store_job(&mut ix, &[1]).unwrap();
+    store_job(&mut ix, &[2]).unwrap();
+    store_job(&mut ix, &[3]).unwrap();
+    store_job(&mut ix, &[4]).unwrap();
+    load_job(&mut ix, &[1, 2], LoadOutcome::Copied);
+    assert_eq!(ix.lru_order(), [key(3), key(4), key(2), key(1)]);
+    // A block not copied (an earlier failure, a transient error) keeps its place.
+    load_job(&mut ix, &[3], LoadOutcome::Kept);
+    assert_eq!(ix.lru_order(), [key(3), key(4), key(2), key(1)]);
+    // Events off: nothing is recorded.
+    assert!(ix.take_event().is_none());
 }

@@ -6,7 +6,7 @@
 
 pub mod redis;
 
-use kvtier::{JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};
+use kvtier::{EventKind, JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 
 pub const KEY_LEN: usize = 36;
@@ -21,6 +21,19 @@ pub fn key(i: u64) -> Vec<u8> {
     }
     k[32..].copy_from_slice(&(i as u32).to_be_bytes());
     k
+}
+
+/// The `i` a key made by [`key`] was derived from.
+pub fn id_of(key: &[u8]) -> u64 {
+    assert_eq!(key.len(), KEY_LEN, "not a test key: {key:?}");
+    u32::from_be_bytes(key[32..].try_into().unwrap()) as u64
+}
+
+/// `config` with block events on, holding `capacity` of them.
+pub fn with_events(mut config: TierConfig, capacity: usize) -> TierConfig {
+    config.events = true;
+    config.events_capacity = capacity;
+    config
 }
 
 pub fn keys(ids: &[u64]) -> Vec<u8> {
@@ -221,6 +234,26 @@ impl Harness {
 
     pub fn touch(&self, ids: &[u64]) {
         self.tier().touch(&keys(ids), KEY_LEN).unwrap()
+    }
+
+    /// Every block event waiting, as (kind, key id; 0 for LOST), after
+    /// checking that their sequence numbers follow on from each other.
+    pub fn events(&self) -> Vec<(EventKind, u64)> {
+        let events = self.tier().poll_events(usize::MAX).unwrap();
+        for pair in events.windows(2) {
+            let step = match pair[0].kind {
+                EventKind::Lost { dropped } => dropped,
+                _ => 1,
+            };
+            assert_eq!(pair[1].seq, pair[0].seq + step, "{events:?}");
+        }
+        events
+            .iter()
+            .map(|e| match e.kind {
+                EventKind::Lost { .. } => (e.kind, 0),
+                _ => (e.kind, id_of(e.key())),
+            })
+            .collect()
     }
 
     /// Which of `ids` are stored (HIT).
