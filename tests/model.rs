@@ -4,12 +4,14 @@
 //!
 //! Because the test decides when each job's copy runs, every interleaving the
 //! workers could produce is reachable and the expected outcome is exact: result
-//! order and fields, lookup states, LRU victims, pins, bytes in rows, stats.
+//! order and fields, lookup states, LRU victims (recency follows stores,
+//! touches and loads), pins, bytes in rows, stats, and the block events.
 
 mod common;
 
 use common::*;
-use kvtier::{ErrorKind, JobKind, JobResult, LookupState, TierConfig};
+use kvtier::TierConfig;
+use kvtier::{ErrorKind, EventKind, JobKind, JobResult, LookupState, RemovedReason, StoredReason};
 use std::collections::{HashMap, VecDeque};
 
 const BB: usize = 64;
@@ -55,6 +57,8 @@ struct Model {
     runnable: Vec<u64>,
     completed: VecDeque<JobResult>,
     evictions: u64,
+    /// Block events not yet polled: (kind, key).
+    events: Vec<(EventKind, u64)>,
 }
 
 impl Model {
@@ -113,6 +117,8 @@ impl Model {
                 self.entries.remove(e);
                 self.lru.retain(|&k| k != v);
                 self.evictions += 1;
+                self.events
+                    .push((EventKind::Removed(RemovedReason::Evicted), v));
             }
         }
         expected.bytes = (new.len() * BB) as u64;
@@ -224,8 +230,25 @@ impl Model {
                     woken.sort_unstable();
                     self.runnable.extend(woken);
                 }
+                // Announced in key order, unless a clear came first.
+                for &(_, id) in &job.items {
+                    if let Some(e) = self.entries.iter().find(|e| e.id == id && e.linked) {
+                        self.events
+                            .push((EventKind::Stored(StoredReason::Written), e.key));
+                    }
+                }
             }
             JobKind::Load => {
+                // A read is a use: copied blocks become most recent, the
+                // job's first key most recent of all.
+                for &(_, id) in job.items.iter().rev() {
+                    let e = self.by_id(id);
+                    if self.entries[e].linked && self.entries[e].state == State::Ready {
+                        let key = self.entries[e].key;
+                        self.lru.retain(|&k| k != key);
+                        self.lru.push(key);
+                    }
+                }
                 for &(_, id) in &job.items {
                     let e = self.by_id(id);
                     self.entries[e].pins -= 1;
@@ -272,12 +295,26 @@ impl Model {
 
     fn clear(&mut self) {
         for e in &mut self.entries {
+            if e.linked && e.state == State::Ready {
+                self.events
+                    .push((EventKind::Removed(RemovedReason::Cleared), e.key));
+            }
             e.linked = false;
         }
         self.entries
             .retain(|e| !(e.state == State::Ready && e.pins == 0));
         self.lru.clear();
     }
+}
+
+/// Events with each clear's removals (one run of CLEARED events, in no
+/// promised order) sorted by key.
+fn normalized(mut events: Vec<(EventKind, u64)>) -> Vec<(EventKind, u64)> {
+    let cleared = EventKind::Removed(RemovedReason::Cleared);
+    for run in events.chunk_by_mut(|a, b| a.0 == cleared && b.0 == cleared) {
+        run.sort_unstable_by_key(|&(_, k)| k);
+    }
+    events
 }
 
 fn random_keys(rng: &mut Rng, max: u64) -> Vec<u64> {
@@ -297,7 +334,7 @@ fn memory(capacity: usize, block_bytes: usize) -> TierConfig {
 fn run_one(seed: u64, steps: usize, backend: Backend) {
     let mut rng = Rng::new(seed);
     let capacity = 1 + rng.below(7) as usize;
-    let config = backend(capacity, BB);
+    let config = with_events(backend(capacity, BB), 1 << 12);
     // Source row of key k is row k and always holds k's pattern; loads go to
     // rows KEYS.. .
     let h = Harness::manual(&config, KEYS as usize + DEST_ROWS, BB);
@@ -398,6 +435,18 @@ fn run_one(seed: u64, steps: usize, backend: Backend) {
                 }
             }
         }
+        let got: Vec<(EventKind, u64)> = t
+            .poll_events(usize::MAX)
+            .unwrap()
+            .iter()
+            .map(|e| (e.kind, id_of(e.key())))
+            .collect();
+        assert_eq!(
+            normalized(got),
+            normalized(std::mem::take(&mut m.events)),
+            "{}",
+            ctx(step, "events")
+        );
         let s = t.stats();
         let want = (
             m.lru.len() as u64,
