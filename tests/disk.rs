@@ -4,7 +4,10 @@
 mod common;
 
 use common::*;
-use kvtier::{ErrorKind, LookupState::*, TierConfig, MAX_TRANSIENT_LOAD_FAILURES};
+use kvtier::{
+    ErrorKind, EventKind, LookupState::*, RemovedReason, StoredReason, TierConfig,
+    MAX_TRANSIENT_LOAD_FAILURES,
+};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -323,6 +326,79 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     assert!(r.is_ok() && h.row_holds(30, 1) && h.row_holds(31, 2));
     h.store_all(17, &[3, 4]);
     assert_eq!(h.lookup(&[3, 4]), [Hit, Hit]);
+}
+
+/// Block events on disk: blocks found at open are announced (STORED,
+/// recovered; those over the capacity then REMOVED, evicted), a corrupt file
+/// and a deleted one are REMOVED with their reason, each once.
+#[test]
+fn events_report_recovered_corrupt_and_vanished_blocks() {
+    let recovered = EventKind::Stored(StoredReason::Recovered);
+    let written = EventKind::Stored(StoredReason::Written);
+    let dir = scratch_dir();
+    {
+        let mut h = Harness::new(&with_events(config(&dir, 8), 64), 8, BB);
+        h.scratch_dir = None;
+        for i in 1..=4 {
+            h.store_all(i, &[i]);
+            // File times order the blocks at the next open.
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        assert_eq!(h.events().len(), 4);
+    }
+    let h = Harness::new(&with_events(config(&dir, 3), 64), 8, BB);
+    assert_eq!(
+        h.events(),
+        [
+            (recovered, 1),
+            (recovered, 2),
+            (recovered, 3),
+            (EventKind::Removed(RemovedReason::Evicted), 1),
+            (recovered, 4)
+        ],
+        "oldest first; the oldest evicted again for want of room"
+    );
+    let f = block_file(&dir, 3);
+    let mut bytes = std::fs::read(&f).unwrap();
+    bytes[BB + 7] ^= 1;
+    std::fs::write(&f, &bytes).unwrap();
+    std::fs::remove_file(block_file(&dir, 4)).unwrap();
+    assert_eq!(h.load(10, &[3], &[0]).error, Some(ErrorKind::Corrupt));
+    assert_eq!(h.load(11, &[4], &[0]).error, Some(ErrorKind::NotFound));
+    assert_eq!(
+        h.load(12, &[2, 3, 4], &[0, 1, 2]).error,
+        Some(ErrorKind::NotFound)
+    );
+    assert_eq!(
+        h.events(),
+        [
+            (EventKind::Removed(RemovedReason::Corrupt), 3),
+            (EventKind::Removed(RemovedReason::Vanished), 4)
+        ]
+    );
+    h.store_all(13, &[3]);
+    assert_eq!(h.events(), [(written, 3)], "stored again, announced again");
+}
+
+/// A shared directory: a block another process stored joins this tier's
+/// index when a lookup's probe finds it, announced as found.
+#[test]
+fn a_block_found_in_a_shared_directory_is_announced_as_found() {
+    let dir = scratch_dir();
+    let mut writer = Harness::new(&shared_config(&dir), 4, BB);
+    writer.scratch_dir = None;
+    // The reader owns (and removes) the scratch directory.
+    let reader = Harness::new(&with_events(shared_config(&dir), 64), 4, BB);
+    writer.store_all(1, &[5]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reader.lookup(&[5]) != [Hit] {
+        assert!(Instant::now() < deadline, "never found the block");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    assert_eq!(
+        reader.events(),
+        [(EventKind::Stored(StoredReason::Found), 5)]
+    );
 }
 
 /// Something other than a regular file where a block file should be can never
@@ -707,9 +783,13 @@ fn child() {
         }
         // Loads while no descriptor is left: transient failures.
         "fd-starved-loads" => {
-            let mut h = Harness::new(&config(&dir, 8), 8, BB);
+            let mut h = Harness::new(&with_events(config(&dir, 8), 64), 8, BB);
             h.scratch_dir = None;
             assert_eq!(h.lookup(&[1, 2]), [Hit, Hit]);
+            let mut recovered = h.events();
+            recovered.sort_unstable_by_key(|&(_, id)| id);
+            let found = EventKind::Stored(StoredReason::Recovered);
+            assert_eq!(recovered, [(found, 1), (found, 2)]);
             let mut job = 0;
             let mut fail_load = |h: &Harness, id: u64| {
                 job += 1;
@@ -726,6 +806,8 @@ fn child() {
                 };
                 assert_eq!(h.lookup(&[1]), [expect], "after {attempt} failures");
             }
+            let unreadable = EventKind::Removed(RemovedReason::Unreadable);
+            assert_eq!(h.events(), [(unreadable, 1)], "given up on once");
             for _ in 1..MAX_TRANSIENT_LOAD_FAILURES {
                 fail_load(&h, 2);
             }
@@ -738,6 +820,7 @@ fn child() {
             }
             drop(hoard);
             assert_eq!(h.lookup(&[2]), [Hit], "a success resets the count");
+            assert_eq!(h.events(), [], "key 2 was never given up on");
         }
         // Opens the tier again and again with 0..=4 descriptors to spare.
         "fd-starved-open" => {

@@ -6,7 +6,10 @@ mod common;
 
 use common::redis::{redis_config_at, RedisCluster, RedisServer};
 use common::*;
-use kvtier::{ErrorKind, LookupState::*, PrimaryBuffer, Tier, TierConfig};
+use kvtier::{
+    ErrorKind, EventKind, LookupState::*, PrimaryBuffer, RemovedReason, StoredReason, Tier,
+    TierConfig,
+};
 use std::time::{Duration, Instant};
 
 const BB: usize = 4096;
@@ -39,11 +42,12 @@ fn open_err(config: &TierConfig) -> kvtier::Error {
 #[test]
 fn values_are_verified_and_a_bad_one_is_deleted() {
     let server = redis_or_skip!();
-    let config = redis_config_at(&server.url(), 8, BB);
+    let config = with_events(redis_config_at(&server.url(), 8, BB), 64);
     let h = Harness::new(&config, 8, BB);
-    h.store_all(1, &[1, 2, 3]);
+    h.store_all(1, &[1, 2, 3, 4]);
+    assert_eq!(h.events().len(), 4);
     let names = names_on(&server, &config);
-    assert_eq!(names.len(), 3, "{names:?}");
+    assert_eq!(names.len(), 4, "{names:?}");
     // Garbage under block 1's name, a truncated value under block 2's.
     let one = names
         .iter()
@@ -66,9 +70,20 @@ fn values_are_verified_and_a_bad_one_is_deleted() {
             "0",
             "the bad value is deleted"
         );
+        let corrupt = EventKind::Removed(RemovedReason::Corrupt);
+        assert_eq!(h.events(), [(corrupt, id)]);
     }
     let r = h.load(4, &[3], &[5]);
     assert!(r.is_ok() && h.row_holds(5, 3), "{r:?}");
+    // A value the server no longer has: not found, and reported as vanished.
+    let four = names
+        .iter()
+        .find(|n| n.ends_with(&format!("{}}}", hex_of(4))))
+        .unwrap();
+    server.cli(&["DEL", four]);
+    assert_eq!(h.load(5, &[4], &[5]).error, Some(ErrorKind::NotFound));
+    let vanished = EventKind::Removed(RemovedReason::Vanished);
+    assert_eq!(h.events(), [(vanished, 4)]);
 }
 
 fn hex_of(i: u64) -> String {
@@ -168,10 +183,15 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
             std::thread::sleep(Duration::from_millis(10));
         }
     }
-    let h = Harness::new(&config, 8, BB);
+    let h = Harness::new(&with_events(config, 64), 8, BB);
     assert_eq!(h.tier().stats().num_blocks, 4);
     let present = h.present(&[1, 2, 3, 4, 5, 6]);
     assert_eq!(present.len(), 4, "{present:?}");
+    let mut adopted = h.events();
+    adopted.sort_unstable_by_key(|&(_, id)| id);
+    let recovered = EventKind::Stored(StoredReason::Recovered);
+    let want: Vec<_> = present.iter().map(|&i| (recovered, i)).collect();
+    assert_eq!(adopted, want, "adopted keys are announced");
     let rows: Vec<i64> = (0..4).collect();
     assert!(h.load(3, &present, &rows).is_ok());
     for (row, &i) in present.iter().enumerate() {
@@ -187,8 +207,8 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     a.probe_ttl_ms = 20;
     let mut b = a.clone(); // same key prefix: one keyspace
     b.io_threads = Some(3);
-    let writer = Harness::new(&a, 8, BB);
-    let reader = Harness::new(&b, 8, BB);
+    let writer = Harness::new(&with_events(a.clone(), 64), 8, BB);
+    let reader = Harness::new(&with_events(b, 64), 8, BB);
     assert_eq!(
         reader.lookup(&[1]),
         [Pending],
@@ -208,6 +228,10 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
         r.is_ok() && reader.row_holds(4, 1) && reader.row_holds(5, 2),
         "{r:?}"
     );
+    let mut found = reader.events();
+    found.sort_unstable_by_key(|&(_, id)| id);
+    let by_probe = EventKind::Stored(StoredReason::Found);
+    assert_eq!(found, [(by_probe, 1), (by_probe, 2)]);
     // The writer's capacity is 2: storing 3 and 4 evicts 1 and 2 from its
     // index, but in a shared keyspace nothing is deleted.
     writer.store_all(2, &[3, 4]);
@@ -215,6 +239,18 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(names_on(&server, &a).len(), 4);
     assert!(reader.load(2, &[1], &[6]).is_ok() && reader.row_holds(6, 1));
+    // Events tell what this tier's index holds: 1 and 2 left the writer's
+    // (though not the keyspace).
+    let (written, evicted) = (
+        EventKind::Stored(StoredReason::Written),
+        EventKind::Removed(RemovedReason::Evicted),
+    );
+    let got = writer.events();
+    assert_eq!(&got[..2], [(written, 1), (written, 2)]);
+    let mut gone: Vec<_> = got[2..4].to_vec();
+    gone.sort_unstable_by_key(|&(_, id)| id);
+    assert_eq!(gone, [(evicted, 1), (evicted, 2)]);
+    assert_eq!(&got[4..], [(written, 3), (written, 4)]);
 }
 
 #[test]
