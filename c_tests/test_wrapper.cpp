@@ -6,6 +6,7 @@
 
 #include "wrapper_util.hpp"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -239,6 +240,37 @@ void test_errors_become_exceptions() {
 }
 
 // Every way to give keys and rows, and byte-exact data both ways.
+void test_events_through_the_wrapper() {
+    Primary primary(4, 4096);
+    kvtier::Config cfg = config("8KiB", 1);
+    cfg.set("events", "true").set("events_capacity", 16);
+    kvtier::Tier tier(cfg, primary.data, primary.bytes, primary.block);
+    std::array<kvtier::Event, 4> events{};
+
+    tier.submit_store(1, keys(1, 2), rows(0, 2));
+    finish(tier, 1);
+    tier.submit_store(2, keys(3, 1), rows(2, 1));  // evicts 2, the least recent
+    finish(tier, 1);
+    const std::size_t n = tier.poll_events(events);
+    CHECK(n == 4);
+    const std::uint64_t want_ids[4] = {1, 2, 2, 3};
+    const kvtier::EventKind want_kinds[4] = {kvtier::EventKind::stored, kvtier::EventKind::stored,
+                                             kvtier::EventKind::removed, kvtier::EventKind::stored};
+    for (std::size_t i = 0; i < n; ++i) {
+        const kvtier::Span<const std::uint8_t> k = kvtier::key(events[i]);
+        const Key want = key(want_ids[i]);
+        CHECK(kvtier::kind(events[i]) == want_kinds[i] && events[i].seq == i);
+        CHECK(k.size() == kKeyLen && std::equal(k.begin(), k.end(), want.begin()));
+    }
+    CHECK(events[2].reason == TIER_REMOVED_EVICTED && events[0].reason == TIER_STORED_WRITTEN);
+    CHECK(tier.poll_events(events) == 0);
+    expect_error(__LINE__, [&] { (void)tier.poll_events(kvtier::Span<kvtier::Event>(events.data(), 0)); },
+                 TIER_ERR_INVALID_ARG, "tier_poll_events", "cap");
+    kvtier::Tier quiet(config("8KiB", 1), primary.data, primary.bytes, primary.block);
+    expect_error(__LINE__, [&] { (void)quiet.poll_events(events); }, TIER_ERR_CONFIG, "tier_poll_events",
+                 "events=true");
+}
+
 void test_round_trip_every_key_and_row_form() {
     constexpr std::size_t kBlock = 16 * 1024;
     constexpr std::size_t kRows = 8;
@@ -369,6 +401,7 @@ int main(int argc, char **argv) {
         TU_SUBTEST(versions_and_type_traits),
         TU_SUBTEST(ownership_frees_each_tier_once),
         TU_SUBTEST(errors_become_exceptions),
+        TU_SUBTEST(events_through_the_wrapper),
         TU_SUBTEST(round_trip_every_key_and_row_form),
         TU_SUBTEST(threads_share_one_tier),
     };

@@ -16,7 +16,7 @@
  *    its name and this thread's tier_last_error message. Job failures are not
  *    exceptions: they arrive as a JobResult's status, as in C.
  *  - Keys and Span<T> are non-owning views, so lookup, touch, submit_*, poll,
- *    wait, drain, clear and stats allocate nothing beyond what the C call does
+ *    poll_events, wait, drain, clear and stats allocate nothing beyond what the C call does
  *    (errors allocate, for the exception).
  *
  * Without exceptions (-fno-exceptions, or KVTIER_NO_EXCEPTIONS defined before
@@ -78,6 +78,18 @@ using JobResult = tier_job_result_t;
 
 /** A snapshot of a tier's state and counters (see tier_stats_t). */
 using Stats = tier_stats_t;
+
+/** A block event's kind; the values are TIER_EVENT_STORED, TIER_EVENT_REMOVED and TIER_EVENT_LOST. */
+enum class EventKind : std::uint32_t { stored = TIER_EVENT_STORED, removed = TIER_EVENT_REMOVED, lost = TIER_EVENT_LOST };
+
+/**
+ * One block event (seq, dropped, kind, reason, key_len, key; see tier_event_t):
+ * reason is a TIER_STORED_* or TIER_REMOVED_* code.
+ */
+using Event = tier_event_t;
+
+/** The event's kind as an EventKind. */
+inline EventKind kind(const Event &event) noexcept { return static_cast<EventKind>(event.kind); }
 
 /** The job's kind as a JobKind. */
 inline JobKind kind(const JobResult &result) noexcept { return static_cast<JobKind>(result.kind); }
@@ -203,6 +215,11 @@ class Span {
     T *data_ = nullptr;
     std::size_t size_ = 0;
 };
+
+/** A block event's key bytes (empty for EventKind::lost). */
+inline Span<const std::uint8_t> key(const Event &event) noexcept {
+    return Span<const std::uint8_t>(event.key, event.key_len);
+}
 
 /**
  * A view of packed keys, the C API's (keys, key_len, n): `size()` keys of
@@ -497,6 +514,18 @@ class Tier {
         Stats out{};
         detail::check(tier_stats(tier_, &out));
         return out;
+    }
+
+    /**
+     * Moves up to out.size() block events, oldest first, into `out` and
+     * returns how many (0 if none is waiting). Never blocks; `out` must not be
+     * empty; the tier must have been created with events=true (else Error
+     * TIER_ERR_CONFIG). See tier_poll_events.
+     */
+    [[nodiscard]] std::size_t poll_events(Span<Event> out) {
+        std::size_t n = 0;
+        detail::check(tier_poll_events(tier_, out.data(), out.size(), &n));
+        return n;
     }
 #endif  // KVTIER_NO_EXCEPTIONS
 
