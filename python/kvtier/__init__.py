@@ -20,7 +20,18 @@ from ._lib import (
     library_version,
     status_name,
 )
-from .tier import JobKind, JobResult, KVTierError, LookupState, Tier, TierStats
+from .tier import (
+    Event,
+    EventKind,
+    JobKind,
+    JobResult,
+    KVTierError,
+    LookupState,
+    RemovedReason,
+    StoredReason,
+    Tier,
+    TierStats,
+)
 
 # TIER_OK, TIER_TIMEOUT and every TIER_ERR_*: the library's own table.
 globals().update(STATUS_CODES)
@@ -28,6 +39,10 @@ globals().update(STATUS_CODES)
 __version__ = "0.1.0"
 
 __all__ = [
+    "Event",
+    "EventKind",
+    "RemovedReason",
+    "StoredReason",
     "JobKind",
     "JobResult",
     "KVTierError",

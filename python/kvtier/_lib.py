@@ -12,6 +12,7 @@ from ctypes import (
     c_size_t,
     c_uint32,
     c_uint64,
+    c_uint8,
     c_void_p,
 )
 from pathlib import Path
@@ -27,6 +28,17 @@ TIER_JOB_STORE = 1
 TIER_JOB_LOAD = 2
 
 TIER_MAX_KEY_LEN = 128
+TIER_EVENT_STORED = 1
+TIER_EVENT_REMOVED = 2
+TIER_EVENT_LOST = 3
+TIER_STORED_WRITTEN = 1
+TIER_STORED_RECOVERED = 2
+TIER_STORED_FOUND = 3
+TIER_REMOVED_EVICTED = 1
+TIER_REMOVED_CLEARED = 2
+TIER_REMOVED_CORRUPT = 3
+TIER_REMOVED_VANISHED = 4
+TIER_REMOVED_UNREADABLE = 5
 
 
 class tier_job_result_t(Structure):
@@ -38,6 +50,17 @@ class tier_job_result_t(Structure):
         ("num_done", c_uint32),
         ("bytes", c_uint64),
         ("elapsed_ns", c_uint64),
+    ]
+
+
+class tier_event_t(Structure):
+    _fields_ = [
+        ("seq", c_uint64),
+        ("dropped", c_uint64),
+        ("kind", c_uint32),
+        ("reason", c_uint32),
+        ("key_len", c_uint32),
+        ("key", c_uint8 * TIER_MAX_KEY_LEN),
     ]
 
 
@@ -73,6 +96,7 @@ class tier_stats_t(Structure):
 
 assert ctypes.sizeof(tier_job_result_t) == 40
 assert ctypes.sizeof(tier_stats_t) == 168
+assert ctypes.sizeof(tier_event_t) == 160
 
 
 class LibraryNotFoundError(ImportError):
@@ -139,6 +163,7 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_drain": (c_int32, [P]),
         "tier_clear": (c_int32, [P]),
         "tier_stats": (c_int32, [P, POINTER(tier_stats_t)]),
+        "tier_poll_events": (c_int32, [P, P, c_size_t, POINTER(c_size_t)]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

@@ -134,6 +134,55 @@ class JobResult(NamedTuple):
 _make_result = JobResult._make
 
 
+class EventKind(enum.IntEnum):
+    STORED = _lib.TIER_EVENT_STORED
+    REMOVED = _lib.TIER_EVENT_REMOVED
+    LOST = _lib.TIER_EVENT_LOST
+
+
+class StoredReason(enum.IntEnum):
+    """How a block became readable (``Event.reason`` of a STORED event)."""
+
+    WRITTEN = _lib.TIER_STORED_WRITTEN  # a store job of this tier
+    RECOVERED = _lib.TIER_STORED_RECOVERED  # storage held it at open
+    FOUND = _lib.TIER_STORED_FOUND  # shared storage: another writer's, found by a lookup
+
+
+class RemovedReason(enum.IntEnum):
+    """Why a block stopped being readable (``Event.reason`` of a REMOVED event)."""
+
+    EVICTED = _lib.TIER_REMOVED_EVICTED
+    CLEARED = _lib.TIER_REMOVED_CLEARED
+    CORRUPT = _lib.TIER_REMOVED_CORRUPT
+    VANISHED = _lib.TIER_REMOVED_VANISHED  # storage no longer holds it
+    UNREADABLE = _lib.TIER_REMOVED_UNREADABLE  # transient load failures, given up on
+
+
+class Event(NamedTuple):
+    """One block event, as :meth:`Tier.poll_events` hands it out once.
+
+    ``kind`` is STORED (the key's block became readable: lookups answer HIT),
+    REMOVED (it stopped being readable) or LOST (``dropped`` events were
+    dropped here because the ring was full: a mirror of the tier's contents
+    is stale and must be rebuilt). ``reason`` is a :class:`StoredReason` or a
+    :class:`RemovedReason` (0 for LOST); ``key`` is empty for LOST. ``seq``
+    numbers events in the order recorded, dropped ones included.
+    """
+
+    seq: int
+    kind: EventKind
+    reason: int
+    key: bytes
+    dropped: int = 0
+
+
+_EVENT_REASONS = {
+    EventKind.STORED: StoredReason,
+    EventKind.REMOVED: RemovedReason,
+}
+_EVENT_CHUNK = 256
+
+
 def _stats_as_dict(self: Any) -> dict[str, int]:
     return dataclasses.asdict(self)
 
@@ -475,7 +524,8 @@ class Tier:
     ) -> None:
         """Copies the blocks of ``keys`` into rows ``block_ids``; a missing key
         fails the job (``num_done`` leading blocks were copied). Do not read
-        the rows until the job is polled."""
+        the rows until the job is polled. A read is a use: the blocks copied
+        become most recently used, the first key most of all."""
         self._submit(lib.tier_submit_load, "tier_submit_load", job_id, keys, block_ids)
 
     def poll(self, max: int = 1024) -> list[JobResult]:
@@ -506,6 +556,39 @@ class Tier:
                     return results
         finally:
             bufs.append((buf, view))
+
+    def poll_events(self, max: int = 4096) -> list[Event]:
+        """Block events, oldest first, at most ``max``; never blocks.
+
+        Needs a tier built with ``events=True`` (else :class:`KVTierError`
+        ``TIER_ERR_CONFIG``). A block's STORED comes once when it becomes
+        readable (a store, or found in storage: reason RECOVERED at open,
+        FOUND by a shared tier's lookup), its REMOVED once when it stops being
+        readable, with the reason; a key's events keep their order. Concurrent
+        pollers each get distinct events (order them by ``seq``).
+        """
+        if max <= 0:
+            raise KVTierError(TIER_ERR_INVALID_ARG, "max must be at least 1", "tier_poll_events")
+        buf = (_lib.tier_event_t * min(_EVENT_CHUNK, max))()
+        got = ctypes.c_size_t()
+        events: list[Event] = []
+        while True:
+            want = min(len(buf), max - len(events))
+            self._call("tier_poll_events", lib.tier_poll_events, buf, want, _byref(got))
+            for e in buf[: got.value]:
+                kind = EventKind(e.kind)
+                reasons = _EVENT_REASONS.get(kind)
+                events.append(
+                    Event(
+                        e.seq,
+                        kind,
+                        reasons(e.reason) if reasons is not None else e.reason,
+                        bytes(e.key[: e.key_len]),
+                        e.dropped,
+                    )
+                )
+            if got.value < want or len(events) >= max:
+                return events
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """True once a result is ready to poll, False after ``timeout_s``

@@ -171,6 +171,55 @@ def test_lookup_order_touch_and_lru():
         assert s.evictions == 1 and s.num_blocks == 2 and s.capacity_blocks == 2
 
 
+def test_a_load_counts_as_use():
+    buf, tier = make(rows=4, capacity_bytes=2 * ROW)
+    with tier:
+        a, b, c = key(1), key(2), key(3)
+        tier.submit_store(1, [a, b], [0, 1])
+        results(tier, 1)
+        # [a, b] stores a most recent; reading b makes a the LRU victim.
+        tier.submit_load(2, [b], [3])
+        assert results(tier, 1)[0].ok
+        tier.submit_store(3, [c], [2])
+        assert results(tier, 1)[0].ok
+        assert tier.lookup([a, b, c]) == [LookupState.MISS, LookupState.HIT, LookupState.HIT]
+
+
+def test_events_report_stores_evictions_clears_and_losses():
+    from kvtier import Event, EventKind, RemovedReason, StoredReason
+
+    buf, tier = make(rows=4, capacity_bytes=2 * ROW, events=True, events_capacity=3)
+    with tier:
+        a, b, c = key(1), key(2), key(3)
+        tier.submit_store(1, [a, b], [0, 1])
+        results(tier, 1)
+        tier.submit_store(2, [c], [2])  # evicts b, the least recent
+        results(tier, 1)
+        got = tier.poll_events()
+        # The ring holds 3: the oldest event was dropped, and that is said in
+        # its place.
+        assert got[0] == Event(0, EventKind.LOST, 0, b"", 1)
+        assert got[1:] == [
+            Event(1, EventKind.STORED, StoredReason.WRITTEN, b),
+            Event(2, EventKind.REMOVED, RemovedReason.EVICTED, b),
+            Event(3, EventKind.STORED, StoredReason.WRITTEN, c),
+        ]
+        assert isinstance(got[2].reason, RemovedReason)
+        assert tier.stats().events_dropped == 1
+        assert tier.poll_events() == []
+        tier.clear()
+        cleared = tier.poll_events(max=1) + tier.poll_events(max=1)
+        assert sorted(e.key for e in cleared) == [a, c]
+        assert {(e.kind, e.reason) for e in cleared} == {(EventKind.REMOVED, RemovedReason.CLEARED)}
+        assert [e.seq for e in cleared] == [4, 5]
+        raises(kvtier.TIER_ERR_INVALID_ARG, tier.poll_events, 0)
+    _, quiet = make(rows=4, capacity_bytes=2 * ROW)
+    with quiet:
+        err = raises(kvtier.TIER_ERR_CONFIG, quiet.poll_events)
+        assert "events=true" in err.message
+    raises(kvtier.TIER_ERR_CONFIG, make, events="sometimes")
+
+
 def test_pending_then_hit_and_clear():
     buf, tier = make(rows=64, row=1 << 20, capacity_bytes="64MiB", io_threads=1)
     with tier:
