@@ -217,6 +217,8 @@ impl Tier {
     }
 
     /// Submits a load of `block_ids.len()` keys into the given primary rows.
+    /// A read is a use: when the job completes, the blocks it copied become
+    /// the most recently used, the first key most recent of all.
     /// Same reporting rule as [`Tier::submit_store`]: `Alloc` (no memory for
     /// the job's keys, blocks or waits) rejects it and leaves the tier
     /// unchanged. A job naming a row twice is rejected with `InvalidArg`. Two
