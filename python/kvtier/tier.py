@@ -180,7 +180,18 @@ _EVENT_REASONS = {
     EventKind.STORED: StoredReason,
     EventKind.REMOVED: RemovedReason,
 }
+# tier_event_t: seq u64, dropped u64, kind u32, reason u32, key_len u32,
+# key[128], 4 bytes of tail padding (160 bytes).
+_EVENT_STRUCT = struct.Struct("=QQIII128s4x")
+_EVENT_WORDS = _EVENT_STRUCT.size // 8
 _EVENT_CHUNK = 256
+assert _EVENT_STRUCT.size == ctypes.sizeof(_lib.tier_event_t)
+
+
+def _make_event(seq: int, dropped: int, kind: int, reason: int, key_len: int, key: bytes) -> Event:
+    kind = EventKind(kind)
+    reasons = _EVENT_REASONS.get(kind)
+    return Event(seq, kind, reasons(reason) if reasons else reason, key[:key_len], dropped)
 
 
 def _stats_as_dict(self: Any) -> dict[str, int]:
@@ -314,6 +325,7 @@ class Tier:
         # lets close() wait for them without a lock on every call.
         self._calls: list[None] = []
         self._poll_buffers: list[Any] = []
+        self._event_buffers: list[Any] = []
         self._anchor = None
         self._view = None
         # The creating process: in a forked child, close() must not wait for
@@ -569,26 +581,27 @@ class Tier:
         """
         if max <= 0:
             raise KVTierError(TIER_ERR_INVALID_ARG, "max must be at least 1", "tier_poll_events")
-        buf = (_lib.tier_event_t * min(_EVENT_CHUNK, max))()
+        # Reused like poll()'s buffers (list pop/append is atomic).
+        bufs = self._event_buffers
+        try:
+            buf, view = bufs.pop()
+        except IndexError:
+            buf = (ctypes.c_uint64 * (_EVENT_CHUNK * _EVENT_WORDS))()  # 8-aligned
+            view = memoryview(buf).cast("B")
         got = ctypes.c_size_t()
         events: list[Event] = []
-        while True:
-            want = min(len(buf), max - len(events))
-            self._call("tier_poll_events", lib.tier_poll_events, buf, want, _byref(got))
-            for e in buf[: got.value]:
-                kind = EventKind(e.kind)
-                reasons = _EVENT_REASONS.get(kind)
-                events.append(
-                    Event(
-                        e.seq,
-                        kind,
-                        reasons(e.reason) if reasons is not None else e.reason,
-                        bytes(e.key[: e.key_len]),
-                        e.dropped,
-                    )
-                )
-            if got.value < want or len(events) >= max:
-                return events
+        try:
+            while True:
+                want = min(_EVENT_CHUNK, max - len(events))
+                self._call("tier_poll_events", lib.tier_poll_events, buf, want, _byref(got))
+                n = got.value
+                if n:
+                    chunk = view[: n * _EVENT_STRUCT.size]
+                    events.extend(_make_event(*e) for e in _EVENT_STRUCT.iter_unpack(chunk))
+                if n < want or len(events) >= max:
+                    return events
+        finally:
+            bufs.append((buf, view))
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """True once a result is ready to poll, False after ``timeout_s``

@@ -138,8 +138,8 @@ impl Index {
 
     /// Commits a store whose copies are done: each block of `items` whose
     /// copy succeeded (`copied(i)`) becomes readable (a STORED event) and most
-    /// recent, the job's first key most recent of all; the others disappear. `settled(item, ok)`
-    /// is told of each. Drops the job's pins, and returns how many of its keys
+    /// recent, the job's first key most recent of all; the others disappear.
+    /// `settled(item, ok)` is told of each. Drops the job's pins, and returns how many of its keys
     /// (counting repeats) are in the index now, whatever happened meanwhile (a
     /// clear, evictions of keys it found present).
     pub(crate) fn commit_store(

@@ -333,8 +333,7 @@ impl Index {
 
     /// Finishes a store into `s`: on success the block becomes readable and most
     /// recently used; on failure it disappears (or turns Dead while pinned).
-    /// Returns whether the block is readable now (not if cleared meanwhile).
-    fn finish_store(&mut self, s: u32, ok: bool) -> bool {
+    fn finish_store(&mut self, s: u32, ok: bool) {
         debug_assert_eq!(self.slots[s as usize].state, SlotState::Storing);
         let linked = self.slots[s as usize].linked;
         if ok {
@@ -345,7 +344,7 @@ impl Index {
                     .set_hot(tag_of(hash), s, hot_word(hash, LookupState::Hit));
                 self.lru_push_mru(s);
                 self.ready += 1;
-                return true;
+                return;
             }
         } else {
             self.unlink(s);
@@ -354,7 +353,6 @@ impl Index {
         if self.slots[s as usize].pins == 0 {
             self.free_slot(s);
         }
-        false
     }
 
     /// Whether the slot holds a block lookups answer HIT for.
