@@ -112,6 +112,10 @@ static void run_child(tier_t *inherited, tier_t *inherited_disk, int ready_fd, i
     CHECK(tier_describe(inherited, text, sizeof text) == 0);
     CHECK(text[0] == 'x');
     CHECK_REFUSED(TIER_ERR_SHUTDOWN, "tier_describe");
+    CHECK(tier_metrics(inherited, text, sizeof text) == 0);
+    CHECK(text[0] == 'x');
+    CHECK_REFUSED(TIER_ERR_SHUTDOWN, "tier_metrics");
+    CHECK_REFUSED(tier_completion_fd(inherited), "tier_completion_fd");
     /* The disk tier likewise; its tier_drain too must not block. */
     CHECK_REFUSED(tier_lookup(inherited_disk, key, KEY_LEN, 1, states), "tier_lookup");
     CHECK_REFUSED(tier_drain(inherited_disk), "tier_drain");

@@ -312,6 +312,11 @@ void test_round_trip_every_key_and_row_form() {
     tier.lookup(probe, bytes);
     CHECK(bytes[0] == TIER_HIT && bytes[1] == TIER_MISS && bytes[2] == TIER_HIT);
     CHECK(tier.describe().find(KVTIER_VERSION_STRING) != std::string::npos);
+    const std::string metrics = tier.metrics();
+    CHECK(metrics.size() == tier_metrics(tier.get(), nullptr, 0));
+    CHECK(metrics.find("\nkvtier_lookups_total{backend=\"memory\"} 6\n") != std::string::npos);
+    const int fd = tier.completion_fd();
+    CHECK(fd >= 0 && fd == tier_completion_fd(tier.get()));
     tier.clear();
     tier.lookup(probe, states);
     CHECK(states[0] == kvtier::State::miss && states[2] == kvtier::State::miss);

@@ -59,6 +59,8 @@ int main() {
     kvtier::Tier owner(std::move(tier));
     CHECK(!tier && owner.get() == raw);
     CHECK(owner.describe().find(KVTIER_VERSION_STRING) != std::string::npos);
+    CHECK(owner.metrics().find("# TYPE kvtier_io_threads gauge\n") != std::string::npos);
+    CHECK(kvtier::Tier().metrics().empty());
 
     // The views feed the C API.
     std::vector<std::array<std::uint8_t, kKeyLen>> keys(2);

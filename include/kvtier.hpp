@@ -23,7 +23,8 @@
  * including this header), everything that reports failure by throwing is
  * compiled out. What remains is the ownership (Tier and Config adopt, move,
  * get, release, reset, free), the views, version(), status_name(),
- * last_error() and Tier::describe(); make the other calls through the C API
+ * last_error(), Tier::describe() and Tier::metrics(); make the other calls
+ * (tier_completion_fd among them) through the C API
  * on tier.get(), which returns status codes:
  *
  *     tier_t *raw = nullptr;
@@ -73,7 +74,7 @@ enum class State : std::uint8_t { miss = TIER_MISS, hit = TIER_HIT, pending = TI
 /** A job's direction; the values are TIER_JOB_STORE and TIER_JOB_LOAD. */
 enum class JobKind : std::uint32_t { store = TIER_JOB_STORE, load = TIER_JOB_LOAD };
 
-/** One finished job (job_id, status, kind, num_blocks, num_done, bytes, elapsed_ns). */
+/** One finished job (job_id, status, kind, num_blocks, num_done, bytes, elapsed_ns, io_ns). */
 using JobResult = tier_job_result_t;
 
 /** A snapshot of a tier's state and counters (see tier_stats_t). */
@@ -444,7 +445,25 @@ class Tier {
             [this](char *buf, std::size_t cap) { return tier_describe(tier_, buf, cap); });
     }
 
+    /**
+     * The tier's metrics in the Prometheus text format, ready to serve on a
+     * /metrics endpoint (see tier_metrics); "" for an empty Tier.
+     */
+    std::string metrics() const {
+        return detail::text_of(
+            [this](char *buf, std::size_t cap) { return tier_metrics(tier_, buf, cap); });
+    }
+
 #ifndef KVTIER_NO_EXCEPTIONS
+    /**
+     * A descriptor that is readable exactly while finished results wait: add
+     * it to an epoll set (EPOLLIN) and call poll() when it fires; nothing to
+     * re-arm. The Tier owns it (closed with the Tier): never read, write or
+     * close it. The same descriptor on every call. Throws Error (see
+     * tier_completion_fd).
+     */
+    int completion_fd() { return detail::check(tier_completion_fd(tier_)); }
+
     /** Writes one state per key to `states` (at least keys.size() of them). See tier_lookup. */
     void lookup(Keys keys, Span<State> states) {
         // uint8_t is unsigned char, which may write any object's bytes.

@@ -5,7 +5,9 @@
 #
 # Environment:
 #   KVTIER_PYTHON   interpreter to test with (e.g. /tmp/vllm-env/bin/python, to
-#                   run the adapter tests against vLLM); it needs pytest and numpy.
+#                   run the adapter tests against vLLM); it needs pytest and numpy,
+#                   and prometheus_client for the metrics test (which skips
+#                   without it, and fails instead under CI=true).
 #                   Default: a venv at <repo>/build/pyenv, created on first use.
 #   KVTIER_LIBRARY  the library to test; default <repo>/target/release/libkvtier.so,
 #                   built with cargo if missing.
@@ -27,10 +29,11 @@ if [[ -n "${KVTIER_PYTHON:-}" ]]; then
 else
     venv="$repo/build/pyenv"
     py="$venv/bin/python"
-    if ! "$py" -c "import pytest, numpy" 2>/dev/null; then
+    # prometheus_client: its text parser reads Tier.metrics() in test_observe.py.
+    if ! "$py" -c "import pytest, numpy, prometheus_client" 2>/dev/null; then
         echo "run_tests.sh: setting up $venv" >&2
         python3 -m venv "$venv"
-        "$py" -m pip install --quiet --disable-pip-version-check pytest numpy
+        "$py" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client
     fi
 fi
 

@@ -39,6 +39,7 @@ pub mod ffi;
 mod fork;
 mod index;
 mod key;
+mod metrics;
 mod primary;
 mod stats;
 mod workers;

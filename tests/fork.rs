@@ -8,6 +8,7 @@
 //! unwinds into the harness: it reports through its exit status.
 
 use kvtier::{ErrorKind, LookupState, PrimaryBuffer, Stats, Tier, TierConfig};
+use std::os::fd::AsRawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
 
@@ -33,8 +34,14 @@ fn finish(tier: &Tier, n: usize) {
     assert!(results.iter().all(|r| r.is_ok()), "{results:?}");
 }
 
-/// Runs in the child; panics on a failed check.
-fn child(inherited: Tier, parent: u32) {
+/// Where descriptor `fd` of this process points.
+fn fd_target(fd: i32) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/self/fd/{fd}")).unwrap()
+}
+
+/// Runs in the child; panics on a failed check. `completion_fd` is the
+/// number of the parent's completion descriptor.
+fn child(inherited: Tier, parent: u32, completion_fd: i32) {
     let owner = format!("the tier belongs to process {parent}");
     let refused = |what: &str, r: kvtier::Result<()>| {
         let e = r.expect_err(what);
@@ -56,6 +63,10 @@ fn child(inherited: Tier, parent: u32) {
     );
     refused("lookup", inherited.lookup(&key(1), KEY_LEN).map(drop));
     refused("touch", inherited.touch(&key(1), KEY_LEN));
+    refused("completion_fd", inherited.completion_fd().map(drop));
+    assert!(fd_target(completion_fd)
+        .to_string_lossy()
+        .contains("eventfd"));
     // The calls without a Result return at once, having done nothing.
     let start = Instant::now();
     assert!(inherited.poll(16).is_empty());
@@ -71,6 +82,8 @@ fn child(inherited: Tier, parent: u32) {
     assert!(inherited.describe().contains("inherited across fork"));
     assert_eq!(inherited.rows(), 4);
     drop(inherited); // joins no thread, takes no lock
+                     // The child let go of the parent's eventfd; the number stays taken.
+    assert_eq!(fd_target(completion_fd), std::path::Path::new("/dev/null"));
 
     let mut rows = vec![0u8; 4 * BLOCK];
     rows[..BLOCK].fill(0x5A);
@@ -90,6 +103,7 @@ fn inherited_tier_is_inert_in_a_forked_child() {
     rows[..BLOCK].fill(1);
     rows[BLOCK..2 * BLOCK].fill(2);
     let tier = tier_over(&mut rows);
+    let completion_fd = tier.completion_fd().unwrap().as_raw_fd();
     tier.submit_store(1, &key(1), KEY_LEN, &[0]).unwrap();
     finish(&tier, 1);
     // In flight across the fork: reported to the parent, exactly once.
@@ -104,7 +118,7 @@ fn inherited_tier_is_inert_in_a_forked_child() {
         unsafe { libc::alarm(20) }; // a hang becomes SIGALRM, seen by the parent
                                     // The inherited tier moves into the child's checks: its copy of
                                     // `tier` is dropped there (the parent's is untouched).
-        let ok = catch_unwind(AssertUnwindSafe(move || child(tier, parent))).is_ok();
+        let ok = catch_unwind(AssertUnwindSafe(move || child(tier, parent, completion_fd))).is_ok();
         unsafe { libc::_exit(if ok { 0 } else { 1 }) };
     }
     let mut status = 0;
@@ -124,6 +138,17 @@ fn inherited_tier_is_inert_in_a_forked_child() {
         }
     );
 
+    // The parent's descriptor still signals its results.
+    let mut p = libc::pollfd {
+        fd: completion_fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    assert_eq!(
+        unsafe { libc::poll(&mut p, 1, 30_000) },
+        1,
+        "the result of job 2"
+    );
     finish(&tier, 1);
     assert_eq!(
         tier.lookup(&[key(1), key(2)].concat(), KEY_LEN).unwrap(),

@@ -79,6 +79,7 @@ impl Model {
             num_done: n as u32,
             bytes: 0,
             elapsed_ns: 0,
+            io_ns: 0,
         }
     }
 
@@ -412,7 +413,10 @@ fn run_one(seed: u64, steps: usize, backend: Backend) {
                         .completed
                         .pop_front()
                         .unwrap_or_else(|| panic!("{}", ctx(step, "extra result")));
+                    // Copying is part of the job's life, so it cannot last longer.
+                    assert!(got.io_ns <= got.elapsed_ns, "{}", ctx(step, "io_ns"));
                     want.elapsed_ns = got.elapsed_ns;
+                    want.io_ns = got.io_ns;
                     assert_eq!(got, want, "{}", ctx(step, "result"));
                 }
             }

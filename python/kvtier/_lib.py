@@ -50,6 +50,7 @@ class tier_job_result_t(Structure):
         ("num_done", c_uint32),
         ("bytes", c_uint64),
         ("elapsed_ns", c_uint64),
+        ("io_ns", c_uint64),
     ]
 
 
@@ -94,7 +95,7 @@ class tier_stats_t(Structure):
     _fields_ = [(name, c_uint64) for name in STATS_FIELDS]
 
 
-assert ctypes.sizeof(tier_job_result_t) == 40
+assert ctypes.sizeof(tier_job_result_t) == 48
 assert ctypes.sizeof(tier_stats_t) == 168
 assert ctypes.sizeof(tier_event_t) == 160
 
@@ -164,6 +165,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_clear": (c_int32, [P]),
         "tier_stats": (c_int32, [P, POINTER(tier_stats_t)]),
         "tier_poll_events": (c_int32, [P, P, c_size_t, POINTER(c_size_t)]),
+        "tier_metrics": (c_size_t, [P, c_void_p, c_size_t]),
+        "tier_completion_fd": (c_int32, [P]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name)

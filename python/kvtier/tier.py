@@ -50,8 +50,8 @@ _c_uint8 = ctypes.c_uint8
 _byref = ctypes.byref
 
 # tier_job_result_t: job_id u64, status i32, kind u32, num_blocks u32,
-# num_done u32, bytes u64, elapsed_ns u64 (40 bytes, no padding).
-_RESULT_STRUCT = struct.Struct("=QiIIIQQ")
+# num_done u32, bytes u64, elapsed_ns u64, io_ns u64 (48 bytes, no padding).
+_RESULT_STRUCT = struct.Struct("=QiIIIQQQ")
 _RESULT_WORDS = _RESULT_STRUCT.size // 8
 _POLL_CHUNK = 256
 assert _RESULT_STRUCT.size == ctypes.sizeof(_lib.tier_job_result_t)
@@ -112,7 +112,13 @@ class JobResult(NamedTuple):
     num_blocks: int
     num_done: int
     bytes: int
+    #: Nanoseconds from submit to completion.
     elapsed_ns: int
+    #: Nanoseconds the job's blocks spent in backend I/O and copies on the
+    #: tier's threads (its active transfer time): from a worker starting the
+    #: job's first copy to its last copy ending, without the time queued
+    #: before; 0 if no block was copied. See ``tier_job_result_t.io_ns``.
+    io_ns: int
 
     @property
     def ok(self) -> bool:
@@ -628,6 +634,55 @@ class Tier:
     def clear(self) -> None:
         """Drops every stored block; jobs in flight still complete and report."""
         self._call("tier_clear", lib.tier_clear)
+
+    def metrics(self) -> str:
+        """The tier's metrics in the Prometheus text format (what a
+        ``/metrics`` endpoint serves): the stats as ``kvtier_*`` counters and
+        gauges, and histograms of job latency and per-block I/O time by job
+        kind, every sample labelled ``backend=...``. See ``tier_metrics``."""
+        need = self._call_text(lambda h: lib.tier_metrics(h, None, 0))
+        while True:
+            # Room to spare: counters may grow between the two calls.
+            buf = ctypes.create_string_buffer(need + 1024)
+            got = self._call_text(lambda h: lib.tier_metrics(h, buf, len(buf)))
+            if got < len(buf):
+                return buf.raw[:got].decode()
+            need = got
+
+    def _call_text(self, fn: Any) -> int:
+        """Runs a text-out call (which returns 0 only on failure)."""
+        calls = self._calls
+        calls.append(None)
+        try:
+            handle = self._handle
+            if handle is None:
+                raise KVTierError(TIER_ERR_SHUTDOWN, "the tier is closed", "tier_metrics")
+            n = fn(handle)
+        finally:
+            calls.pop()
+        if n == 0:
+            raise KVTierError(TIER_ERR_SHUTDOWN, _lib.last_error(), "tier_metrics")
+        return n
+
+    def completion_fd(self) -> int:
+        """A file descriptor that is readable exactly while finished results
+        wait for :meth:`poll` (an eventfd; see ``tier_completion_fd``): for
+        ``selectors``, ``select.epoll`` or ``asyncio``'s
+        ``loop.add_reader(fd, ...)``. Nothing to re-arm: poll when it is
+        readable. The tier owns it and closes it in :meth:`close`; never
+        read, write or close it yourself. The same descriptor on every call."""
+        calls = self._calls
+        calls.append(None)
+        try:
+            handle = self._handle
+            if handle is None:
+                raise KVTierError(TIER_ERR_SHUTDOWN, "the tier is closed", "tier_completion_fd")
+            fd = lib.tier_completion_fd(handle)
+        finally:
+            calls.pop()
+        if fd < 0:
+            raise _fail(fd, "tier_completion_fd")
+        return fd
 
     def stats(self) -> TierStats:
         out = _lib.tier_stats_t()

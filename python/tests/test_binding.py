@@ -773,6 +773,10 @@ def test_status_codes_and_stats_fields_match_the_header():
     assert [f.name for f in __import__("dataclasses").fields(kvtier.TierStats)] == list(
         _lib.STATS_FIELDS
     )
+    body = re.search(r"typedef struct tier_job_result_t \{(.*?)\} tier_job_result_t;", text, re.S)
+    header_fields = re.findall(r"^\s*\w+ (\w+);$", body.group(1), re.M)
+    assert header_fields == [name for name, _ in _lib.tier_job_result_t._fields_]
+    assert list(kvtier.JobResult._fields) == header_fields
 
 
 def test_the_package_version_is_the_library_version():

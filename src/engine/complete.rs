@@ -103,6 +103,7 @@ impl Shared {
             JobKind::Store => Counters::add(&c.bytes_stored, result.bytes),
             JobKind::Load => Counters::add(&c.bytes_loaded, result.bytes),
         }
+        self.metrics.job_completed(job.kind, result.elapsed_ns);
         self.done.complete(result);
     }
 

@@ -1,9 +1,22 @@
-//! Finished-job results, the set of job ids in flight, and the waits on them.
+//! Finished-job results, the set of job ids in flight, and the waits on them:
+//! blocking (`wait`, `drain`) or on the completion descriptor.
+//!
+//! The descriptor (an eventfd, made on first request) is readable exactly
+//! while results are queued: `complete` signals it when the queue goes from
+//! empty to not empty, and `poll` resets it when it takes the last result.
+//! Both happen under the queue's lock, so the descriptor's state always
+//! follows the queue's, and a result queued while a caller polls either is
+//! taken by that poll or leaves the descriptor readable: no wake-up is lost.
+//! It costs one write per empty-to-not-empty transition and one read per
+//! poll that empties the queue, and nothing when no one asked for it.
 
+use super::eventfd::EventFd;
 use crate::engine::jobs::JobResult;
 use crate::error::{alloc_error, bail, Result};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
+use std::os::fd::RawFd;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 #[derive(Default)]
@@ -13,12 +26,17 @@ struct State {
     active: HashSet<u64>,
     /// Accepted and not yet completed.
     running: usize,
+    /// The completion descriptor is readable (results are queued).
+    signalled: bool,
 }
 
 #[derive(Default)]
 pub(crate) struct Completions {
     state: Mutex<State>,
     changed: Condvar,
+    /// Set once, under `state`'s lock; read without it only by the forked
+    /// child's release.
+    fd: OnceLock<EventFd>,
 }
 
 impl Completions {
@@ -59,7 +77,44 @@ impl Completions {
         let mut s = self.state.lock();
         s.results.push_back(result);
         s.running -= 1;
+        self.signal(&mut s);
         self.changed.notify_all();
+    }
+
+    /// Makes the descriptor readable, if there is one and it is not already.
+    fn signal(&self, s: &mut State) {
+        if !s.signalled {
+            if let Some(fd) = self.fd.get() {
+                fd.signal();
+                s.signalled = true;
+            }
+        }
+    }
+
+    /// The completion descriptor, made on the first call (then readable at
+    /// once if results are already queued).
+    pub(crate) fn fd(&self) -> Result<RawFd> {
+        if let Some(fd) = self.fd.get() {
+            return Ok(fd.raw());
+        }
+        let mut s = self.state.lock();
+        // Made under the lock: a result queued meanwhile is either seen here
+        // or signalled by `complete`, which checks under the same lock.
+        if self.fd.get().is_none() {
+            let _ = self.fd.set(EventFd::new()?);
+            if !s.results.is_empty() {
+                self.signal(&mut s);
+            }
+        }
+        Ok(self.fd.get().expect("set above").raw())
+    }
+
+    /// In a forked child: lets go of the parent's eventfd (see
+    /// [`EventFd::detach_in_forked_child`]) without taking the lock.
+    pub(crate) fn release_fd_in_forked_child(&self) {
+        if let Some(fd) = self.fd.get() {
+            fd.detach_in_forked_child();
+        }
     }
 
     /// Hands up to `max` results to `f`, oldest first, and frees their ids.
@@ -70,6 +125,10 @@ impl Completions {
             let r = s.results.pop_front().expect("counted");
             s.active.remove(&r.job_id);
             f(r);
+        }
+        if s.signalled && s.results.is_empty() {
+            self.fd.get().expect("signalled").reset();
+            s.signalled = false;
         }
         n
     }

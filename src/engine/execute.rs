@@ -91,8 +91,9 @@ impl Shared {
         }
     }
 
-    /// Copies a task's blocks through a batching backend, all in one go.
-    fn copy_batch(&self, task: &Task) {
+    /// Copies a task's blocks through a batching backend, all in one go;
+    /// returns how many it handed to the backend.
+    fn copy_batch(&self, task: &Task) -> u64 {
         let job = &task.job;
         let block_bytes = self.primary.block_bytes() as u64;
         match job.kind {
@@ -106,6 +107,7 @@ impl Shared {
                         Ok(bytes) => job.add_bytes(bytes),
                         Err(e) => job.item_failed(task.range.start + i, e.kind()),
                     });
+                blocks.len() as u64
             }
             JobKind::Load => {
                 let limit = job.copy_limit();
@@ -131,21 +133,26 @@ impl Shared {
                             false
                         }
                     });
+                blocks.len() as u64
             }
         }
     }
 
-    /// A worker runs one task: copies its blocks, then, if it is the job's last
-    /// task, completes the job.
+    /// A worker runs one task: copies its blocks (timed, for the job's `io_ns`
+    /// and the per-block I/O histogram), then, if it is the job's last task,
+    /// completes the job.
     pub(super) fn run_task(&self, task: Task) {
         let job = &task.job;
         let block_bytes = self.primary.block_bytes() as u64;
+        let started_ns = job.age_ns();
+        // Blocks whose copy ran, whatever its outcome.
+        let mut attempted = 0u64;
         let copied = catch_unwind(AssertUnwindSafe(|| {
             if self.backend.batches() {
                 if self.queue.is_shut_down() {
                     return false;
                 }
-                self.copy_batch(&task);
+                attempted = self.copy_batch(&task);
                 return true;
             }
             for i in task.range.clone() {
@@ -153,20 +160,20 @@ impl Shared {
                     return false;
                 }
                 let item = job.items[i];
+                if job.kind == JobKind::Load && item.pos >= job.copy_limit() {
+                    break;
+                }
+                attempted += 1;
                 let outcome = match job.kind {
                     JobKind::Store => self.primary.with_row(item.row, |block| {
                         self.backend.store(item.slot, job.key(item.pos), block)
                     }),
-                    JobKind::Load => {
-                        if item.pos >= job.copy_limit() {
-                            break;
-                        }
-                        self.primary
-                            .with_row_mut(item.row, |dst| {
-                                self.backend.load(item.slot, job.key(item.pos), dst)
-                            })
-                            .map(|()| block_bytes)
-                    }
+                    JobKind::Load => self
+                        .primary
+                        .with_row_mut(item.row, |dst| {
+                            self.backend.load(item.slot, job.key(item.pos), dst)
+                        })
+                        .map(|()| block_bytes),
                 };
                 match outcome {
                     Ok(bytes) => job.add_bytes(bytes),
@@ -180,17 +187,26 @@ impl Shared {
             }
             true
         }));
-        match copied {
+        let panicked = match copied {
             Ok(false) => return, // shutting down: the job is abandoned with the tier
-            Ok(true) => {}
-            Err(_) => match job.kind {
+            Ok(true) => false,
+            Err(_) => true,
+        };
+        if attempted > 0 {
+            let ended_ns = job.age_ns();
+            job.add_io_span(started_ns, ended_ns);
+            self.metrics
+                .blocks_moved(job.kind, attempted, ended_ns.saturating_sub(started_ns));
+        }
+        if panicked {
+            match job.kind {
                 // None of this task's blocks may be published as stored.
                 JobKind::Store => task
                     .range
                     .clone()
                     .for_each(|i| job.item_failed(i, ErrorKind::Panic)),
                 JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Panic),
-            },
+            }
         }
         if job.task_done() {
             self.finish(Arc::clone(job));

@@ -60,6 +60,8 @@ impl Tier {
     /// - The backend lets go of what it can without locks and without leaving
     ///   a dangling pointer or descriptor (see `Backend::release_in_forked_child`):
     ///   the memory arena's pages, the disk directory lock's descriptor.
+    ///   Likewise the completion eventfd, which the child shares with the
+    ///   parent: its number is pointed at /dev/null.
     ///
     /// The primary buffer is not touched (nothing here runs a copy), so the
     /// promise of `tier_free` holds in the child too.
@@ -67,5 +69,6 @@ impl Tier {
         self.workers.forget_in_forked_child();
         std::mem::forget(Arc::clone(&self.shared));
         self.shared.backend.release_in_forked_child();
+        self.shared.done.release_fd_in_forked_child();
     }
 }

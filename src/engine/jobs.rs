@@ -38,6 +38,13 @@ pub struct JobResult {
     pub bytes: u64,
     /// Nanoseconds from submit to completion.
     pub elapsed_ns: u64,
+    /// Nanoseconds the job's blocks spent moving through the backend: from
+    /// the moment a worker started the job's first copy task to the moment
+    /// its last copy task ended (wall time, so tasks running in parallel
+    /// count once). Excludes time queued before the first task started and a
+    /// load's wait for stores in flight. 0 when no block was copied (an empty
+    /// job, a store of keys already present, a job failed before any copy).
+    pub io_ns: u64,
 }
 
 impl JobResult {
@@ -76,7 +83,13 @@ pub(crate) struct Job {
     /// Items whose copy failed (rare: a locked Vec).
     failed_items: Mutex<FailedItems>,
     bytes: AtomicU64,
+    /// When a worker first started one of the job's tasks, and when the last
+    /// one ended, in nanoseconds after `submitted` (NOT_STARTED / 0 until then).
+    io_started_ns: AtomicU64,
+    io_ended_ns: AtomicU64,
 }
+
+const NOT_STARTED: u64 = u64::MAX;
 
 impl Job {
     /// A job of `num_blocks` keys packed in `keys`, which it copies. A load
@@ -109,6 +122,8 @@ impl Job {
             failure: AtomicU64::new(NO_FAILURE),
             failed_items: Mutex::new(FailedItems::default()),
             bytes: AtomicU64::new(0),
+            io_started_ns: AtomicU64::new(NOT_STARTED),
+            io_ended_ns: AtomicU64::new(0),
         })
     }
 
@@ -170,6 +185,18 @@ impl Job {
         self.bytes.fetch_add(n, Ordering::Relaxed);
     }
 
+    /// Nanoseconds since the job was submitted.
+    pub(crate) fn age_ns(&self) -> u64 {
+        self.submitted.elapsed().as_nanos() as u64
+    }
+
+    /// Records that a task copied blocks from `started_ns` to `ended_ns`
+    /// (both [`Job::age_ns`] readings).
+    pub(crate) fn add_io_span(&self, started_ns: u64, ended_ns: u64) {
+        self.io_started_ns.fetch_min(started_ns, Ordering::Relaxed);
+        self.io_ended_ns.fetch_max(ended_ns, Ordering::Relaxed);
+    }
+
     /// Splits the items into at most `max_tasks` contiguous tasks of at least
     /// `min_items` items each, and arms the completion countdown.
     pub(crate) fn into_tasks(
@@ -211,7 +238,14 @@ impl Job {
             num_blocks: self.num_blocks,
             num_done,
             bytes: self.bytes.load(Ordering::Relaxed),
-            elapsed_ns: self.submitted.elapsed().as_nanos() as u64,
+            elapsed_ns: self.age_ns(),
+            io_ns: match self.io_started_ns.load(Ordering::Relaxed) {
+                NOT_STARTED => 0,
+                started => self
+                    .io_ended_ns
+                    .load(Ordering::Relaxed)
+                    .saturating_sub(started),
+            },
         }
     }
 }

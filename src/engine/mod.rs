@@ -19,6 +19,7 @@
 
 mod complete;
 pub(crate) mod completion;
+mod eventfd;
 mod execute;
 #[cfg(feature = "test-hooks")]
 mod hooks;
@@ -38,12 +39,14 @@ use crate::error::{bail, try_vec, Result};
 use crate::events::Event;
 use crate::index::{Index, LookupState};
 use crate::key::{check_keys, count_keys};
+use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use crate::workers::{Pool, WorkQueue};
 use hashlink::LruCache;
 use parking_lot::Mutex;
 use std::collections::HashMap;
+use std::os::fd::BorrowedFd;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -81,6 +84,10 @@ struct Shared {
     queue: WorkQueue,
     done: Completions,
     counters: Counters,
+    metrics: JobMetrics,
+    /// The `backend` and `namespace` labels of the tier's metrics.
+    backend_name: &'static str,
+    namespace: String,
     io_threads: usize,
     probe_ttl: Duration,
 }
@@ -310,6 +317,23 @@ impl Tier {
         self.shared.done.wait(timeout)
     }
 
+    /// A descriptor that is readable exactly while finished results wait to
+    /// be polled: wait on it with `poll`/`epoll`/`select` (readable: call
+    /// [`Tier::poll`]), never read, write or close it. Made on the first call
+    /// (an eventfd, non-blocking, close-on-exec), the same one afterwards,
+    /// closed when the tier is dropped. See `tier_completion_fd` for the
+    /// exact rule.
+    ///
+    /// Fails with `Io` (no descriptor left), `Alloc`, or `Shutdown` in a
+    /// forked child.
+    pub fn completion_fd(&self) -> Result<BorrowedFd<'_>> {
+        self.check_process()?;
+        let raw = self.shared.done.fd()?;
+        // SAFETY: the descriptor lives in `shared.done` until the tier drops,
+        // and the borrow cannot outlive the tier.
+        Ok(unsafe { BorrowedFd::borrow_raw(raw) })
+    }
+
     /// Blocks until every accepted job has completed and its result is queued.
     /// In a forked child: returns at once (no job can complete there; waiting
     /// would be forever).
@@ -411,6 +435,20 @@ impl Tier {
             ));
         }
         line
+    }
+
+    /// The Prometheus text exposition (format 0.0.4) of the tier's counters,
+    /// gauges and histograms (job latency and per-block I/O time by job
+    /// kind), every sample labelled `backend="memory|disk|redis"` and, when
+    /// the tier has one, `namespace="..."`. In a forked child the stats part
+    /// is all zeros, as for [`Tier::stats`].
+    pub fn metrics(&self) -> String {
+        crate::metrics::render(
+            &self.stats(),
+            &self.shared.metrics,
+            self.shared.backend_name,
+            &self.shared.namespace,
+        )
     }
 
     /// A snapshot of the counters. In a forked child: all zeros (the index

@@ -11,6 +11,7 @@ use crate::events::StoredReason;
 use crate::fork;
 use crate::index::{Admitted, Index};
 use crate::key::KeyHasher;
+use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
 use crate::stats::Counters;
 use crate::workers::{Pool, WorkQueue};
@@ -100,6 +101,9 @@ impl Tier {
             queue: WorkQueue::new(),
             done: Completions::default(),
             counters: Counters::default(),
+            metrics: JobMetrics::default(),
+            backend_name: config.backend.name(),
+            namespace: config.namespace.clone(),
             io_threads,
             probe_ttl: Duration::from_millis(config.probe_ttl_ms as u64),
         });

@@ -10,6 +10,7 @@ use crate::engine::Tier;
 use crate::error::{bail, Result};
 use crate::primary::PrimaryBuffer;
 use std::ffi::{c_char, c_void};
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// The tier behind a handle. Every export that takes a tier (except
@@ -432,6 +433,53 @@ pub unsafe extern "C" fn tier_wait(tier: *mut tier_t, timeout_ms: u32) -> tier_s
     })
 }
 
+/// A file descriptor to wait on (poll, epoll, select) for finished results:
+/// it is readable exactly while at least one result waits for
+/// tier_poll_finished.
+///
+/// The rule: when a job completes and the results queue goes from empty to
+/// not empty, the descriptor becomes readable; when a tier_poll_finished call
+/// takes the last queued result, it becomes unreadable again (the library
+/// resets it). A tier_poll_finished that leaves results queued (cap smaller
+/// than their number) leaves it readable. Both transitions happen under the
+/// queue's lock, so a result completed while the caller polls is either
+/// returned by that poll or leaves the descriptor readable: no wake-up is
+/// lost. It can be briefly readable with nothing to take only when another
+/// thread polled the results first (that poll then returns 0).
+/// Re-arming: nothing to do; wait on it again after polling. With
+/// level-triggered waits (poll, select, epoll without EPOLLET) poll once per
+/// wake-up; with EPOLLET call tier_poll_finished until it returns fewer than
+/// cap results, since no new edge comes while results remain queued.
+/// tier_wait and tier_drain work as before, independently of it, and do not
+/// change it.
+/// Returns the descriptor (>= 0): an eventfd (EFD_NONBLOCK | EFD_CLOEXEC)
+/// made by the first call, which is readable at once if results are already
+/// queued; every later call returns the same one. On failure a negative
+/// status: TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (a handle inherited across
+/// fork(), see tier_new); TIER_ERR_IO (no descriptor left: EMFILE, ENFILE);
+/// TIER_ERR_ALLOC. A failed call creates nothing; a later one may succeed.
+/// Ownership: the tier owns the descriptor and closes it in tier_free. The
+/// caller must not read, write or close it (reading it would hide results
+/// from later waits); remove it from an epoll set before tier_free.
+/// Fork: a forked child inherits the number, which still refers to the
+/// parent's eventfd: the child must not wait on it. tier_free on the
+/// inherited handle points it at /dev/null, so the child can no longer
+/// affect the parent's.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_completion_fd(tier: *mut tier_t) -> i32 {
+    or_default("tier_completion_fd", TIER_ERR_PANIC, || {
+        let fd = tier_ref(tier).and_then(|tier| tier.completion_fd());
+        match fd {
+            Ok(fd) => fd.as_raw_fd(),
+            Err(e) => {
+                boundary::record_error("tier_completion_fd", &e);
+                e.kind().code()
+            }
+        }
+    })
+}
+
 /// Blocks until every job accepted so far has completed and its result is
 /// queued for tier_poll_finished (the results are not consumed).
 ///
@@ -529,6 +577,38 @@ pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap:
         Ok(tier) => boundary::copy_text(&tier.describe(), boundary::text_out(buf, cap)),
         Err(e) => {
             boundary::record_error("tier_describe", &e);
+            0
+        }
+    })
+}
+
+/// Copies the tier's metrics into `buf` as Prometheus text (exposition
+/// format 0.0.4, what a `/metrics` endpoint serves): the counters and gauges
+/// of tier_stats (kvtier_lookups_total, kvtier_jobs_total{kind,outcome},
+/// kvtier_transferred_bytes_total{kind}, kvtier_used_bytes, ...) and two
+/// histograms by job kind (kind="store"|"load"): kvtier_job_latency_seconds
+/// (submit to completion, one observation per job) and
+/// kvtier_block_io_seconds (worker time per block moved through the backend),
+/// with fixed buckets from 100 ns to 100 s (1, 2.5, 5 per decade). Every
+/// sample carries backend="memory"|"disk"|"redis", and namespace="..." when
+/// the tier has a namespace. Each family has # HELP and # TYPE lines.
+///
+/// Returns the text's full length in bytes, excluding the NUL. Writes at most
+/// `cap - 1` bytes plus a NUL, so a return value >= `cap` means the copy was
+/// truncated: call again with a buffer of at least the returned length + 1
+/// (the length may grow between calls as counters grow). Returns 0 and writes
+/// nothing if `tier` is NULL or was inherited across fork() (see tier_new);
+/// tier_last_error then says which (the text is never empty).
+/// Recording the histograms takes no lock and allocates nothing; this call
+/// allocates the text (a few tens of KiB) and reads the counters.
+/// NULL: `buf` may be NULL (or `cap` 0) to query the length only.
+/// Threads: any thread, concurrently with other calls.
+#[no_mangle]
+pub unsafe extern "C" fn tier_metrics(tier: *mut tier_t, buf: *mut c_char, cap: usize) -> usize {
+    or_default("tier_metrics", 0, || match tier_ref(tier) {
+        Ok(tier) => boundary::copy_text(&tier.metrics(), boundary::text_out(buf, cap)),
+        Err(e) => {
+            boundary::record_error("tier_metrics", &e);
             0
         }
     })

@@ -162,6 +162,15 @@ pub struct tier_job_result_t {
     pub bytes: u64,
     /// Nanoseconds from submit to completion.
     pub elapsed_ns: u64,
+    /// Nanoseconds the job's blocks spent in backend I/O and copies on the
+    /// tier's threads: wall time from the moment a worker started the job's
+    /// first copy task to the moment its last copy task ended (tasks running
+    /// in parallel count once). Excludes time queued before the first task
+    /// started and a load's wait for stores of its keys in flight; the
+    /// "active transfer time". 0 when no block was copied (n = 0, a store
+    /// of keys already present, a job failed before any copy, such as
+    /// TIER_ERR_NO_SPACE). Never more than elapsed_ns.
+    pub io_ns: u64,
 }
 
 impl From<JobResult> for tier_job_result_t {
@@ -174,6 +183,7 @@ impl From<JobResult> for tier_job_result_t {
             num_done: r.num_done,
             bytes: r.bytes,
             elapsed_ns: r.elapsed_ns,
+            io_ns: r.io_ns,
         }
     }
 }
@@ -216,7 +226,8 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, num_done), 20);
         assert_eq!(offset_of!(tier_job_result_t, bytes), 24);
         assert_eq!(offset_of!(tier_job_result_t, elapsed_ns), 32);
-        assert_eq!(size_of::<tier_job_result_t>(), 40);
+        assert_eq!(offset_of!(tier_job_result_t, io_ns), 40);
+        assert_eq!(size_of::<tier_job_result_t>(), 48);
         assert_eq!(size_of::<tier_stats_t>(), 21 * 8);
         assert_eq!(offset_of!(tier_event_t, seq), 0);
         assert_eq!(offset_of!(tier_event_t, dropped), 8);

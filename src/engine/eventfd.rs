@@ -1,0 +1,64 @@
+//! The completion descriptor: a non-blocking eventfd that the results queue
+//! makes readable while results wait (see `Completions`). The only system
+//! calls of the completion path, when a caller has asked for the descriptor.
+
+use crate::error::{Error, ErrorKind, Result};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+pub(crate) struct EventFd(OwnedFd);
+
+impl EventFd {
+    /// A new eventfd at 0 (not readable), non-blocking and close-on-exec.
+    /// Fails with `Io` for want of descriptors, `Alloc` of kernel memory.
+    pub(crate) fn new() -> Result<EventFd> {
+        // SAFETY: no pointers; the result is checked before use.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            let err = std::io::Error::last_os_error();
+            let kind = match err.raw_os_error() {
+                Some(libc::ENOMEM) => ErrorKind::Alloc,
+                _ => ErrorKind::Io,
+            };
+            return Err(Error::new(kind, format!("eventfd: {err}")));
+        }
+        // SAFETY: `fd` was just created and is owned by nothing else.
+        Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    pub(crate) fn raw(&self) -> RawFd {
+        self.0.as_raw_fd()
+    }
+
+    /// Makes the descriptor readable. Cannot fail as used: the counter is
+    /// written only from 0 (see `Completions`), far from its limit.
+    pub(crate) fn signal(&self) {
+        let one = 1u64.to_ne_bytes();
+        // SAFETY: writes 8 bytes from a live local buffer to our descriptor.
+        let _ = unsafe { libc::write(self.raw(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Makes the descriptor unreadable again (reads the counter back to 0;
+    /// at 0 already, the non-blocking read just fails with EAGAIN).
+    pub(crate) fn reset(&self) {
+        let mut count = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a live local buffer.
+        let _ = unsafe { libc::read(self.raw(), count.as_mut_ptr().cast(), count.len()) };
+    }
+
+    /// In a forked child, which shares the eventfd with the parent: points
+    /// the descriptor at /dev/null (dup3 is atomic), so that nothing in the
+    /// child can steal or fake the parent's wake-ups, and the number stays
+    /// taken (closing it would let a later open in the child reuse a number
+    /// the tier still names). Takes no lock.
+    pub(crate) fn detach_in_forked_child(&self) {
+        // SAFETY: plain descriptor calls on a NUL-terminated path and on our
+        // own descriptor.
+        unsafe {
+            let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+            if null >= 0 {
+                libc::dup3(null, self.raw(), libc::O_CLOEXEC);
+                libc::close(null);
+            }
+        }
+    }
+}
