@@ -1,0 +1,443 @@
+//! kvtier's own connection to one server over plain TCP, speaking RESP2.
+//!
+//! Why not the crate's connection: its reader parses every reply into an
+//! owned `Value` (a 2 MiB GET reply is read into one buffer and copied into a
+//! `Vec`, which kvtier then copies into the row), and its writer packs every
+//! command, payload included, into one more buffer before the socket write.
+//! Measured on loopback, that leaves the crate alone at 0.3–0.4× of
+//! redis-benchmark's rate (see README, "The Redis backend"). This connection
+//! gives the data path (`direct`) what it needs to do neither: vectored
+//! writes from the caller's slices, reply heads parsed from a small reusable
+//! buffer, and bulk payloads read from the socket straight into a caller's
+//! slice. It also implements the crate's `ConnectionLike`, so every other
+//! command (PING, DEL, EXISTS, TOUCH, single GET/SET) keeps using the crate's
+//! command builders and reply conversions over this socket.
+//!
+//! Deadlines: a request (one command or one pipeline) gets `timeout` from its
+//! start; every socket read and write is bounded by the time left, so a
+//! server that stops answering costs at most `timeout`. Any I/O or protocol
+//! error leaves the connection unusable (`is_open` false); the pool drops it.
+
+use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Read buffer: reply heads, small replies, and whatever part of a payload
+/// arrives with them. Payloads beyond it are read straight into their row.
+const READ_BUF: usize = 64 << 10;
+/// Longest reply line (status, error, length) accepted: a longer one is a
+/// protocol error, not a reason to grow without bound.
+const MAX_LINE: usize = 16 << 10;
+/// Most commands written per `writev` call (the kernel's IOV_MAX is 1024).
+const MAX_IOV: usize = 1024;
+
+/// The first line of a reply.
+#[derive(Debug, PartialEq)]
+pub(super) enum Head {
+    /// `+OK` (told apart so that the data path's many SET replies allocate
+    /// nothing).
+    Ok,
+    /// Any other `+...`.
+    Status(String),
+    /// `-...`: the server's message (e.g. `OOM command not allowed ...`).
+    Error(String),
+    Int(i64),
+    /// `$n`: n bytes and a CRLF follow.
+    Bulk(usize),
+    /// `$-1` or `*-1`.
+    Nil,
+    /// `*n`: n replies follow.
+    Array(usize),
+}
+
+pub(super) struct RespConn {
+    stream: TcpStream,
+    /// Bytes read and not consumed yet: `buf[start..end]`.
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// Framing of the commands being sent (reused, so steady state allocates
+    /// nothing; it grows to the largest pipeline's framing, payloads excluded).
+    pub(super) out: Vec<u8>,
+    /// Offsets into `out` where the data path splices payloads (reused).
+    pub(super) cuts: Vec<usize>,
+    timeout: Duration,
+    deadline: Instant,
+    db: i64,
+    broken: bool,
+}
+
+fn protocol_error(what: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("protocol error: {}", what.into()),
+    )
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "no answer within io_timeout_ms")
+}
+
+fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection",
+    )
+}
+
+impl RespConn {
+    /// Connects to `host:port` within `timeout`, then authenticates and
+    /// selects the database as `settings` (from the URL) say.
+    pub(super) fn connect(
+        host: &str,
+        port: u16,
+        settings: &RedisConnectionInfo,
+        timeout: Duration,
+    ) -> RedisResult<RespConn> {
+        let mut last = None;
+        let mut stream = None;
+        for addr in (host, port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => {
+                return Err(
+                    io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")).into(),
+                )
+            }
+        };
+        let mut conn = RespConn::over(stream, timeout)?;
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).query::<()>(&mut conn)?;
+        }
+        if settings.db() != 0 {
+            redis::cmd("SELECT")
+                .arg(settings.db())
+                .query::<()>(&mut conn)?;
+            conn.db = settings.db();
+        }
+        Ok(conn)
+    }
+
+    /// A connection over an established stream (no handshake).
+    pub(super) fn over(stream: TcpStream, timeout: Duration) -> io::Result<RespConn> {
+        // A pipeline's last partial segment must not wait for the peer's
+        // acknowledgement of the previous ones (Nagle): milliseconds per job.
+        stream.set_nodelay(true)?;
+        Ok(RespConn {
+            stream,
+            buf: vec![0; READ_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            out: Vec::new(),
+            cuts: Vec::new(),
+            timeout,
+            deadline: Instant::now() + timeout,
+            db: 0,
+            broken: false,
+        })
+    }
+
+    /// Starts a request: its reads and writes share one deadline.
+    pub(super) fn begin(&mut self) {
+        self.deadline = Instant::now() + self.timeout;
+    }
+
+    /// Marks the connection broken when `r` is an error (whatever was half
+    /// sent or half read, the stream is out of step).
+    fn check<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            self.broken = true;
+        }
+        r
+    }
+
+    /// Time left before the deadline, or a timeout error.
+    fn left(&self) -> io::Result<Duration> {
+        let left = self.deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            Err(timed_out())
+        } else {
+            Ok(left)
+        }
+    }
+
+    /// One `read` into `dst` within the deadline; 0 bytes is an error (the
+    /// server closed the connection).
+    fn read_some(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.stream.set_read_timeout(Some(self.left()?))?;
+            match self.stream.read(dst) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(timed_out())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads more into the buffer (compacting it first when needed).
+    fn fill(&mut self) -> io::Result<()> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let got = self.read_some(&mut buf[self.end..]);
+        self.buf = buf;
+        self.end += got?;
+        Ok(())
+    }
+
+    /// Writes all of `slices` within the deadline.
+    pub(super) fn write_all_vectored(&mut self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let r = (|| {
+            // Empty slices would make a zero-length write look like progress.
+            while !slices.is_empty() {
+                self.stream.set_write_timeout(Some(self.left()?))?;
+                let upto = slices.len().min(MAX_IOV);
+                match self.stream.write_vectored(&slices[..upto]) {
+                    Ok(0) => return Err(closed()),
+                    Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        return Err(timed_out())
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })();
+        self.check(r)
+    }
+
+    /// Writes `out` (the framed commands) within the deadline.
+    pub(super) fn send_out(&mut self) -> io::Result<()> {
+        let out = std::mem::take(&mut self.out);
+        let r = self.write_all_vectored(&mut [IoSlice::new(&out)]);
+        self.out = out;
+        r
+    }
+
+    /// Reads the next reply's first line.
+    pub(super) fn read_head(&mut self) -> io::Result<Head> {
+        let r = self.read_head_inner();
+        self.check(r)
+    }
+
+    fn read_head_inner(&mut self) -> io::Result<Head> {
+        let mut scanned = 0;
+        let line_end = loop {
+            let pending = &self.buf[self.start..self.end];
+            if let Some(at) = pending[scanned..].windows(2).position(|w| w == b"\r\n") {
+                break self.start + scanned + at;
+            }
+            if pending.len() > MAX_LINE {
+                return Err(protocol_error("reply line too long"));
+            }
+            scanned = pending.len().saturating_sub(1);
+            self.fill()?;
+        };
+        let line = &self.buf[self.start..line_end];
+        self.start = line_end + 2;
+        let Some((&kind, rest)) = line.split_first() else {
+            return Err(protocol_error("empty reply line"));
+        };
+        let number = || -> io::Result<i64> {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    protocol_error(format!(
+                        "bad length {:?}",
+                        String::from_utf8_lossy(&rest[..rest.len().min(32)])
+                    ))
+                })
+        };
+        Ok(match kind {
+            b'+' if rest == b"OK" => Head::Ok,
+            b'+' => Head::Status(String::from_utf8_lossy(rest).into_owned()),
+            b'-' => Head::Error(String::from_utf8_lossy(rest).into_owned()),
+            b':' => Head::Int(number()?),
+            b'$' | b'*' => match number()? {
+                -1 => Head::Nil,
+                n if n < 0 => return Err(protocol_error(format!("length {n}"))),
+                n if kind == b'$' => Head::Bulk(n as usize),
+                n => Head::Array(n as usize),
+            },
+            other => {
+                return Err(protocol_error(format!(
+                    "unexpected reply type {:?}",
+                    other as char
+                )))
+            }
+        })
+    }
+
+    /// Reads exactly `dst.len()` bytes of a bulk payload into `dst`: what the
+    /// buffer holds is copied, the rest is read from the socket straight
+    /// into `dst`.
+    pub(super) fn read_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let buffered = (self.end - self.start).min(dst.len());
+        dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        let mut at = buffered;
+        while at < dst.len() {
+            let r = self.read_some(&mut dst[at..]);
+            at += self.check(r)?;
+        }
+        Ok(())
+    }
+
+    /// Consumes `n` bytes (a payload not wanted).
+    pub(super) fn skip(&mut self, mut n: usize) -> io::Result<()> {
+        loop {
+            let buffered = (self.end - self.start).min(n);
+            self.start += buffered;
+            n -= buffered;
+            if n == 0 {
+                return Ok(());
+            }
+            let r = self.fill();
+            self.check(r)?;
+        }
+    }
+
+    /// Consumes the CRLF that ends a bulk payload.
+    pub(super) fn read_crlf(&mut self) -> io::Result<()> {
+        let mut crlf = [0u8; 2];
+        self.read_into(&mut crlf)?;
+        if crlf != *b"\r\n" {
+            return self.check(Err(protocol_error("bulk string not ended by CRLF")));
+        }
+        Ok(())
+    }
+
+    /// Reads one whole reply as the crate's `Value`.
+    pub(super) fn read_value(&mut self) -> io::Result<Value> {
+        Ok(match self.read_head()? {
+            Head::Ok => Value::Okay,
+            Head::Status(text) => Value::SimpleString(text),
+            Head::Error(message) => {
+                // The crate's own parser builds its error values (with their
+                // codes: MOVED, WRONGPASS, ...) from the reply line.
+                let line = format!("-{message}\r\n");
+                match redis::parse_redis_value(line.as_bytes()) {
+                    Ok(value) => value,
+                    Err(e) => return self.check(Err(protocol_error(e.to_string()))),
+                }
+            }
+            Head::Int(n) => Value::Int(n),
+            Head::Nil => Value::Nil,
+            Head::Bulk(n) => {
+                let mut v = vec![0; n];
+                self.read_into(&mut v)?;
+                self.read_crlf()?;
+                Value::BulkString(v)
+            }
+            Head::Array(n) => {
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(self.read_value()?);
+                }
+                Value::Array(items)
+            }
+        })
+    }
+
+    /// A reply the caller cannot have asked for: the stream is out of step,
+    /// the connection is done.
+    pub(super) fn unexpected(&mut self, what: String) -> io::Error {
+        self.broken = true;
+        protocol_error(what)
+    }
+}
+
+/// `*<argc>\r\n`: a command's opening.
+pub(super) fn frame_command(out: &mut Vec<u8>, argc: usize) {
+    write!(out, "*{argc}\r\n").expect("into memory");
+}
+
+/// `$<len>\r\n`: a bulk argument's opening (its bytes and a CRLF follow).
+pub(super) fn frame_bulk_len(out: &mut Vec<u8>, len: usize) {
+    write!(out, "${len}\r\n").expect("into memory");
+}
+
+/// A whole bulk argument.
+pub(super) fn frame_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    frame_bulk_len(out, arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+impl ConnectionLike for RespConn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        Ok(self
+            .req_packed_commands(cmd, 0, 1)?
+            .pop()
+            .expect("one reply"))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        if self.broken {
+            return Err(closed().into());
+        }
+        self.begin();
+        self.write_all_vectored(&mut [IoSlice::new(cmd)])?;
+        let mut replies = Vec::with_capacity(count);
+        for i in 0..offset + count {
+            let reply = self.read_value()?;
+            if i >= offset {
+                replies.push(reply);
+            }
+        }
+        Ok(replies)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken
+    }
+}
