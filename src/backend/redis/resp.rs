@@ -441,3 +441,172 @@ impl ConnectionLike for RespConn {
         !self.broken
     }
 }
+
+/// A one-connection fake server for the unit tests of this file and
+/// `direct`: it reads `expect` request bytes, then writes `reply` in the
+/// given pieces (a pause between them, so the client sees partial reads),
+/// then closes or, with `hang`, keeps the socket open and silent.
+#[cfg(test)]
+pub(super) mod fake {
+    use super::RespConn;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    pub(in crate::backend::redis) struct Server {
+        /// The request bytes it received.
+        pub received: JoinHandle<Vec<u8>>,
+    }
+
+    pub(in crate::backend::redis) fn serve(
+        expect: usize,
+        reply: Vec<Vec<u8>>,
+        hang: bool,
+        timeout: Duration,
+    ) -> (RespConn, Server) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut got = vec![0u8; expect];
+            s.read_exact(&mut got).unwrap();
+            for piece in reply {
+                s.write_all(&piece).unwrap();
+                s.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if hang {
+                std::thread::sleep(timeout * 3);
+            }
+            got
+        });
+        let stream = TcpStream::connect(addr).unwrap();
+        (
+            RespConn::over(stream, timeout).unwrap(),
+            Server { received },
+        )
+    }
+
+    /// `bytes` one byte per piece.
+    pub(in crate::backend::redis) fn bytewise(bytes: &[u8]) -> Vec<Vec<u8>> {
+        bytes.iter().map(|&b| vec![b]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{bytewise, serve};
+    use super::*;
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_millis(300);
+
+    fn ask(conn: &mut RespConn, cmd: &[u8]) -> io::Result<()> {
+        conn.begin();
+        conn.write_all_vectored(&mut [IoSlice::new(cmd)])
+    }
+
+    #[test]
+    fn replies_split_into_single_bytes_parse() {
+        let reply = b"+OK\r\n+PONG\r\n-ERR no\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*2\r\n$0\r\n\r\n*-1\r\n";
+        let (mut c, server) = serve(4, bytewise(reply), false, T);
+        ask(&mut c, b"ping").unwrap();
+        assert_eq!(c.read_head().unwrap(), Head::Ok);
+        assert_eq!(c.read_head().unwrap(), Head::Status("PONG".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Error("ERR no".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Int(-42));
+        // A payload holding CRLF is read by its length, not up to a CRLF.
+        assert_eq!(c.read_value().unwrap(), Value::BulkString(b"he\r\no".to_vec()));
+        assert_eq!(c.read_head().unwrap(), Head::Nil);
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::Array(vec![Value::BulkString(Vec::new()), Value::Nil])
+        );
+        assert!(c.is_open());
+        assert_eq!(server.received.join().unwrap(), b"ping");
+    }
+
+    #[test]
+    fn server_errors_keep_their_codes_through_the_crate() {
+        let reply = b"-WRONGPASS invalid username-password pair\r\n-MOVED 3999 127.0.0.1:6381\r\n";
+        let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
+        let e = redis::cmd("AUTH").arg("pw").query::<()>(&mut c).unwrap_err();
+        assert_eq!(e.code(), Some("WRONGPASS"), "{e}");
+        // The connection survives a server's error reply.
+        assert!(c.is_open());
+        let e = redis::cmd("GET").arg("k").query::<Option<Vec<u8>>>(&mut c).unwrap_err();
+        assert_eq!(e.code(), Some("MOVED"), "{e}");
+    }
+
+    #[test]
+    fn bulk_payloads_go_straight_into_the_destination() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let mut reply = format!("${}\r\n", payload.len()).into_bytes();
+        reply.extend_from_slice(&payload);
+        reply.extend_from_slice(b"\r\n:1\r\n");
+        // Larger than the read buffer, in uneven pieces.
+        let pieces = reply.chunks(70_001).map(<[u8]>::to_vec).collect();
+        let (mut c, _server) = serve(0, pieces, false, Duration::from_secs(5));
+        c.begin();
+        assert_eq!(c.read_head().unwrap(), Head::Bulk(payload.len()));
+        let mut dst = vec![0u8; payload.len()];
+        c.read_into(&mut dst).unwrap();
+        c.read_crlf().unwrap();
+        assert!(dst == payload);
+        assert_eq!(c.read_head().unwrap(), Head::Int(1));
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors_that_close_the_connection() {
+        let cases: [&[u8]; 6] = [
+            b"$abc\r\n",
+            b"$-5\r\n",
+            b"$3\r\nhelloX\r\n",
+            b"!3\r\nabc\r\n",
+            b"\r\n",
+            b"%1\r\n",
+        ];
+        for reply in cases {
+            let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
+            c.begin();
+            let r = c.read_value();
+            let e = r.expect_err(&String::from_utf8_lossy(reply));
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(!c.is_open(), "{}", String::from_utf8_lossy(reply));
+        }
+    }
+
+    #[test]
+    fn a_line_without_end_is_refused_not_buffered_forever() {
+        let (mut c, _server) = serve(0, vec![vec![b'+'; MAX_LINE + 10]], true, T);
+        c.begin();
+        let e = c.read_head().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn a_server_closing_mid_reply_is_an_error_not_a_hang() {
+        let (mut c, _server) = serve(0, vec![b"$10\r\nhel".to_vec()], false, Duration::from_secs(10));
+        let started = Instant::now();
+        let e = redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut c).unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
+        assert!(!c.is_open());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // A broken connection refuses further requests at once.
+        assert!(redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn a_silent_server_costs_the_deadline_once() {
+        // Half a reply, then silence: the whole request is bounded, not each read.
+        let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
+        let (mut c, _server) = serve(0, pieces, true, T);
+        let started = Instant::now();
+        let e = redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut c).unwrap_err();
+        let took = started.elapsed();
+        assert!(e.is_timeout(), "{e}");
+        assert!(took >= T && took < T * 3, "{took:?}");
+        assert!(!c.is_open());
+    }
+}
