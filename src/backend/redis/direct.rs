@@ -208,3 +208,154 @@ fn read_block(
         Ok(_) => Fetched::Good,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::resp::fake::serve;
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_secs(5);
+
+    fn layout(block_bytes: usize, ttl_s: u64) -> Layout<'static> {
+        Layout {
+            name_prefix: "p:00ff:b4:",
+            namespace_fp: 0xff,
+            block_bytes,
+            ttl_s,
+        }
+    }
+
+    fn block(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(seed)).collect()
+    }
+
+    fn value(l: &Layout, key: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        format::write_value(&mut v, l.namespace_fp, key, payload).unwrap();
+        v
+    }
+
+    fn bulk(v: &[u8]) -> Vec<u8> {
+        let mut out = format!("${}\r\n", v.len()).into_bytes();
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    #[test]
+    fn sets_are_sent_as_the_crate_would_frame_them() {
+        // Blocks over WRITE_CHUNK: the pipeline goes out in several writes.
+        let l = layout(300_000, 60);
+        let payloads = [
+            block(3, l.block_bytes),
+            block(5, l.block_bytes),
+            block(7, l.block_bytes),
+        ];
+        let keys: [&[u8]; 3] = [b"k1", b"key two", &[0xab; 120]];
+        let mut expected = Vec::new();
+        for (key, payload) in keys.iter().zip(&payloads) {
+            let name = format::key_name(l.name_prefix, key);
+            let cmd = redis::cmd("SET")
+                .arg(name)
+                .arg(value(&l, key, payload))
+                .arg("EX")
+                .arg(60)
+                .get_packed_command();
+            expected.extend_from_slice(&cmd);
+        }
+        let reply = b"+OK\r\n-OOM command not allowed\r\n+OK\r\n".to_vec();
+        let (mut conn, server) = serve(expected.len(), vec![reply], false, T);
+        let blocks: Vec<(u32, &[u8], &[u8])> = keys
+            .iter()
+            .zip(&payloads)
+            .map(|(k, p)| (0, *k, p.as_slice()))
+            .collect();
+        let mut replies = Vec::new();
+        set_pipeline(&mut conn, &l, &blocks, &mut replies).unwrap();
+        assert_eq!(
+            replies,
+            vec![Ok(()), Err("OOM command not allowed".into()), Ok(())]
+        );
+        assert!(server.received.join().unwrap() == expected);
+    }
+
+    #[test]
+    fn gets_land_in_rows_and_each_reply_is_judged() {
+        let l = layout(4096, 0);
+        let keys: [&[u8]; 7] = [
+            b"good", b"nil", b"err", b"short", b"damaged", b"other", b"long",
+        ];
+        let good = block(9, 4096);
+        let mut damaged = value(&l, b"damaged", &good);
+        *damaged.last_mut().unwrap() ^= 1;
+        let mut long = value(&l, b"long", &good);
+        long.push(0);
+        let replies = [
+            bulk(&value(&l, b"good", &good)),
+            b"$-1\r\n".to_vec(),
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n".to_vec(),
+            bulk(b"garbage"),
+            bulk(&damaged),
+            bulk(&value(&l, b"not-me", &good)),
+            bulk(&long),
+        ]
+        .concat();
+        let request_len: usize = keys
+            .iter()
+            .map(|k| {
+                redis::cmd("GET")
+                    .arg(format::key_name(l.name_prefix, k))
+                    .get_packed_command()
+                    .len()
+            })
+            .sum();
+        let pieces = replies.chunks(1000).map(<[u8]>::to_vec).collect();
+        let (mut conn, _server) = serve(request_len, pieces, false, T);
+        let mut rows = vec![vec![0u8; 4096]; keys.len()];
+        let mut blocks: Vec<(u32, &[u8], &mut [u8])> = keys
+            .iter()
+            .zip(rows.iter_mut())
+            .map(|(k, r)| (0, *k, r.as_mut_slice()))
+            .collect();
+        let mut fetched = Vec::new();
+        get_pipeline(&mut conn, &l, &mut blocks, &mut fetched).unwrap();
+        assert_eq!(fetched[0], Fetched::Good);
+        assert_eq!(fetched[1], Fetched::Missing);
+        assert!(matches!(&fetched[2], Fetched::Refused(m) if m.starts_with("WRONGTYPE")));
+        assert_eq!(
+            fetched[3],
+            Fetched::Bad("value of 7 bytes is too short".into())
+        );
+        assert_eq!(fetched[4], Fetched::Recheck);
+        assert_eq!(fetched[5], Fetched::Bad("header names another key".into()));
+        let wrong_length = format!("value of {} bytes for a block of 4096", long.len());
+        assert_eq!(fetched[6], Fetched::Bad(wrong_length));
+        assert!(rows[0] == good);
+        assert!(conn.is_open_for_tests());
+    }
+
+    #[test]
+    fn a_reply_cut_mid_payload_fails_the_pipeline_and_the_connection() {
+        let l = layout(100_000, 0);
+        let payload = block(3, l.block_bytes);
+        let whole = bulk(&value(&l, b"k", &payload));
+        let request_len = redis::cmd("GET")
+            .arg(format::key_name(l.name_prefix, b"k"))
+            .get_packed_command()
+            .len();
+        let (mut conn, _server) = serve(request_len, vec![whole[..50_000].to_vec()], false, T);
+        let mut row = vec![0u8; l.block_bytes];
+        let mut blocks = [(0u32, &b"k"[..], row.as_mut_slice())];
+        let mut fetched = Vec::new();
+        let e = get_pipeline(&mut conn, &l, &mut blocks, &mut fetched).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
+        assert!(!conn.is_open_for_tests());
+    }
+}

@@ -15,7 +15,9 @@
 //!
 //! Deadlines: a request (one command or one pipeline) gets `timeout` from its
 //! start; every socket read and write is bounded by the time left, so a
-//! server that stops answering costs at most `timeout`. Any I/O or protocol
+//! server that stops answering costs at most `timeout` (plus an eighth: the
+//! socket's timeout is re-armed only when the one set would overrun the
+//! deadline by more than that, which spares a system call per read). Any I/O or protocol
 //! error leaves the connection unusable (`is_open` false); the pool drops it.
 
 use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
@@ -64,6 +66,9 @@ pub(super) struct RespConn {
     pub(super) cuts: Vec<usize>,
     timeout: Duration,
     deadline: Instant,
+    /// The socket timeouts set last (see `arm`).
+    read_armed: Option<Duration>,
+    write_armed: Option<Duration>,
     db: i64,
     broken: bool,
 }
@@ -146,6 +151,8 @@ impl RespConn {
             cuts: Vec::new(),
             timeout,
             deadline: Instant::now() + timeout,
+            read_armed: None,
+            write_armed: None,
             db: 0,
             broken: false,
         })
@@ -165,21 +172,39 @@ impl RespConn {
         r
     }
 
-    /// Time left before the deadline, or a timeout error.
-    fn left(&self) -> io::Result<Duration> {
-        let left = self.deadline.saturating_duration_since(Instant::now());
+    /// Bounds the next read (or write) by the deadline: a timeout error when
+    /// it has passed; else the socket's timeout is set to the time left,
+    /// unless the one set before is no shorter (no early timeout) and longer
+    /// by at most an eighth of `timeout` (a bounded overrun).
+    fn arm(&mut self, read: bool) -> io::Result<()> {
+        let now = Instant::now();
+        let left = self.deadline.saturating_duration_since(now);
         if left.is_zero() {
-            Err(timed_out())
-        } else {
-            Ok(left)
+            return Err(timed_out());
         }
+        let armed = if read {
+            &mut self.read_armed
+        } else {
+            &mut self.write_armed
+        };
+        let slack = self.timeout / 8;
+        if armed.is_some_and(|t| left <= t && t <= left + slack) {
+            return Ok(());
+        }
+        if read {
+            self.stream.set_read_timeout(Some(left))?;
+        } else {
+            self.stream.set_write_timeout(Some(left))?;
+        }
+        *armed = Some(left);
+        Ok(())
     }
 
     /// One `read` into `dst` within the deadline; 0 bytes is an error (the
     /// server closed the connection).
     fn read_some(&mut self, dst: &mut [u8]) -> io::Result<usize> {
         loop {
-            self.stream.set_read_timeout(Some(self.left()?))?;
+            self.arm(true)?;
             match self.stream.read(dst) {
                 Ok(0) => return Err(closed()),
                 Ok(n) => return Ok(n),
@@ -219,7 +244,7 @@ impl RespConn {
         let r = (|| {
             // Empty slices would make a zero-length write look like progress.
             while !slices.is_empty() {
-                self.stream.set_write_timeout(Some(self.left()?))?;
+                self.arm(false)?;
                 let upto = slices.len().min(MAX_IOV);
                 match self.stream.write_vectored(&slices[..upto]) {
                     Ok(0) => return Err(closed()),
@@ -509,7 +534,8 @@ mod tests {
 
     #[test]
     fn replies_split_into_single_bytes_parse() {
-        let reply = b"+OK\r\n+PONG\r\n-ERR no\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*2\r\n$0\r\n\r\n*-1\r\n";
+        let reply =
+            b"+OK\r\n+PONG\r\n-ERR no\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*2\r\n$0\r\n\r\n*-1\r\n";
         let (mut c, server) = serve(4, bytewise(reply), false, T);
         ask(&mut c, b"ping").unwrap();
         assert_eq!(c.read_head().unwrap(), Head::Ok);
@@ -517,7 +543,10 @@ mod tests {
         assert_eq!(c.read_head().unwrap(), Head::Error("ERR no".into()));
         assert_eq!(c.read_head().unwrap(), Head::Int(-42));
         // A payload holding CRLF is read by its length, not up to a CRLF.
-        assert_eq!(c.read_value().unwrap(), Value::BulkString(b"he\r\no".to_vec()));
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::BulkString(b"he\r\no".to_vec())
+        );
         assert_eq!(c.read_head().unwrap(), Head::Nil);
         assert_eq!(
             c.read_value().unwrap(),
@@ -531,11 +560,17 @@ mod tests {
     fn server_errors_keep_their_codes_through_the_crate() {
         let reply = b"-WRONGPASS invalid username-password pair\r\n-MOVED 3999 127.0.0.1:6381\r\n";
         let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
-        let e = redis::cmd("AUTH").arg("pw").query::<()>(&mut c).unwrap_err();
+        let e = redis::cmd("AUTH")
+            .arg("pw")
+            .query::<()>(&mut c)
+            .unwrap_err();
         assert_eq!(e.code(), Some("WRONGPASS"), "{e}");
         // The connection survives a server's error reply.
         assert!(c.is_open());
-        let e = redis::cmd("GET").arg("k").query::<Option<Vec<u8>>>(&mut c).unwrap_err();
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Option<Vec<u8>>>(&mut c)
+            .unwrap_err();
         assert_eq!(e.code(), Some("MOVED"), "{e}");
     }
 
@@ -587,9 +622,17 @@ mod tests {
 
     #[test]
     fn a_server_closing_mid_reply_is_an_error_not_a_hang() {
-        let (mut c, _server) = serve(0, vec![b"$10\r\nhel".to_vec()], false, Duration::from_secs(10));
+        let (mut c, _server) = serve(
+            0,
+            vec![b"$10\r\nhel".to_vec()],
+            false,
+            Duration::from_secs(10),
+        );
         let started = Instant::now();
-        let e = redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut c).unwrap_err();
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Vec<u8>>(&mut c)
+            .unwrap_err();
         assert!(e.is_connection_dropped(), "{e}");
         assert!(!c.is_open());
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -603,10 +646,20 @@ mod tests {
         let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
         let (mut c, _server) = serve(0, pieces, true, T);
         let started = Instant::now();
-        let e = redis::cmd("GET").arg("k").query::<Vec<u8>>(&mut c).unwrap_err();
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Vec<u8>>(&mut c)
+            .unwrap_err();
         let took = started.elapsed();
         assert!(e.is_timeout(), "{e}");
         assert!(took >= T && took < T * 3, "{took:?}");
         assert!(!c.is_open());
+    }
+}
+
+#[cfg(test)]
+impl RespConn {
+    pub(super) fn is_open_for_tests(&self) -> bool {
+        !self.broken
     }
 }
