@@ -23,6 +23,9 @@ pub struct Results {
     pub blocks: usize,
     /// The server's bound, one per repetition.
     pub servers: Vec<Bound>,
+    /// SET GB/s on fresh keys at the tier's shape, one per repetition (only
+    /// on a server started here: it leaves keys of redis-benchmark's naming).
+    pub fresh_set_gbps: Vec<f64>,
     /// GB/s per repetition; client and tier entries of one index ran side by side.
     pub client_store_gbps: Vec<f64>,
     pub client_load_gbps: Vec<f64>,
@@ -69,6 +72,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         block,
         blocks: n,
         servers: Vec::new(),
+        fresh_set_gbps: Vec::new(),
         client_store_gbps: Vec::new(),
         client_load_gbps: Vec::new(),
         store_gbps: Vec::new(),
@@ -81,6 +85,12 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     for rep in 0..p.repeat {
         r.servers
             .push(benchmark::run(server, block + HEADER, requests, &shapes)?);
+        if server.started_here().is_some() {
+            let rps =
+                benchmark::fresh_set_rps(server, block + HEADER, n, p.window, p.job_blocks)?;
+            r.fresh_set_gbps.push(rps * block as f64 / 1e9);
+            server.delete_prefix("key:")?;
+        }
         progress.add(shapes.len() as u64);
         // A new tier (and key prefix) per repetition: a tier skips stores of
         // keys it holds, so each repetition stores into an empty keyspace.
@@ -249,11 +259,33 @@ impl Results {
                 target,
             );
         }
+        if !self.fresh_set_gbps.is_empty() {
+            out.row(
+                format!("{label} server SET, fresh keys"),
+                median(&self.fresh_set_gbps),
+                "GB/s",
+                format!(
+                    "redis-benchmark -r (a new key per SET) at {}x{}: tier store {}x of it (paired); min {} max {}",
+                    p.window,
+                    p.job_blocks,
+                    num(paired_ratio(&self.fresh_set_gbps, &self.store_gbps)),
+                    num(min(&self.fresh_set_gbps)),
+                    num(max(&self.fresh_set_gbps))
+                ),
+            );
+        }
         let k = |key: &str| format!("{key}{suffix}");
         out.field(&k("block_bytes"), self.block);
         out.field(&k("blocks"), self.blocks);
         out.field(&k("server_set_gbps"), server_set);
         out.field(&k("server_get_gbps"), server_get);
+        if !self.fresh_set_gbps.is_empty() {
+            out.field(&k("server_fresh_set_gbps"), median(&self.fresh_set_gbps));
+            out.field(
+                &k("store_over_fresh_set"),
+                paired_ratio(&self.fresh_set_gbps, &self.store_gbps),
+            );
+        }
         out.field(&k("client_store_gbps"), median(&self.client_store_gbps));
         out.field(&k("client_load_gbps"), median(&self.client_load_gbps));
         out.field(&k("store_gbps"), median(&self.store_gbps));
@@ -270,6 +302,7 @@ impl Results {
                 "client_store_gbps": self.client_store_gbps,
                 "client_load_gbps": self.client_load_gbps,
                 "server_bounds": self.servers,
+                "server_fresh_set_gbps": self.fresh_set_gbps,
             }),
         );
         if suffix.is_empty() {
