@@ -1,7 +1,9 @@
-//! Redis backend, bandwidth at one block size: the server's bound
-//! (redis-benchmark), then repetitions in which the client crate's passes and
-//! the tier's alternate (ABBA) on the same server, every byte the tier loads
-//! verified after each repetition; and how those figures are reported.
+//! Redis backend, bandwidth at one block size: repetitions, each of which
+//! measures the server's bound (redis-benchmark) and then alternates the
+//! client crate's passes and the tier's (ABBA) on the same server, every byte
+//! the tier loads verified after each repetition; and how those figures are
+//! reported. The ratios to the server are paired per repetition: on a shared
+//! machine the bound drifts as much as the tier does.
 
 use super::benchmark::{self, Bound};
 use super::client::{self, HEADER};
@@ -19,7 +21,11 @@ pub struct Results {
     pub describe: String,
     pub block: usize,
     pub blocks: usize,
-    pub server: Bound,
+    /// The server's bound, one per repetition.
+    pub servers: Vec<Bound>,
+    /// SET GB/s on fresh keys at the tier's shape, one per repetition (only
+    /// on a server started here: it leaves keys of redis-benchmark's naming).
+    pub fresh_set_gbps: Vec<f64>,
     /// GB/s per repetition; client and tier entries of one index ran side by side.
     pub client_store_gbps: Vec<f64>,
     pub client_load_gbps: Vec<f64>,
@@ -46,15 +52,6 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         .max()
         .unwrap_or(1)
         .max(n);
-    let mut progress = Progress::new(
-        p.progress,
-        format!("redis {label}: redis-benchmark"),
-        shapes.len() as u64,
-    );
-    let bound = benchmark::run(server, block + HEADER, requests, &shapes)?;
-    progress.add(shapes.len() as u64);
-    progress.finish();
-
     // Every job in flight and every client thread has rows of its own.
     let rows = n.min(256).max(p.window * p.job_blocks);
     let primary = Primary::new(rows, block)?;
@@ -68,13 +65,14 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     let mut progress = Progress::new(
         p.progress,
         format!("redis {label} bandwidth"),
-        (p.repeat * 5 * n) as u64,
+        (p.repeat * (5 * n + shapes.len())) as u64,
     );
     let mut r = Results {
         describe: String::new(),
         block,
         blocks: n,
-        server: bound,
+        servers: Vec::new(),
+        fresh_set_gbps: Vec::new(),
         client_store_gbps: Vec::new(),
         client_load_gbps: Vec::new(),
         store_gbps: Vec::new(),
@@ -85,6 +83,15 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     let gbps = |secs: f64| (n * block) as f64 / secs / 1e9;
     let conns = p.client_connections();
     for rep in 0..p.repeat {
+        r.servers
+            .push(benchmark::run(server, block + HEADER, requests, &shapes)?);
+        if server.started_here().is_some() {
+            let rps =
+                benchmark::fresh_set_rps(server, block + HEADER, n, p.window, p.job_blocks)?;
+            r.fresh_set_gbps.push(rps * block as f64 / 1e9);
+            server.delete_prefix("key:")?;
+        }
+        progress.add(shapes.len() as u64);
         // A new tier (and key prefix) per repetition: a tier skips stores of
         // keys it holds, so each repetition stores into an empty keyspace.
         let prefix = format!("{}-b{block}-r{rep}", p.prefix);
@@ -145,14 +152,14 @@ impl Results {
         out.line(
             "bandwidth",
             format!(
-                "{} blocks of {label} ({} values), {}-block jobs, {} in flight, {} repetitions, client and tier passes alternating; redis-benchmark: {} requests per setting, settings {}",
+                "{} blocks of {label} ({} values), {}-block jobs, {} in flight, {} repetitions, each: redis-benchmark, then client and tier passes alternating; redis-benchmark: {} requests per setting, settings {}",
                 self.blocks,
                 size(self.block + HEADER),
                 p.job_blocks,
                 p.window,
                 p.repeat,
-                self.server.requests,
-                self.server
+                self.servers[0].requests,
+                self.servers[0]
                     .runs
                     .iter()
                     .map(|r| format!("{}x{}", r.clients, r.pipeline))
@@ -160,18 +167,36 @@ impl Results {
                     .join(" ")
             ),
         );
-        let server_set = self.server.set_gbps(self.block);
-        let server_get = self.server.get_gbps(self.block);
+        let server_sets: Vec<f64> = self
+            .servers
+            .iter()
+            .map(|b| b.set_gbps(self.block))
+            .collect();
+        let server_gets: Vec<f64> = self
+            .servers
+            .iter()
+            .map(|b| b.get_gbps(self.block))
+            .collect();
+        let (server_set, server_get) = (median(&server_sets), median(&server_gets));
+        let best = |pick: fn(&Bound) -> &String| {
+            self.servers
+                .iter()
+                .map(|b| pick(b).as_str())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let (set_best, get_best) = (best(|b| &b.set_best), best(|b| &b.get_best));
         let store_client = paired_ratio(&self.client_store_gbps, &self.store_gbps);
         let load_client = paired_ratio(&self.client_load_gbps, &self.load_gbps);
-        let store_server = median(&self.store_gbps) / server_set;
-        let load_server = median(&self.load_gbps) / server_get;
+        let store_server = paired_ratio(&server_sets, &self.store_gbps);
+        let load_server = paired_ratio(&server_gets, &self.load_gbps);
         let dirs = [
             (
                 "SET",
                 "store",
                 server_set,
-                &self.server.set_best,
+                &server_sets,
+                &set_best,
                 &self.client_store_gbps,
                 &self.store_gbps,
                 store_server,
@@ -182,7 +207,8 @@ impl Results {
                 "GET",
                 "load",
                 server_get,
-                &self.server.get_best,
+                &server_gets,
+                &get_best,
                 &self.client_load_gbps,
                 &self.load_gbps,
                 load_server,
@@ -190,20 +216,26 @@ impl Results {
                 load_target,
             ),
         ];
-        for (cmd, name, server, best, client, tier, over_server, over_client, target) in dirs {
+        for (cmd, name, server, servers, best, client, tier, over_server, over_client, target) in
+            dirs
+        {
             out.row(
                 format!("{label} server bound {cmd}"),
                 server,
                 "GB/s",
-                format!("redis-benchmark, best setting {best} (clients x pipeline)"),
+                format!(
+                    "redis-benchmark, median of the repetitions' best settings ({best}, clients x pipeline); min {} max {}",
+                    num(min(servers)),
+                    num(max(servers))
+                ),
             );
             out.row(
                 format!("{label} client crate {cmd}"),
                 median(client),
                 "GB/s",
                 format!(
-                    "{}x server; median, min {} max {}",
-                    num(median(client) / server),
+                    "{}x server (paired); median, min {} max {}",
+                    num(paired_ratio(servers, client)),
                     num(min(client)),
                     num(max(client))
                 ),
@@ -213,7 +245,7 @@ impl Results {
                 median(tier),
                 "GB/s",
                 format!(
-                    "{}x server, {}x client (paired); min {} max {}",
+                    "{}x server, {}x client (both paired); min {} max {}",
                     num(over_server),
                     num(over_client),
                     num(min(tier)),
@@ -227,11 +259,33 @@ impl Results {
                 target,
             );
         }
+        if !self.fresh_set_gbps.is_empty() {
+            out.row(
+                format!("{label} server SET, fresh keys"),
+                median(&self.fresh_set_gbps),
+                "GB/s",
+                format!(
+                    "redis-benchmark -r (a new key per SET) at {}x{}: tier store {}x of it (paired); min {} max {}",
+                    p.window,
+                    p.job_blocks,
+                    num(paired_ratio(&self.fresh_set_gbps, &self.store_gbps)),
+                    num(min(&self.fresh_set_gbps)),
+                    num(max(&self.fresh_set_gbps))
+                ),
+            );
+        }
         let k = |key: &str| format!("{key}{suffix}");
         out.field(&k("block_bytes"), self.block);
         out.field(&k("blocks"), self.blocks);
         out.field(&k("server_set_gbps"), server_set);
         out.field(&k("server_get_gbps"), server_get);
+        if !self.fresh_set_gbps.is_empty() {
+            out.field(&k("server_fresh_set_gbps"), median(&self.fresh_set_gbps));
+            out.field(
+                &k("store_over_fresh_set"),
+                paired_ratio(&self.fresh_set_gbps, &self.store_gbps),
+            );
+        }
         out.field(&k("client_store_gbps"), median(&self.client_store_gbps));
         out.field(&k("client_load_gbps"), median(&self.client_load_gbps));
         out.field(&k("store_gbps"), median(&self.store_gbps));
@@ -247,7 +301,8 @@ impl Results {
                 "load_gbps": self.load_gbps,
                 "client_store_gbps": self.client_store_gbps,
                 "client_load_gbps": self.client_load_gbps,
-                "server_bound": self.server,
+                "server_bounds": self.servers,
+                "server_fresh_set_gbps": self.fresh_set_gbps,
             }),
         );
         if suffix.is_empty() {

@@ -108,6 +108,38 @@ pub fn run(
     })
 }
 
+/// SET requests/s with every request on its own key (`-r`: keys drawn from
+/// 10^12, so practically never repeated), at `clients` x `pipeline`: what
+/// storing new blocks costs the server (fresh memory), which the best-case
+/// bound above (one key overwritten) never pays. Leaves `key:*` keys behind.
+pub fn fresh_set_rps(
+    server: &Server,
+    value_bytes: usize,
+    requests: usize,
+    clients: usize,
+    pipeline: usize,
+) -> Result<f64, String> {
+    let out = Command::new("redis-benchmark")
+        .args(["-h", &server.host, "-p", &server.port.to_string()])
+        .args(["-t", "set", "-d", &value_bytes.to_string()])
+        .args(["-r", "1000000000000"])
+        .args(["-n", &requests.to_string()])
+        .args(["-P", &pipeline.to_string()])
+        .args(["-c", &clients.to_string()])
+        .args(["-q", "--csv"])
+        .output()
+        .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        return Err(format!(
+            "redis-benchmark -r -c {clients} -P {pipeline} failed ({}): {}",
+            out.status,
+            text.trim()
+        ));
+    }
+    Ok(parse_csv(&text, "SET")?.0)
+}
+
 /// Requests/s and p50 latency (ms) of `test` in redis-benchmark's CSV
 /// (`"test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms",...`).
 /// A run too short to time ("inf") counts as 0 requests/s.

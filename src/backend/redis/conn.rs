@@ -3,10 +3,11 @@
 //! with backoff after a failure, so a server that is down costs each job one
 //! fast failure instead of a connect timeout per block.
 
+use super::resp::RespConn;
 use crate::error::{Error, ErrorKind, Result};
 use parking_lot::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Client, Connection, ConnectionLike, RedisError};
+use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
 use std::time::{Duration, Instant};
 
 /// What the pool connects to.
@@ -15,9 +16,11 @@ pub(super) enum Target {
     Cluster(ClusterClient),
 }
 
-/// One connection: to a server, or to a cluster (routing by slot and
-/// following MOVED/ASK redirections itself).
+/// One connection: kvtier's own to a server over plain TCP (see `resp`),
+/// the crate's to a server (TLS), or the crate's to a cluster (routing by
+/// slot and following MOVED/ASK redirections itself).
 pub(super) enum Conn {
+    Direct(RespConn),
     Single(Connection),
     // Boxed: a cluster connection is four times a single one, and the pool
     // holds many of either.
@@ -27,6 +30,7 @@ pub(super) enum Conn {
 impl Conn {
     pub(super) fn like(&mut self) -> &mut dyn ConnectionLike {
         match self {
+            Conn::Direct(c) => c,
             Conn::Single(c) => c,
             Conn::Cluster(c) => c.as_mut(),
         }
@@ -89,6 +93,16 @@ impl Pool {
     fn connect(&self) -> std::result::Result<Conn, RedisError> {
         match &self.target {
             Target::Single(client) => {
+                let info = client.get_connection_info();
+                if let ConnectionAddr::Tcp(host, port) = info.addr() {
+                    let settings = info.redis_settings();
+                    return Ok(Conn::Direct(RespConn::connect(
+                        host,
+                        *port,
+                        settings,
+                        self.timeout,
+                    )?));
+                }
                 let c = client.get_connection_with_timeout(self.timeout)?;
                 c.set_read_timeout(Some(self.timeout))?;
                 c.set_write_timeout(Some(self.timeout))?;
@@ -198,7 +212,7 @@ impl Pool {
                 Ok(v)
             }
             Err(e) => {
-                let keep = connection_survives(&e);
+                let keep = connection_survives(&e) && conn.like().is_open();
                 self.give_back(keep.then_some(conn));
                 Err(io_error(what, &e))
             }

@@ -39,22 +39,38 @@ pub(super) fn header_len(key_len: usize) -> usize {
     FIXED + key_len + 8
 }
 
+/// The length of a block's key name.
+pub(super) fn key_name_len(prefix_part: &str, key: &[u8]) -> usize {
+    prefix_part.len()
+        + 2
+        + if key.len() <= LONG_KEY {
+            2 * key.len()
+        } else {
+            33
+        }
+}
+
 /// The Redis key name of a block.
 pub(super) fn key_name(prefix_part: &str, key: &[u8]) -> String {
-    let mut name = String::with_capacity(prefix_part.len() + 2 * key.len() + 3);
-    name.push_str(prefix_part);
-    name.push('{');
+    let mut name = Vec::with_capacity(prefix_part.len() + 2 * key.len() + 3);
+    write_key_name(&mut name, prefix_part, key);
+    String::from_utf8(name).expect("prefix, hex digits and braces")
+}
+
+/// Appends a block's key name to `out` (the data path reuses one buffer for
+/// every name, so naming a block allocates nothing).
+pub(super) fn write_key_name(out: &mut Vec<u8>, prefix_part: &str, key: &[u8]) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.extend_from_slice(prefix_part.as_bytes());
+    out.push(b'{');
     if key.len() <= LONG_KEY {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         for &b in key {
-            name.push(HEX[(b >> 4) as usize] as char);
-            name.push(HEX[(b & 15) as usize] as char);
+            out.extend_from_slice(&[HEX[(b >> 4) as usize], HEX[(b & 15) as usize]]);
         }
     } else {
-        name.push_str(&format!("h{:016x}{:016x}", xxh64(key, 0), xxh64(key, 1)));
+        write!(out, "h{:016x}{:016x}", xxh64(key, 0), xxh64(key, 1)).expect("into memory");
     }
-    name.push('}');
-    name
+    out.push(b'}');
 }
 
 /// The key a name encodes, or None for hashed names (read the header) and
@@ -70,14 +86,24 @@ pub(super) fn key_from_name(prefix_part: &str, name: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
-/// Writes a block's value (header, then payload) to `out`.
-pub(super) fn write_value(
-    out: &mut impl Write,
-    namespace_fp: u64,
-    key: &[u8],
-    payload: &[u8],
-) -> std::io::Result<()> {
-    let mut header = [0u8; FIXED + MAX_KEY_LEN + 8];
+/// Longest header (a key of MAX_KEY_LEN bytes).
+pub(super) const MAX_HEADER: usize = FIXED + MAX_KEY_LEN + 8;
+
+/// A value's header, encoded: `bytes[..len]`.
+pub(super) struct EncodedHeader {
+    pub bytes: [u8; MAX_HEADER],
+    pub len: usize,
+}
+
+impl EncodedHeader {
+    pub(super) fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
+/// The header of a block's value (checksums the payload).
+pub(super) fn encode_header(namespace_fp: u64, key: &[u8], payload: &[u8]) -> EncodedHeader {
+    let mut header = [0u8; MAX_HEADER];
     let len = header_len(key.len());
     header[0..8].copy_from_slice(&MAGIC);
     header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
@@ -89,7 +115,17 @@ pub(super) fn write_value(
     header[FIXED..FIXED + key.len()].copy_from_slice(key);
     let sum = xxh64(&header[..FIXED + key.len()], 0);
     header[FIXED + key.len()..len].copy_from_slice(&sum.to_le_bytes());
-    out.write_all(&header[..len])?;
+    EncodedHeader { bytes: header, len }
+}
+
+/// Writes a block's value (header, then payload) to `out`.
+pub(super) fn write_value(
+    out: &mut impl Write,
+    namespace_fp: u64,
+    key: &[u8],
+    payload: &[u8],
+) -> std::io::Result<()> {
+    out.write_all(encode_header(namespace_fp, key, payload).as_slice())?;
     out.write_all(payload)
 }
 
@@ -133,6 +169,31 @@ pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
         payload_sum: u64_at(40),
         len,
     })
+}
+
+/// What this tier expects of a stored value, checked against its first
+/// bytes `head` (the whole header, when the value is long enough) and its
+/// length: the payload's checksum from the header, or what is wrong.
+pub(super) fn check_header(
+    head: &[u8],
+    value_len: usize,
+    namespace_fp: u64,
+    key: &[u8],
+    block_bytes: usize,
+) -> Result<u64, String> {
+    let h = read_header(head)?;
+    if h.namespace_fp != namespace_fp {
+        return Err("block of another namespace".into());
+    }
+    if h.payload_len != block_bytes as u64 || value_len != h.len + block_bytes {
+        return Err(format!(
+            "value of {value_len} bytes for a block of {block_bytes}"
+        ));
+    }
+    if h.key != key {
+        return Err("header names another key".into());
+    }
+    Ok(h.payload_sum)
 }
 
 #[cfg(test)]

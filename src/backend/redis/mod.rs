@@ -22,13 +22,19 @@
 //! - `rediss://` uses TLS (rustls); the server's certificate is checked
 //!   against the system's roots (`SSL_CERT_FILE` names another bundle).
 //!
-//! Files: `format` (key names and the value layout), `conn` (the pool).
+//! Files: `format` (key names and the value layout), `conn` (the pool),
+//! `resp` (kvtier's own RESP connection for plain TCP servers), `direct`
+//! (the data path over it: payloads written from and read into rows),
+//! `pipe` (the crate's pipelines, for TLS and clusters).
 
 mod conn;
+mod direct;
 mod format;
 mod pipe;
+mod resp;
 
-use self::conn::{io_error, Pool, Target};
+use self::conn::{io_error, Conn, Pool, Target};
+use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
 use super::xxh64::{namespace_fingerprint, xxh64};
 use super::Backend;
@@ -233,6 +239,15 @@ impl RedisBackend {
         format::key_name(&self.name_prefix, key)
     }
 
+    fn layout(&self) -> Layout<'_> {
+        Layout {
+            name_prefix: &self.name_prefix,
+            namespace_fp: self.namespace_fp,
+            block_bytes: self.block_bytes,
+            ttl_s: self.ttl_s,
+        }
+    }
+
     fn stripe(&self, key: &[u8]) -> &Mutex<()> {
         &self.stripes[xxh64(key, 2) as usize % STRIPES]
     }
@@ -245,22 +260,10 @@ impl RedisBackend {
         key: &[u8],
         dst: &mut [u8],
     ) -> std::result::Result<(), String> {
-        let h = format::read_header(value)?;
-        if h.namespace_fp != self.namespace_fp {
-            return Err("block of another namespace".into());
-        }
-        if h.payload_len != self.block_bytes as u64 || value.len() != h.len + self.block_bytes {
-            return Err(format!(
-                "value of {} bytes for a block of {}",
-                value.len(),
-                self.block_bytes
-            ));
-        }
-        if h.key != key {
-            return Err("header names another key".into());
-        }
-        let payload = &value[h.len..];
-        if h.payload_sum != xxh64(payload, 0) {
+        let sum =
+            format::check_header(value, value.len(), self.namespace_fp, key, self.block_bytes)?;
+        let payload = &value[value.len() - self.block_bytes..];
+        if sum != xxh64(payload, 0) {
             return Err("payload checksum mismatch".into());
         }
         dst.copy_from_slice(payload);
@@ -278,18 +281,93 @@ impl RedisBackend {
         dst: &mut [u8],
     ) -> Result<()> {
         let Some(value) = value else {
-            bail!(
-                NotFound,
-                "redis: {name}: not on the server (evicted, expired or never stored)"
-            );
+            return Err(self.not_found(name));
         };
         if let Err(problem) = self.verify_into(&value, key, dst) {
-            let _ = self
-                .pool
-                .with("DEL", |c| redis::cmd("DEL").arg(name).query::<i64>(c));
-            bail!(Corrupt, "redis: {name}: {problem}; value deleted");
+            return Err(self.condemn(name, &problem));
         }
         Ok(())
+    }
+
+    fn not_found(&self, name: &str) -> Error {
+        Error::new(
+            ErrorKind::NotFound,
+            format!("redis: {name}: not on the server (evicted, expired or never stored)"),
+        )
+    }
+
+    /// Deletes a value proved not to be this block (so that it cannot fail
+    /// every later load) and returns the load's Corrupt error.
+    fn condemn(&self, name: &str, problem: &str) -> Error {
+        let _ = self
+            .pool
+            .with("DEL", |c| redis::cmd("DEL").arg(name).query::<i64>(c));
+        Error::new(
+            ErrorKind::Corrupt,
+            format!("redis: {name}: {problem}; value deleted"),
+        )
+    }
+
+    /// The outcomes of a direct GET pipeline (payloads already in rows),
+    /// in order until `done` says stop. Condemning a value (DEL) and the
+    /// private re-read of a payload whose checksum failed in its row happen
+    /// here, after the pipeline's connection went back to the pool.
+    fn report_fetched(
+        &self,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        fetched: Vec<Fetched>,
+        done: &mut dyn FnMut(usize, Result<()>) -> bool,
+    ) {
+        for (i, ((slot, key, dst), outcome)) in blocks.iter_mut().zip(fetched).enumerate() {
+            let outcome = match outcome {
+                Fetched::Good => Ok(()),
+                Fetched::Missing => Err(self.not_found(&self.name(key))),
+                Fetched::Refused(message) => Err(server_error("GET", &message)),
+                Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
+                Fetched::Recheck => self.load(*slot, key, dst),
+            };
+            if !done(i, outcome) {
+                return;
+            }
+        }
+    }
+
+    /// The crate's GET pipeline (TLS, cluster): each value copied into its
+    /// row once verified.
+    fn load_batch_by_crate(
+        &self,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        done: &mut dyn FnMut(usize, Result<()>) -> bool,
+    ) {
+        let names: Vec<String> = blocks.iter().map(|(_, key, _)| self.name(key)).collect();
+        let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
+        let values = self.pool.with_conn("GET pipeline", |conn| {
+            pipelined::<Option<Vec<u8>>>(conn, names.len(), get)
+        });
+        let values = match values {
+            Ok(values) if values.len() == blocks.len() => values,
+            Ok(values) => {
+                let e = Error::new(
+                    ErrorKind::Io,
+                    format!("redis: {} replies to {} GETs", values.len(), blocks.len()),
+                );
+                done(0, Err(e));
+                return;
+            }
+            Err(e) => {
+                done(0, Err(e));
+                return;
+            }
+        };
+        for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
+            let outcome = match value {
+                Ok(value) => self.check_value(&names[i], value, key, dst),
+                Err(e) => Err(io_error("GET", &e)),
+            };
+            if !done(i, outcome) {
+                return;
+            }
+        }
     }
 
     /// The servers holding keys: the one server, or every cluster master
@@ -417,6 +495,12 @@ fn redirected(e: &redis::RedisError) -> bool {
     })
 }
 
+/// A server's error reply to one command of a pipeline (the connection
+/// stays usable).
+fn server_error(what: &str, message: &str) -> Error {
+    Error::new(ErrorKind::Io, format!("redis: {what}: {message}"))
+}
+
 /// An error of `tier_new` from the server: a refused password is a
 /// configuration error, anything else an I/O one.
 fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
@@ -486,15 +570,26 @@ impl Backend for RedisBackend {
             self.set_command(key, value)
         };
         let sent = self.pool.with_conn("SET pipeline", |conn| {
-            pipelined::<redis::Value>(conn, blocks.len(), set)
+            if let Conn::Direct(c) = conn {
+                let mut replies = Vec::with_capacity(blocks.len());
+                direct::set_pipeline(c, &self.layout(), blocks, &mut replies)?;
+                return Ok(replies
+                    .into_iter()
+                    .map(|r| r.map_err(|m| server_error("SET", &m)))
+                    .collect::<Vec<_>>());
+            }
+            Ok(pipelined::<redis::Value>(conn, blocks.len(), set)?
+                .into_iter()
+                .map(|r| r.map(drop).map_err(|e| io_error("SET", &e)))
+                .collect())
         });
         for i in 0..blocks.len() {
             done(
                 i,
                 match &sent {
                     Ok(replies) => match &replies[i] {
-                        Ok(_) => Ok(self.block_bytes as u64),
-                        Err(e) => Err(io_error("SET", e)),
+                        Ok(()) => Ok(self.block_bytes as u64),
+                        Err(e) => Err(e.clone()),
                     },
                     Err(e) => Err(e.clone()),
                 },
@@ -503,39 +598,26 @@ impl Backend for RedisBackend {
     }
 
     /// One pipeline of GETs for the task's blocks, then each value verified
-    /// and copied into its row, in order, until the first failure.
+    /// (in its row on the direct path, else copied into it once verified),
+    /// reported in order until the first failure.
     fn load_batch(
         &self,
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
-        let names: Vec<String> = blocks.iter().map(|(_, key, _)| self.name(key)).collect();
-        let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
-        let values = self.pool.with_conn("GET pipeline", |conn| {
-            pipelined::<Option<Vec<u8>>>(conn, names.len(), get)
-        });
-        let values = match values {
-            Ok(values) if values.len() == blocks.len() => values,
-            Ok(values) => {
-                let e = Error::new(
-                    ErrorKind::Io,
-                    format!("redis: {} replies to {} GETs", values.len(), blocks.len()),
-                );
-                done(0, Err(e));
-                return;
+        let mut fetched = Vec::with_capacity(blocks.len());
+        let direct = self.pool.with_conn("GET pipeline", |conn| match conn {
+            Conn::Direct(c) => {
+                direct::get_pipeline(c, &self.layout(), blocks, &mut fetched)?;
+                Ok(true)
             }
+            _ => Ok(false),
+        });
+        match direct {
+            Ok(true) => self.report_fetched(blocks, fetched, done),
+            Ok(false) => self.load_batch_by_crate(blocks, done),
             Err(e) => {
                 done(0, Err(e));
-                return;
-            }
-        };
-        for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
-            let outcome = match value {
-                Ok(value) => self.check_value(&names[i], value, key, dst),
-                Err(e) => Err(io_error("GET", &e)),
-            };
-            if !done(i, outcome) {
-                return;
             }
         }
     }

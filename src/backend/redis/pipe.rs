@@ -14,7 +14,7 @@ pub(super) enum Pipe {
 impl Pipe {
     pub(super) fn new(conn: &Conn) -> Pipe {
         match conn {
-            Conn::Single(_) => Pipe::Single(redis::pipe()),
+            Conn::Direct(_) | Conn::Single(_) => Pipe::Single(redis::pipe()),
             Conn::Cluster(_) => Pipe::Cluster(redis::cluster::cluster_pipe()),
         }
     }
@@ -32,6 +32,7 @@ impl Pipe {
 
     pub(super) fn query<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
         match (self, conn) {
+            (Pipe::Single(p), Conn::Direct(c)) => p.query(c),
             (Pipe::Single(p), Conn::Single(c)) => p.query(c),
             (Pipe::Cluster(p), Conn::Cluster(c)) => p.query(c),
             _ => unreachable!("a pipeline is made for its connection"),

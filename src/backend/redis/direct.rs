@@ -1,0 +1,361 @@
+//! The data path over kvtier's own connection (`resp`): a job's SETs written
+//! from the caller's rows, and its GET replies read into the caller's rows,
+//! one pipeline per job. Framing, key names and value headers go into the
+//! connection's reusable buffer; a payload is never copied on the way out
+//! (vectored writes splice it from the row) and at most once on the way in
+//! (the part of it that arrived in the reply buffer with the reply's head;
+//! the rest is read from the socket straight into the row).
+
+use super::format;
+use super::resp::{frame_bulk, frame_bulk_len, frame_command, Head, RespConn};
+use crate::backend::xxh64::xxh64;
+use std::io::{self, IoSlice};
+
+/// Payload bytes framed before a vectored write: the server starts reading
+/// the first blocks while the next ones are checksummed, and a write moves
+/// enough bytes that its system call costs nothing in comparison.
+const WRITE_CHUNK: usize = 512 << 10;
+
+/// How this tier names and lays out blocks.
+pub(super) struct Layout<'a> {
+    pub name_prefix: &'a str,
+    pub namespace_fp: u64,
+    pub block_bytes: usize,
+    pub ttl_s: u64,
+}
+
+/// What one GET brought.
+#[derive(Debug, PartialEq)]
+pub(super) enum Fetched {
+    /// The block, verified, is in its row.
+    Good,
+    /// No such key.
+    Missing,
+    /// The server's error for this command.
+    Refused(String),
+    /// A value that is not this block (header, length): condemned.
+    Bad(String),
+    /// The header is right but the payload's checksum, computed over the row,
+    /// is not: the row may have been written by someone else meanwhile (two
+    /// loads into one row), so only a private read may condemn the value.
+    Recheck,
+}
+
+/// The end of a SET after its value: CRLF, and `EX <ttl>` when set.
+fn set_tail(out: &mut Vec<u8>, ttl_s: u64) {
+    out.extend_from_slice(b"\r\n");
+    if ttl_s > 0 {
+        frame_bulk(out, b"EX");
+        frame_bulk(out, itoa_u64(ttl_s).as_slice());
+    }
+}
+
+/// Decimal digits of `n` without allocating.
+struct Digits {
+    bytes: [u8; 20],
+    len: usize,
+}
+
+impl Digits {
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[20 - self.len..]
+    }
+}
+
+fn itoa_u64(mut n: u64) -> Digits {
+    let mut d = Digits {
+        bytes: [0; 20],
+        len: 0,
+    };
+    loop {
+        d.len += 1;
+        d.bytes[20 - d.len] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            return d;
+        }
+    }
+}
+
+/// `SET <name> <header + payload> [EX ttl]` for each block, as one pipeline;
+/// `replies[i]` is block i's outcome (`Err`: the server's message). An `Err`
+/// return is the connection's failure: nothing is known of any block.
+pub(super) fn set_pipeline(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &[(u32, &[u8], &[u8])],
+    replies: &mut Vec<Result<(), String>>,
+) -> io::Result<()> {
+    let argc = if layout.ttl_s > 0 { 5 } else { 3 };
+    conn.begin();
+    let mut first = 0;
+    while first < blocks.len() {
+        let mut last = first;
+        let mut bytes = 0;
+        while last < blocks.len() && (last == first || bytes < WRITE_CHUNK) {
+            bytes += blocks[last].2.len();
+            last += 1;
+        }
+        // Framing of blocks first..last, the payloads spliced in at `cuts`.
+        let mut out = std::mem::take(&mut conn.out);
+        let mut cuts = std::mem::take(&mut conn.cuts);
+        out.clear();
+        cuts.clear();
+        for (i, &(_, key, payload)) in blocks.iter().enumerate().take(last).skip(first) {
+            if i > 0 {
+                set_tail(&mut out, layout.ttl_s);
+            }
+            frame_command(&mut out, argc);
+            frame_bulk(&mut out, b"SET");
+            frame_bulk_len(&mut out, format::key_name_len(layout.name_prefix, key));
+            format::write_key_name(&mut out, layout.name_prefix, key);
+            out.extend_from_slice(b"\r\n");
+            let header = format::encode_header(layout.namespace_fp, key, payload);
+            frame_bulk_len(&mut out, header.len + payload.len());
+            out.extend_from_slice(header.as_slice());
+            cuts.push(out.len());
+        }
+        if last == blocks.len() {
+            set_tail(&mut out, layout.ttl_s);
+        }
+        let mut slices = Vec::with_capacity(2 * (last - first) + 1);
+        let mut from = 0;
+        for (&cut, &(_, _, payload)) in cuts.iter().zip(&blocks[first..last]) {
+            slices.push(IoSlice::new(&out[from..cut]));
+            slices.push(IoSlice::new(payload));
+            from = cut;
+        }
+        slices.push(IoSlice::new(&out[from..]));
+        let written = conn.write_all_vectored(&mut slices);
+        drop(slices);
+        conn.out = out;
+        conn.cuts = cuts;
+        written?;
+        first = last;
+    }
+    replies.clear();
+    for _ in blocks {
+        replies.push(match conn.read_head()? {
+            Head::Ok => Ok(()),
+            Head::Error(message) => Err(message),
+            other => return Err(conn.unexpected(format!("{other:?} in reply to SET"))),
+        });
+    }
+    Ok(())
+}
+
+/// `GET <name>` for each block, as one pipeline; each value's header is
+/// read into a private buffer and its payload into the block's row, then
+/// verified there. `fetched[i]` is block i's outcome; an `Err` return is the
+/// connection's failure (rows may hold anything).
+pub(super) fn get_pipeline(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &mut [(u32, &[u8], &mut [u8])],
+    fetched: &mut Vec<Fetched>,
+) -> io::Result<()> {
+    conn.out.clear();
+    for (_, key, _) in blocks.iter() {
+        frame_command(&mut conn.out, 2);
+        frame_bulk(&mut conn.out, b"GET");
+        frame_bulk_len(&mut conn.out, format::key_name_len(layout.name_prefix, key));
+        format::write_key_name(&mut conn.out, layout.name_prefix, key);
+        conn.out.extend_from_slice(b"\r\n");
+    }
+    conn.begin();
+    conn.send_out()?;
+    fetched.clear();
+    for (_, key, dst) in blocks.iter_mut() {
+        fetched.push(match conn.read_head()? {
+            Head::Nil => Fetched::Missing,
+            Head::Error(message) => Fetched::Refused(message),
+            Head::Bulk(len) => read_block(conn, layout, key, dst, len)?,
+            other => return Err(conn.unexpected(format!("{other:?} in reply to GET"))),
+        });
+    }
+    Ok(())
+}
+
+/// A GET's bulk reply of `len` bytes for `key`: into `dst` when its length
+/// is a block's, else read and judged by its first bytes.
+fn read_block(
+    conn: &mut RespConn,
+    layout: &Layout,
+    key: &[u8],
+    dst: &mut [u8],
+    len: usize,
+) -> io::Result<Fetched> {
+    let mut head = [0u8; format::MAX_HEADER];
+    let header_len = format::header_len(key.len());
+    let check =
+        |head: &[u8]| format::check_header(head, len, layout.namespace_fp, key, layout.block_bytes);
+    if len != header_len + dst.len() {
+        let got = len.min(head.len());
+        conn.read_into(&mut head[..got])?;
+        conn.skip(len - got)?;
+        conn.read_crlf()?;
+        return Ok(Fetched::Bad(match check(&head[..got]) {
+            Err(problem) => problem,
+            Ok(_) => format!("value of {len} bytes for a block of {}", dst.len()),
+        }));
+    }
+    conn.read_into(&mut head[..header_len])?;
+    conn.read_into(dst)?;
+    conn.read_crlf()?;
+    Ok(match check(&head[..header_len]) {
+        Err(problem) => Fetched::Bad(problem),
+        Ok(sum) if sum != xxh64(dst, 0) => Fetched::Recheck,
+        Ok(_) => Fetched::Good,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::redis::resp::fake::serve;
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_secs(5);
+
+    fn layout(block_bytes: usize, ttl_s: u64) -> Layout<'static> {
+        Layout {
+            name_prefix: "p:00ff:b4:",
+            namespace_fp: 0xff,
+            block_bytes,
+            ttl_s,
+        }
+    }
+
+    fn block(seed: u8, len: usize) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(seed)).collect()
+    }
+
+    fn value(l: &Layout, key: &[u8], payload: &[u8]) -> Vec<u8> {
+        let mut v = Vec::new();
+        format::write_value(&mut v, l.namespace_fp, key, payload).unwrap();
+        v
+    }
+
+    fn bulk(v: &[u8]) -> Vec<u8> {
+        let mut out = format!("${}\r\n", v.len()).into_bytes();
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+        out
+    }
+
+    #[test]
+    fn sets_are_sent_as_the_crate_would_frame_them() {
+        // Blocks over WRITE_CHUNK: the pipeline goes out in several writes.
+        let l = layout(300_000, 60);
+        let payloads = [
+            block(3, l.block_bytes),
+            block(5, l.block_bytes),
+            block(7, l.block_bytes),
+        ];
+        let keys: [&[u8]; 3] = [b"k1", b"key two", &[0xab; 120]];
+        let mut expected = Vec::new();
+        for (key, payload) in keys.iter().zip(&payloads) {
+            let name = format::key_name(l.name_prefix, key);
+            let cmd = redis::cmd("SET")
+                .arg(name)
+                .arg(value(&l, key, payload))
+                .arg("EX")
+                .arg(60)
+                .get_packed_command();
+            expected.extend_from_slice(&cmd);
+        }
+        let reply = b"+OK\r\n-OOM command not allowed\r\n+OK\r\n".to_vec();
+        let (mut conn, server) = serve(expected.len(), vec![reply], false, T);
+        let blocks: Vec<(u32, &[u8], &[u8])> = keys
+            .iter()
+            .zip(&payloads)
+            .map(|(k, p)| (0, *k, p.as_slice()))
+            .collect();
+        let mut replies = Vec::new();
+        set_pipeline(&mut conn, &l, &blocks, &mut replies).unwrap();
+        assert_eq!(
+            replies,
+            vec![Ok(()), Err("OOM command not allowed".into()), Ok(())]
+        );
+        assert!(server.received.join().unwrap() == expected);
+    }
+
+    #[test]
+    fn gets_land_in_rows_and_each_reply_is_judged() {
+        let l = layout(4096, 0);
+        let keys: [&[u8]; 7] = [
+            b"good", b"nil", b"err", b"short", b"damaged", b"other", b"long",
+        ];
+        let good = block(9, 4096);
+        let mut damaged = value(&l, b"damaged", &good);
+        *damaged.last_mut().unwrap() ^= 1;
+        let mut long = value(&l, b"long", &good);
+        long.push(0);
+        let replies = [
+            bulk(&value(&l, b"good", &good)),
+            b"$-1\r\n".to_vec(),
+            b"-WRONGTYPE Operation against a key holding the wrong kind of value\r\n".to_vec(),
+            bulk(b"garbage"),
+            bulk(&damaged),
+            bulk(&value(&l, b"not-me", &good)),
+            bulk(&long),
+        ]
+        .concat();
+        let request_len: usize = keys
+            .iter()
+            .map(|k| {
+                redis::cmd("GET")
+                    .arg(format::key_name(l.name_prefix, k))
+                    .get_packed_command()
+                    .len()
+            })
+            .sum();
+        let pieces = replies.chunks(1000).map(<[u8]>::to_vec).collect();
+        let (mut conn, _server) = serve(request_len, pieces, false, T);
+        let mut rows = vec![vec![0u8; 4096]; keys.len()];
+        let mut blocks: Vec<(u32, &[u8], &mut [u8])> = keys
+            .iter()
+            .zip(rows.iter_mut())
+            .map(|(k, r)| (0, *k, r.as_mut_slice()))
+            .collect();
+        let mut fetched = Vec::new();
+        get_pipeline(&mut conn, &l, &mut blocks, &mut fetched).unwrap();
+        assert_eq!(fetched[0], Fetched::Good);
+        assert_eq!(fetched[1], Fetched::Missing);
+        assert!(matches!(&fetched[2], Fetched::Refused(m) if m.starts_with("WRONGTYPE")));
+        assert_eq!(
+            fetched[3],
+            Fetched::Bad("value of 7 bytes is too short".into())
+        );
+        assert_eq!(fetched[4], Fetched::Recheck);
+        assert_eq!(fetched[5], Fetched::Bad("header names another key".into()));
+        let wrong_length = format!("value of {} bytes for a block of 4096", long.len());
+        assert_eq!(fetched[6], Fetched::Bad(wrong_length));
+        assert!(rows[0] == good);
+        assert!(conn.is_open_for_tests());
+    }
+
+    #[test]
+    fn a_reply_cut_mid_payload_fails_the_pipeline_and_the_connection() {
+        let l = layout(100_000, 0);
+        let payload = block(3, l.block_bytes);
+        let whole = bulk(&value(&l, b"k", &payload));
+        let request_len = redis::cmd("GET")
+            .arg(format::key_name(l.name_prefix, b"k"))
+            .get_packed_command()
+            .len();
+        let (mut conn, _server) = serve(request_len, vec![whole[..50_000].to_vec()], false, T);
+        let mut row = vec![0u8; l.block_bytes];
+        let mut blocks = [(0u32, &b"k"[..], row.as_mut_slice())];
+        let mut fetched = Vec::new();
+        let e = get_pipeline(&mut conn, &l, &mut blocks, &mut fetched).unwrap_err();
+        assert!(
+            matches!(
+                e.kind(),
+                io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset
+            ),
+            "{e}"
+        );
+        assert!(!conn.is_open_for_tests());
+    }
+}

@@ -1,0 +1,665 @@
+//! kvtier's own connection to one server over plain TCP, speaking RESP2.
+//!
+//! Why not the crate's connection: its reader parses every reply into an
+//! owned `Value` (a 2 MiB GET reply is read into one buffer and copied into a
+//! `Vec`, which kvtier then copies into the row), and its writer packs every
+//! command, payload included, into one more buffer before the socket write.
+//! Measured on loopback, that leaves the crate alone at 0.3–0.4× of
+//! redis-benchmark's rate (see README, "The Redis backend"). This connection
+//! gives the data path (`direct`) what it needs to do neither: vectored
+//! writes from the caller's slices, reply heads parsed from a small reusable
+//! buffer, and bulk payloads read from the socket straight into a caller's
+//! slice. It also implements the crate's `ConnectionLike`, so every other
+//! command (PING, DEL, EXISTS, TOUCH, single GET/SET) keeps using the crate's
+//! command builders and reply conversions over this socket.
+//!
+//! Deadlines: a request (one command or one pipeline) gets `timeout` from its
+//! start; every socket read and write is bounded by the time left, so a
+//! server that stops answering costs at most `timeout` (plus an eighth: the
+//! socket's timeout is re-armed only when the one set would overrun the
+//! deadline by more than that, which spares a system call per read). Any I/O or protocol
+//! error leaves the connection unusable (`is_open` false); the pool drops it.
+
+use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
+use std::io::{self, IoSlice, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+/// Read buffer: reply heads, small replies, and whatever part of a payload
+/// arrives with them. Payloads beyond it are read straight into their row.
+const READ_BUF: usize = 64 << 10;
+/// Longest reply line (status, error, length) accepted: a longer one is a
+/// protocol error, not a reason to grow without bound.
+const MAX_LINE: usize = 16 << 10;
+/// Most commands written per `writev` call (the kernel's IOV_MAX is 1024).
+const MAX_IOV: usize = 1024;
+
+/// The first line of a reply.
+#[derive(Debug, PartialEq)]
+pub(super) enum Head {
+    /// `+OK` (told apart so that the data path's many SET replies allocate
+    /// nothing).
+    Ok,
+    /// Any other `+...`.
+    Status(String),
+    /// `-...`: the server's message (e.g. `OOM command not allowed ...`).
+    Error(String),
+    Int(i64),
+    /// `$n`: n bytes and a CRLF follow.
+    Bulk(usize),
+    /// `$-1` or `*-1`.
+    Nil,
+    /// `*n`: n replies follow.
+    Array(usize),
+}
+
+pub(super) struct RespConn {
+    stream: TcpStream,
+    /// Bytes read and not consumed yet: `buf[start..end]`.
+    buf: Box<[u8]>,
+    start: usize,
+    end: usize,
+    /// Framing of the commands being sent (reused, so steady state allocates
+    /// nothing; it grows to the largest pipeline's framing, payloads excluded).
+    pub(super) out: Vec<u8>,
+    /// Offsets into `out` where the data path splices payloads (reused).
+    pub(super) cuts: Vec<usize>,
+    timeout: Duration,
+    deadline: Instant,
+    /// The socket timeouts set last (see `arm`).
+    read_armed: Option<Duration>,
+    write_armed: Option<Duration>,
+    db: i64,
+    broken: bool,
+}
+
+fn protocol_error(what: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("protocol error: {}", what.into()),
+    )
+}
+
+fn timed_out() -> io::Error {
+    io::Error::new(io::ErrorKind::TimedOut, "no answer within io_timeout_ms")
+}
+
+fn closed() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::UnexpectedEof,
+        "the server closed the connection",
+    )
+}
+
+impl RespConn {
+    /// Connects to `host:port` within `timeout`, then authenticates and
+    /// selects the database as `settings` (from the URL) say.
+    pub(super) fn connect(
+        host: &str,
+        port: u16,
+        settings: &RedisConnectionInfo,
+        timeout: Duration,
+    ) -> RedisResult<RespConn> {
+        let mut last = None;
+        let mut stream = None;
+        for addr in (host, port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => {
+                return Err(
+                    io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")).into(),
+                )
+            }
+        };
+        let mut conn = RespConn::over(stream, timeout)?;
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).query::<()>(&mut conn)?;
+        }
+        if settings.db() != 0 {
+            redis::cmd("SELECT")
+                .arg(settings.db())
+                .query::<()>(&mut conn)?;
+            conn.db = settings.db();
+        }
+        Ok(conn)
+    }
+
+    /// A connection over an established stream (no handshake).
+    pub(super) fn over(stream: TcpStream, timeout: Duration) -> io::Result<RespConn> {
+        // A pipeline's last partial segment must not wait for the peer's
+        // acknowledgement of the previous ones (Nagle): milliseconds per job.
+        stream.set_nodelay(true)?;
+        Ok(RespConn {
+            stream,
+            buf: vec![0; READ_BUF].into_boxed_slice(),
+            start: 0,
+            end: 0,
+            out: Vec::new(),
+            cuts: Vec::new(),
+            timeout,
+            deadline: Instant::now() + timeout,
+            read_armed: None,
+            write_armed: None,
+            db: 0,
+            broken: false,
+        })
+    }
+
+    /// Starts a request: its reads and writes share one deadline.
+    pub(super) fn begin(&mut self) {
+        self.deadline = Instant::now() + self.timeout;
+    }
+
+    /// Marks the connection broken when `r` is an error (whatever was half
+    /// sent or half read, the stream is out of step).
+    fn check<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
+        if r.is_err() {
+            self.broken = true;
+        }
+        r
+    }
+
+    /// Bounds the next read (or write) by the deadline: a timeout error when
+    /// it has passed; else the socket's timeout is set to the time left,
+    /// unless the one set before is no shorter (no early timeout) and longer
+    /// by at most an eighth of `timeout` (a bounded overrun).
+    fn arm(&mut self, read: bool) -> io::Result<()> {
+        let now = Instant::now();
+        let left = self.deadline.saturating_duration_since(now);
+        if left.is_zero() {
+            return Err(timed_out());
+        }
+        let armed = if read {
+            &mut self.read_armed
+        } else {
+            &mut self.write_armed
+        };
+        let slack = self.timeout / 8;
+        if armed.is_some_and(|t| left <= t && t <= left + slack) {
+            return Ok(());
+        }
+        if read {
+            self.stream.set_read_timeout(Some(left))?;
+        } else {
+            self.stream.set_write_timeout(Some(left))?;
+        }
+        *armed = Some(left);
+        Ok(())
+    }
+
+    /// One `read` into `dst` within the deadline; 0 bytes is an error (the
+    /// server closed the connection).
+    fn read_some(&mut self, dst: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.arm(true)?;
+            match self.stream.read(dst) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(timed_out())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Reads more into the buffer (compacting it first when needed).
+    fn fill(&mut self) -> io::Result<()> {
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
+        } else if self.end == self.buf.len() {
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
+            self.start = 0;
+        }
+        let mut buf = std::mem::take(&mut self.buf);
+        let got = self.read_some(&mut buf[self.end..]);
+        self.buf = buf;
+        self.end += got?;
+        Ok(())
+    }
+
+    /// Writes all of `slices` within the deadline.
+    pub(super) fn write_all_vectored(&mut self, mut slices: &mut [IoSlice<'_>]) -> io::Result<()> {
+        let r = (|| {
+            // Empty slices would make a zero-length write look like progress.
+            while !slices.is_empty() {
+                self.arm(false)?;
+                let upto = slices.len().min(MAX_IOV);
+                match self.stream.write_vectored(&slices[..upto]) {
+                    Ok(0) => return Err(closed()),
+                    Ok(n) => IoSlice::advance_slices(&mut slices, n),
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                        ) =>
+                    {
+                        return Err(timed_out())
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(())
+        })();
+        self.check(r)
+    }
+
+    /// Writes `out` (the framed commands) within the deadline.
+    pub(super) fn send_out(&mut self) -> io::Result<()> {
+        let out = std::mem::take(&mut self.out);
+        let r = self.write_all_vectored(&mut [IoSlice::new(&out)]);
+        self.out = out;
+        r
+    }
+
+    /// Reads the next reply's first line.
+    pub(super) fn read_head(&mut self) -> io::Result<Head> {
+        let r = self.read_head_inner();
+        self.check(r)
+    }
+
+    fn read_head_inner(&mut self) -> io::Result<Head> {
+        let mut scanned = 0;
+        let line_end = loop {
+            let pending = &self.buf[self.start..self.end];
+            if let Some(at) = pending[scanned..].windows(2).position(|w| w == b"\r\n") {
+                break self.start + scanned + at;
+            }
+            if pending.len() > MAX_LINE {
+                return Err(protocol_error("reply line too long"));
+            }
+            scanned = pending.len().saturating_sub(1);
+            self.fill()?;
+        };
+        let line = &self.buf[self.start..line_end];
+        self.start = line_end + 2;
+        let Some((&kind, rest)) = line.split_first() else {
+            return Err(protocol_error("empty reply line"));
+        };
+        let number = || -> io::Result<i64> {
+            std::str::from_utf8(rest)
+                .ok()
+                .and_then(|s| s.parse::<i64>().ok())
+                .ok_or_else(|| {
+                    protocol_error(format!(
+                        "bad length {:?}",
+                        String::from_utf8_lossy(&rest[..rest.len().min(32)])
+                    ))
+                })
+        };
+        Ok(match kind {
+            b'+' if rest == b"OK" => Head::Ok,
+            b'+' => Head::Status(String::from_utf8_lossy(rest).into_owned()),
+            b'-' => Head::Error(String::from_utf8_lossy(rest).into_owned()),
+            b':' => Head::Int(number()?),
+            b'$' | b'*' => match number()? {
+                -1 => Head::Nil,
+                n if n < 0 => return Err(protocol_error(format!("length {n}"))),
+                n if kind == b'$' => Head::Bulk(n as usize),
+                n => Head::Array(n as usize),
+            },
+            other => {
+                return Err(protocol_error(format!(
+                    "unexpected reply type {:?}",
+                    other as char
+                )))
+            }
+        })
+    }
+
+    /// Reads exactly `dst.len()` bytes of a bulk payload into `dst`: what the
+    /// buffer holds is copied, the rest is read from the socket straight
+    /// into `dst`.
+    pub(super) fn read_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        let buffered = (self.end - self.start).min(dst.len());
+        dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        let mut at = buffered;
+        while at < dst.len() {
+            let r = self.read_some(&mut dst[at..]);
+            at += self.check(r)?;
+        }
+        Ok(())
+    }
+
+    /// Consumes `n` bytes (a payload not wanted).
+    pub(super) fn skip(&mut self, mut n: usize) -> io::Result<()> {
+        loop {
+            let buffered = (self.end - self.start).min(n);
+            self.start += buffered;
+            n -= buffered;
+            if n == 0 {
+                return Ok(());
+            }
+            let r = self.fill();
+            self.check(r)?;
+        }
+    }
+
+    /// Consumes the CRLF that ends a bulk payload.
+    pub(super) fn read_crlf(&mut self) -> io::Result<()> {
+        let mut crlf = [0u8; 2];
+        self.read_into(&mut crlf)?;
+        if crlf != *b"\r\n" {
+            return self.check(Err(protocol_error("bulk string not ended by CRLF")));
+        }
+        Ok(())
+    }
+
+    /// Reads one whole reply as the crate's `Value`.
+    pub(super) fn read_value(&mut self) -> io::Result<Value> {
+        Ok(match self.read_head()? {
+            Head::Ok => Value::Okay,
+            Head::Status(text) => Value::SimpleString(text),
+            Head::Error(message) => {
+                // The crate's own parser builds its error values (with their
+                // codes: MOVED, WRONGPASS, ...) from the reply line.
+                let line = format!("-{message}\r\n");
+                match redis::parse_redis_value(line.as_bytes()) {
+                    Ok(value) => value,
+                    Err(e) => return self.check(Err(protocol_error(e.to_string()))),
+                }
+            }
+            Head::Int(n) => Value::Int(n),
+            Head::Nil => Value::Nil,
+            Head::Bulk(n) => {
+                let mut v = vec![0; n];
+                self.read_into(&mut v)?;
+                self.read_crlf()?;
+                Value::BulkString(v)
+            }
+            Head::Array(n) => {
+                let mut items = Vec::with_capacity(n.min(1024));
+                for _ in 0..n {
+                    items.push(self.read_value()?);
+                }
+                Value::Array(items)
+            }
+        })
+    }
+
+    /// A reply the caller cannot have asked for: the stream is out of step,
+    /// the connection is done.
+    pub(super) fn unexpected(&mut self, what: String) -> io::Error {
+        self.broken = true;
+        protocol_error(what)
+    }
+}
+
+/// `*<argc>\r\n`: a command's opening.
+pub(super) fn frame_command(out: &mut Vec<u8>, argc: usize) {
+    write!(out, "*{argc}\r\n").expect("into memory");
+}
+
+/// `$<len>\r\n`: a bulk argument's opening (its bytes and a CRLF follow).
+pub(super) fn frame_bulk_len(out: &mut Vec<u8>, len: usize) {
+    write!(out, "${len}\r\n").expect("into memory");
+}
+
+/// A whole bulk argument.
+pub(super) fn frame_bulk(out: &mut Vec<u8>, arg: &[u8]) {
+    frame_bulk_len(out, arg.len());
+    out.extend_from_slice(arg);
+    out.extend_from_slice(b"\r\n");
+}
+
+impl ConnectionLike for RespConn {
+    fn req_packed_command(&mut self, cmd: &[u8]) -> RedisResult<Value> {
+        Ok(self
+            .req_packed_commands(cmd, 0, 1)?
+            .pop()
+            .expect("one reply"))
+    }
+
+    fn req_packed_commands(
+        &mut self,
+        cmd: &[u8],
+        offset: usize,
+        count: usize,
+    ) -> RedisResult<Vec<Value>> {
+        if self.broken {
+            return Err(closed().into());
+        }
+        self.begin();
+        self.write_all_vectored(&mut [IoSlice::new(cmd)])?;
+        let mut replies = Vec::with_capacity(count);
+        for i in 0..offset + count {
+            let reply = self.read_value()?;
+            if i >= offset {
+                replies.push(reply);
+            }
+        }
+        Ok(replies)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.db
+    }
+
+    fn check_connection(&mut self) -> bool {
+        redis::cmd("PING").query::<String>(self).is_ok()
+    }
+
+    fn is_open(&self) -> bool {
+        !self.broken
+    }
+}
+
+/// A one-connection fake server for the unit tests of this file and
+/// `direct`: it reads `expect` request bytes, then writes `reply` in the
+/// given pieces (a pause between them, so the client sees partial reads),
+/// then closes or, with `hang`, keeps the socket open and silent.
+#[cfg(test)]
+pub(super) mod fake {
+    use super::RespConn;
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+    use std::thread::JoinHandle;
+    use std::time::Duration;
+
+    pub(in crate::backend::redis) struct Server {
+        /// The request bytes it received.
+        pub received: JoinHandle<Vec<u8>>,
+    }
+
+    pub(in crate::backend::redis) fn serve(
+        expect: usize,
+        reply: Vec<Vec<u8>>,
+        hang: bool,
+        timeout: Duration,
+    ) -> (RespConn, Server) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let received = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut got = vec![0u8; expect];
+            s.read_exact(&mut got).unwrap();
+            for piece in reply {
+                s.write_all(&piece).unwrap();
+                s.flush().unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            if hang {
+                std::thread::sleep(timeout * 3);
+            }
+            got
+        });
+        let stream = TcpStream::connect(addr).unwrap();
+        (
+            RespConn::over(stream, timeout).unwrap(),
+            Server { received },
+        )
+    }
+
+    /// `bytes` one byte per piece.
+    pub(in crate::backend::redis) fn bytewise(bytes: &[u8]) -> Vec<Vec<u8>> {
+        bytes.iter().map(|&b| vec![b]).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fake::{bytewise, serve};
+    use super::*;
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_millis(300);
+
+    fn ask(conn: &mut RespConn, cmd: &[u8]) -> io::Result<()> {
+        conn.begin();
+        conn.write_all_vectored(&mut [IoSlice::new(cmd)])
+    }
+
+    #[test]
+    fn replies_split_into_single_bytes_parse() {
+        let reply =
+            b"+OK\r\n+PONG\r\n-ERR no\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*2\r\n$0\r\n\r\n*-1\r\n";
+        let (mut c, server) = serve(4, bytewise(reply), false, T);
+        ask(&mut c, b"ping").unwrap();
+        assert_eq!(c.read_head().unwrap(), Head::Ok);
+        assert_eq!(c.read_head().unwrap(), Head::Status("PONG".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Error("ERR no".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Int(-42));
+        // A payload holding CRLF is read by its length, not up to a CRLF.
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::BulkString(b"he\r\no".to_vec())
+        );
+        assert_eq!(c.read_head().unwrap(), Head::Nil);
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::Array(vec![Value::BulkString(Vec::new()), Value::Nil])
+        );
+        assert!(c.is_open());
+        assert_eq!(server.received.join().unwrap(), b"ping");
+    }
+
+    #[test]
+    fn server_errors_keep_their_codes_through_the_crate() {
+        let reply = b"-WRONGPASS invalid username-password pair\r\n-MOVED 3999 127.0.0.1:6381\r\n";
+        let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
+        let e = redis::cmd("AUTH")
+            .arg("pw")
+            .query::<()>(&mut c)
+            .unwrap_err();
+        assert_eq!(e.code(), Some("WRONGPASS"), "{e}");
+        // The connection survives a server's error reply.
+        assert!(c.is_open());
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Option<Vec<u8>>>(&mut c)
+            .unwrap_err();
+        assert_eq!(e.code(), Some("MOVED"), "{e}");
+    }
+
+    #[test]
+    fn bulk_payloads_go_straight_into_the_destination() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let mut reply = format!("${}\r\n", payload.len()).into_bytes();
+        reply.extend_from_slice(&payload);
+        reply.extend_from_slice(b"\r\n:1\r\n");
+        // Larger than the read buffer, in uneven pieces.
+        let pieces = reply.chunks(70_001).map(<[u8]>::to_vec).collect();
+        let (mut c, _server) = serve(0, pieces, false, Duration::from_secs(5));
+        c.begin();
+        assert_eq!(c.read_head().unwrap(), Head::Bulk(payload.len()));
+        let mut dst = vec![0u8; payload.len()];
+        c.read_into(&mut dst).unwrap();
+        c.read_crlf().unwrap();
+        assert!(dst == payload);
+        assert_eq!(c.read_head().unwrap(), Head::Int(1));
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors_that_close_the_connection() {
+        let cases: [&[u8]; 6] = [
+            b"$abc\r\n",
+            b"$-5\r\n",
+            b"$3\r\nhelloX\r\n",
+            b"!3\r\nabc\r\n",
+            b"\r\n",
+            b"%1\r\n",
+        ];
+        for reply in cases {
+            let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
+            c.begin();
+            let r = c.read_value();
+            let e = r.expect_err(&String::from_utf8_lossy(reply));
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(!c.is_open(), "{}", String::from_utf8_lossy(reply));
+        }
+    }
+
+    #[test]
+    fn a_line_without_end_is_refused_not_buffered_forever() {
+        let (mut c, _server) = serve(0, vec![vec![b'+'; MAX_LINE + 10]], true, T);
+        c.begin();
+        let e = c.read_head().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+
+    #[test]
+    fn a_server_closing_mid_reply_is_an_error_not_a_hang() {
+        let (mut c, _server) = serve(
+            0,
+            vec![b"$10\r\nhel".to_vec()],
+            false,
+            Duration::from_secs(10),
+        );
+        let started = Instant::now();
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Vec<u8>>(&mut c)
+            .unwrap_err();
+        assert!(e.is_connection_dropped(), "{e}");
+        assert!(!c.is_open());
+        assert!(started.elapsed() < Duration::from_secs(5));
+        // A broken connection refuses further requests at once.
+        assert!(redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    #[test]
+    fn a_silent_server_costs_the_deadline_once() {
+        // Half a reply, then silence: the whole request is bounded, not each read.
+        let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
+        let (mut c, _server) = serve(0, pieces, true, T);
+        let started = Instant::now();
+        let e = redis::cmd("GET")
+            .arg("k")
+            .query::<Vec<u8>>(&mut c)
+            .unwrap_err();
+        let took = started.elapsed();
+        assert!(e.is_timeout(), "{e}");
+        assert!(took >= T && took < T * 3, "{took:?}");
+        assert!(!c.is_open());
+    }
+}
+
+#[cfg(test)]
+impl RespConn {
+    pub(super) fn is_open_for_tests(&self) -> bool {
+        !self.broken
+    }
+}
