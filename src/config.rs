@@ -3,6 +3,7 @@
 
 use crate::error::{bail, Result};
 use crate::events::{DEFAULT_EVENTS_CAPACITY, MAX_EVENTS_CAPACITY};
+use crate::seal::{KeyOrigin, SealKey};
 use std::path::PathBuf;
 
 /// Where blocks live.
@@ -171,6 +172,10 @@ pub struct TierConfig {
     /// Events held until polled; beyond it the oldest are dropped (and
     /// reported as lost). 1..=[`MAX_EVENTS_CAPACITY`].
     pub events_capacity: usize,
+    /// Tenant seal key (disk, Redis): blocks are encrypted, authenticated and
+    /// named by a keyed hash, so that only holders of this key can read, find
+    /// or forge them. Never shown: its `Debug` is redacted.
+    pub seal: Option<SealKey>,
 }
 
 impl Default for TierConfig {
@@ -186,6 +191,7 @@ impl Default for TierConfig {
             redis: RedisConfig::default(),
             events: false,
             events_capacity: DEFAULT_EVENTS_CAPACITY,
+            seal: None,
         }
     }
 }
@@ -212,6 +218,8 @@ pub const CONFIG_KEYS: &[&str] = &[
     "connections",
     "events",
     "events_capacity",
+    "seal_key",
+    "seal_key_file",
 ];
 
 impl TierConfig {
@@ -347,6 +355,24 @@ impl TierConfig {
                     );
                 }
                 self.events_capacity = n as usize;
+            }
+            "seal_key" | "seal_key_file" => {
+                let origin = if key == "seal_key" {
+                    KeyOrigin::Inline
+                } else {
+                    KeyOrigin::File
+                };
+                if self.seal.as_ref().is_some_and(|k| k.origin != origin) {
+                    bail!(
+                        Config,
+                        "{key}: seal_key and seal_key_file are both given; give one"
+                    );
+                }
+                self.seal = Some(if origin == KeyOrigin::Inline {
+                    SealKey::from_hex(key, value)?
+                } else {
+                    SealKey::from_file(std::path::Path::new(value))?
+                });
             }
             _ => bail!(
                 Config,

@@ -41,6 +41,7 @@ mod index;
 mod key;
 mod metrics;
 mod primary;
+mod seal;
 mod stats;
 mod workers;
 
@@ -57,6 +58,7 @@ pub use events::{
 pub use index::LookupState;
 pub use key::MAX_KEY_LEN;
 pub use primary::PrimaryBuffer;
+pub use seal::SealKey;
 pub use stats::Stats;
 
 /// The library version (the crate version).

@@ -844,6 +844,7 @@ macro_rules! contract_suite {
 
 contract_suite!(memory, crate::common::memory_config);
 contract_suite!(disk, crate::common::disk_config);
+contract_suite!(disk_sealed, crate::common::sealed_disk_config);
 contract_suite!(redis, crate::common::redis::standalone_config, || {
     crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()
 });

@@ -13,6 +13,7 @@ use crate::index::{Admitted, Index};
 use crate::key::KeyHasher;
 use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
+use crate::seal::Sealer;
 use crate::stats::Counters;
 use crate::workers::{Pool, WorkQueue};
 use hashlink::LruCache;
@@ -40,12 +41,20 @@ impl Tier {
                 u32::MAX - 1
             );
         }
+        let sealer = config.seal.as_ref().map(Sealer::new);
         let backend: Box<dyn Backend> = match config.backend {
+            // An arena inside this process is out of other tenants' reach.
+            BackendKind::Memory if sealer.is_some() => bail!(
+                Config,
+                "seal_key: the memory backend keeps blocks inside this process; \
+                 sealing is for shared storage (disk, redis)"
+            ),
             BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
             BackendKind::Disk => Box::new(DiskBackend::open(
                 &config.disk,
                 &config.namespace,
                 block_bytes,
+                sealer,
             )?),
             #[cfg(feature = "redis-backend")]
             BackendKind::Redis => Box::new(crate::backend::redis::RedisBackend::open(
@@ -53,6 +62,7 @@ impl Tier {
                 &config.namespace,
                 block_bytes,
                 config.resolved_io_threads(),
+                sealer,
             )?),
             #[cfg(not(feature = "redis-backend"))]
             BackendKind::Redis => bail!(

@@ -301,6 +301,17 @@ pub fn disk_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
     c
 }
 
+/// Two tenants' seal keys for tests.
+pub const SEAL_A: &str = "a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1";
+pub const SEAL_B: &str = "b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2b2";
+
+/// A disk tier configuration sealed with tenant A's key.
+pub fn sealed_disk_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    let mut c = disk_config(capacity_blocks, block_bytes);
+    c.set("seal_key", SEAL_A).unwrap();
+    c
+}
+
 /// The configurations the contract suite runs on, by name.
 pub fn memory_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
     TierConfig {

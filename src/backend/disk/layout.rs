@@ -10,12 +10,19 @@
 //! approach the 255-byte name limit) `h` and a 128-bit hash; the header holds the
 //! full key either way. Raw key bytes never become a path. Temporary files are
 //! `<name>.kvb.<pid>-<n>.tmp` beside their final name.
+//!
+//! A sealed tier (`seal_key`) names a block `<tag>.kvs`, where `<tag>` is the
+//! 128-bit keyed PRF of the key in hex and `<fan>` its first 3 hex digits:
+//! neither says anything about the key to whoever lacks the seal key. The
+//! other extension keeps sealed and unsealed tiers from ever taking each
+//! other's files for their own (or for debris).
 
 use crate::backend::xxh64::xxh64;
 use std::path::{Path, PathBuf};
 
 const LONG_KEY: usize = 100;
 pub(crate) const BLOCK_EXT: &str = ".kvb";
+pub(crate) const SEALED_EXT: &str = ".kvs";
 pub(crate) const TMP_EXT: &str = ".tmp";
 
 /// The namespace directory name: a readable part and a fingerprint.
@@ -94,6 +101,14 @@ pub(crate) fn is_hashed_name(name: &str) -> bool {
 pub(crate) fn block_path(ns_dir: &Path, key: &[u8]) -> PathBuf {
     let mut p = ns_dir.join(fan_dir(key));
     p.push(file_name(key));
+    p
+}
+
+/// A sealed block file's path under the namespace directory.
+pub(crate) fn sealed_block_path(ns_dir: &Path, tag: &crate::seal::NameTag) -> PathBuf {
+    let name = hex(tag);
+    let mut p = ns_dir.join(&name[..3]);
+    p.push(format!("{name}{SEALED_EXT}"));
     p
 }
 

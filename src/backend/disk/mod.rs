@@ -39,6 +39,7 @@ mod io;
 mod layout;
 mod read;
 mod recover;
+mod sealed;
 
 use self::format::{file_len, Header, ALIGN, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
@@ -46,6 +47,7 @@ use super::xxh64::xxh64;
 use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
+use crate::seal::{Nonce, NonceLedger, Sealer};
 use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
@@ -100,6 +102,10 @@ pub(crate) struct DiskBackend {
     direct_note: String,
     sync: SyncMode,
     shared: bool,
+    /// The tenant's keys when the tier is sealed (see `sealed`).
+    seal: Option<Sealer>,
+    /// The version of each sealed block this process last wrote or saw.
+    ledger: NonceLedger,
     /// Serializes publish (rename) and delete of the same key.
     stripes: Vec<Mutex<()>>,
     tmp_counter: AtomicU64,
@@ -115,6 +121,7 @@ impl DiskBackend {
         cfg: &DiskConfig,
         namespace: &str,
         block_bytes: usize,
+        seal: Option<Sealer>,
     ) -> Result<DiskBackend> {
         let Some(root) = cfg.path.clone() else {
             bail!(
@@ -159,6 +166,8 @@ impl DiskBackend {
             direct_note,
             sync: cfg.sync,
             shared: cfg.shared,
+            seal,
+            ledger: NonceLedger::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             tmp_counter: AtomicU64::new(0),
             #[cfg(feature = "test-hooks")]
@@ -248,7 +257,22 @@ impl DiskBackend {
     }
 
     fn path_of(&self, key: &[u8]) -> PathBuf {
-        layout::block_path(&self.ns_dir, key)
+        match &self.seal {
+            Some(seal) => layout::sealed_block_path(
+                &self.ns_dir,
+                &seal.name_tag(self.ns_fp, self.block_bytes, key),
+            ),
+            None => layout::block_path(&self.ns_dir, key),
+        }
+    }
+
+    /// Whether `path` holds a complete block of `key` that this tier can
+    /// read: for a sealed tier, one whose header authenticates as this key's.
+    fn published(&self, path: &Path, key: &[u8]) -> bool {
+        match &self.seal {
+            Some(seal) => self.sealed_present(seal, path, key),
+            None => self.exists_complete(path),
+        }
     }
 
     fn header(&self, key: &[u8], payload: &[u8]) -> Header {
@@ -270,7 +294,8 @@ impl DiskBackend {
             .is_ok_and(|m| m.is_file() && m.len() == file_len(self.block_bytes) as u64)
     }
 
-    fn write_tmp(&self, tmp: &Path, key: &[u8], row: &[u8]) -> std::io::Result<()> {
+    /// Writes the block file; for a sealed tier, returns the nonce it sealed with.
+    fn write_tmp(&self, tmp: &Path, key: &[u8], row: &[u8]) -> std::io::Result<Option<Nonce>> {
         let fd = match io::create_exclusive(tmp, self.direct) {
             Err(e) if io::is_missing(&e) => {
                 let dir = tmp.parent().expect("fan-out dir");
@@ -284,6 +309,13 @@ impl DiskBackend {
         #[cfg(feature = "test-hooks")]
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
+        }
+        if let Some(seal) = &self.seal {
+            let nonce = self.write_sealed(seal, &fd, key, row)?;
+            if self.sync == SyncMode::Data {
+                io::fdatasync(&fd)?;
+            }
+            return Ok(Some(nonce));
         }
         let header = self.header(key, row);
         if self.in_place(row) {
@@ -303,7 +335,7 @@ impl DiskBackend {
         if self.sync == SyncMode::Data {
             io::fdatasync(&fd)?;
         }
-        Ok(())
+        Ok(None)
     }
 }
 
@@ -311,7 +343,7 @@ impl Backend for DiskBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         let path = self.path_of(key);
         // Another process may have published this key already.
-        if self.shared && self.exists_complete(&path) {
+        if self.shared && self.published(&path, key) {
             return Ok(0);
         }
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
@@ -319,9 +351,13 @@ impl Backend for DiskBackend {
         tmp.push(format!(".{}-{n}{}", std::process::id(), layout::TMP_EXT));
         let tmp = PathBuf::from(tmp);
         let written = self.write_tmp(&tmp, key, block);
-        let published = written.and_then(|()| {
+        let published = written.and_then(|nonce| {
             let _guard = self.stripe(key).lock();
-            std::fs::rename(&tmp, &path)
+            std::fs::rename(&tmp, &path)?;
+            if let Some(nonce) = nonce {
+                self.ledger.record(key, nonce);
+            }
+            Ok(())
         });
         if let Err(e) = published {
             let _ = std::fs::remove_file(&tmp);
@@ -344,7 +380,10 @@ impl Backend for DiskBackend {
     }
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
-        self.read_verified(&self.path_of(key), key, dst)
+        match &self.seal {
+            Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
+            None => self.read_verified(&self.path_of(key), key, dst),
+        }
     }
 
     fn wants_discards(&self) -> bool {
@@ -357,6 +396,7 @@ impl Backend for DiskBackend {
         // the file: then it is not ours to delete.
         if !is_live(key) {
             let _ = std::fs::remove_file(self.path_of(key));
+            self.ledger.forget(key);
         }
     }
 
@@ -373,7 +413,7 @@ impl Backend for DiskBackend {
         // is in the index before a deletion checks whether it is live, so a
         // probe can never answer HIT for a file being deleted.
         let _guard = self.stripe(key).lock();
-        record(self.exists_complete(&self.path_of(key)));
+        record(self.published(&self.path_of(key), key));
     }
 
     fn min_task_bytes(&self) -> usize {
@@ -408,14 +448,15 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}, sync={}, shared={})",
+            "disk: {} ({}, sync={}, shared={}{})",
             self.ns_dir.display(),
             self.direct_note,
             match self.sync {
                 SyncMode::None => "none",
                 SyncMode::Data => "data",
             },
-            self.shared
+            self.shared,
+            if self.seal.is_some() { ", sealed" } else { "" }
         )
     }
 }

@@ -44,14 +44,32 @@ impl DiskBackend {
                     }
                     continue;
                 }
-                if !name.ends_with(layout::BLOCK_EXT) || !meta.is_file() {
+                // Sealed and unsealed tiers leave each other's files alone.
+                let own_ext = if self.seal.is_some() {
+                    layout::SEALED_EXT
+                } else {
+                    layout::BLOCK_EXT
+                };
+                if !name.ends_with(own_ext) || !meta.is_file() {
                     continue;
                 }
                 if meta.len() != want_len {
                     let _ = std::fs::remove_file(file.path());
                     continue;
                 }
-                let key = if layout::is_hashed_name(name) {
+                let mut sealed_nonce = None;
+                let key = if let Some(seal) = &self.seal {
+                    match self.read_sealed_header(seal, &file.path()) {
+                        Ok(Ok(opened)) => {
+                            sealed_nonce = Some(opened.nonce);
+                            Some(opened.key().to_vec())
+                        }
+                        // Another tenant's block, perhaps: not ours to delete.
+                        Ok(Err(_)) if self.shared => continue,
+                        Ok(Err(_)) => None,
+                        Err(_) => continue,
+                    }
+                } else if layout::is_hashed_name(name) {
                     match self.read_key(&file.path()) {
                         Ok(key) => key,
                         // Not read (descriptors, permissions, I/O): nothing is
@@ -68,6 +86,9 @@ impl DiskBackend {
                             && key.len() <= crate::MAX_KEY_LEN
                             && self.path_of(&key) == file.path() =>
                     {
+                        if let Some(nonce) = sealed_nonce {
+                            self.ledger.record(&key, nonce);
+                        }
                         found.push(Recovered { key, modified })
                     }
                     // Read and found misplaced or not a block header: no

@@ -134,7 +134,11 @@ impl RedisBackend {
         namespace: &str,
         block_bytes: usize,
         io_threads: usize,
+        seal: Option<crate::seal::Sealer>,
     ) -> Result<RedisBackend> {
+        if seal.is_some() {
+            bail!(Config, "seal_key: not yet supported by the redis backend");
+        }
         if cfg.urls.is_empty() {
             bail!(
                 Config,
