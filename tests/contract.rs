@@ -848,6 +848,18 @@ contract_suite!(disk_sealed, crate::common::sealed_disk_config);
 contract_suite!(redis, crate::common::redis::standalone_config, || {
     crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()
 });
+contract_suite!(
+    redis_sealed,
+    crate::common::redis::sealed_standalone_config,
+    || {
+        crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()
+    }
+);
+contract_suite!(
+    redis_cluster_sealed,
+    crate::common::redis::sealed_cluster_config,
+    || crate::common::redis::redis_available() && crate::common::redis::shared_cluster().is_some()
+);
 contract_suite!(redis_cluster, crate::common::redis::cluster_config, || {
     crate::common::redis::redis_available() && crate::common::redis::shared_cluster().is_some()
 });

@@ -133,7 +133,11 @@ fn two_tenants_and_an_unsealed_tier_share_a_directory() {
     let a = tier(&disk(&dir, true, Some(SEAL_A)));
     let b = tier(&disk(&dir, true, Some(SEAL_B)));
     let u = tier(&disk(&dir, true, None));
-    assert_eq!(a.tier().stats().num_blocks, 5, "A's 1..=4 and 10, not the garbage");
+    assert_eq!(
+        a.tier().stats().num_blocks,
+        5,
+        "A's 1..=4 and 10, not the garbage"
+    );
     assert!(garbage_at.exists());
     assert_eq!(b.tier().stats().num_blocks, 4);
     assert_eq!(u.tier().stats().num_blocks, 4);
@@ -425,4 +429,215 @@ fn a_killed_sealed_writer_leaves_no_debris_and_only_whole_blocks() {
     }
     drop(h);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+// ---- Redis ----
+
+mod on_redis {
+    use super::*;
+    use common::redis::{redis_config_at, RedisServer};
+
+    const RB: usize = 4096;
+    /// Bytes of the sealed record before the ciphertext (src/seal/record.rs).
+    const RECORD: usize = 205;
+
+    fn redis(server: &RedisServer, prefix: &str, shared: bool, seal: Option<&str>) -> TierConfig {
+        let mut c = redis_config_at(&server.url(), 64, RB);
+        c.set("key_prefix", prefix).unwrap();
+        c.set("sharing", if shared { "shared" } else { "owned" })
+            .unwrap();
+        c.probe_ttl_ms = 50;
+        if let Some(seal) = seal {
+            c.set("seal_key", seal).unwrap();
+        }
+        c
+    }
+
+    fn names(server: &RedisServer, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = server
+            .cli(&["--scan", "--pattern", &format!("{prefix}:*")])
+            .lines()
+            .filter(|l| !l.is_empty())
+            .map(str::to_string)
+            .collect();
+        names.sort();
+        names
+    }
+
+    fn raw(server: &RedisServer) -> ::redis::Connection {
+        ::redis::Client::open(server.url())
+            .unwrap()
+            .get_connection()
+            .unwrap()
+    }
+
+    fn get(server: &RedisServer, name: &str) -> Vec<u8> {
+        ::redis::cmd("GET").arg(name).query(&mut raw(server)).unwrap()
+    }
+
+    fn set(server: &RedisServer, name: &str, value: &[u8]) {
+        ::redis::cmd("SET")
+            .arg(name)
+            .arg(value)
+            .query::<()>(&mut raw(server))
+            .unwrap()
+    }
+
+    /// The name a store of block `id` adds under `prefix`.
+    fn stored_name(h: &Harness, server: &RedisServer, prefix: &str, job: u64, id: u64) -> String {
+        let before = names(server, prefix);
+        h.store_all(job, &[id]);
+        let mut new: Vec<_> = names(server, prefix)
+            .into_iter()
+            .filter(|n| !before.contains(n))
+            .collect();
+        assert_eq!(new.len(), 1, "{new:?}");
+        new.pop().unwrap()
+    }
+
+    fn harness(config: &TierConfig) -> Harness {
+        Harness::new(config, 16, RB)
+    }
+
+    #[test]
+    fn two_tenants_and_an_unsealed_tier_share_a_keyspace() {
+        let server = redis_or_skip!();
+        let a = harness(&redis(&server, "shared", true, Some(SEAL_A)));
+        let b = harness(&redis(&server, "shared", true, Some(SEAL_B)));
+        let u = harness(&redis(&server, "shared", true, None));
+        for id in 1..=4 {
+            store_as(&a, id, id, id);
+            store_as(&b, id, id, 100 + id);
+            store_as(&u, id, id, 200 + id);
+        }
+        store_as(&a, 10, 10, 10);
+        assert_eq!(names(&server, "shared").len(), 13);
+        for (h, base) in [(&a, 0), (&b, 100), (&u, 200)] {
+            let r = h.load(50, &[1, 2, 3, 4], &[4, 5, 6, 7]);
+            assert!(r.is_ok(), "{r:?}");
+            for (row, id) in (4..8).zip(1..=4) {
+                assert!(h.row_holds(row, base + id), "tier {base}, block {id}");
+            }
+        }
+        assert_eq!(settled(&b, &[10]), [Miss]);
+        assert_eq!(settled(&u, &[10]), [Miss]);
+        // Garbage under a name A computes: A misses, nothing is deleted.
+        let name = stored_name(&a, &server, "shared", 60, 11);
+        set(&server, &name, &vec![0x5a; RECORD + RB]);
+        assert_eq!(a.load(61, &[11], &[4]).error, Some(ErrorKind::NotFound));
+        assert_eq!(names(&server, "shared").len(), 14, "nothing deleted");
+        assert_eq!(settled(&b, &[11]), [Miss]);
+        for h in [&b, &u] {
+            assert!(h.load(62, &[1, 2, 3, 4], &[4, 5, 6, 7]).is_ok());
+        }
+    }
+
+    #[test]
+    fn owned_keyspaces_adopt_only_their_tenants_blocks() {
+        let server = redis_or_skip!();
+        let a = harness(&redis(&server, "owned", false, Some(SEAL_A)));
+        a.store_all(1, &[1, 2, 3]);
+        drop(a);
+        let u = harness(&redis(&server, "owned", false, None));
+        let b = harness(&redis(&server, "owned", false, Some(SEAL_B)));
+        assert_eq!(u.tier().stats().num_blocks, 0);
+        assert_eq!(b.tier().stats().num_blocks, 0);
+        drop((u, b));
+        let a = harness(&redis(&server, "owned", false, Some(SEAL_A)));
+        assert_eq!(a.tier().stats().num_blocks, 3);
+        assert!(a.load(2, &[1, 2, 3], &[4, 5, 6]).is_ok() && a.row_holds(6, 3));
+    }
+
+    #[test]
+    fn tampered_swapped_and_replayed_values_are_detected() {
+        let server = redis_or_skip!();
+        let flips = [
+            0,
+            9,
+            13,
+            17,
+            25,
+            33,
+            43,
+            44,
+            59,
+            60,
+            100,
+            188,
+            189,
+            204, // record
+            RECORD,
+            RECORD + 1,
+            RECORD + 2000,
+            RECORD + RB - 1, // ciphertext
+        ];
+        for shared in [false, true] {
+            let prefix = if shared { "tamper-s" } else { "tamper-o" };
+            let h = harness(&redis(&server, prefix, shared, Some(SEAL_A)));
+            let expect = if shared {
+                ErrorKind::NotFound
+            } else {
+                ErrorKind::Corrupt
+            };
+            for (n, &at) in flips.iter().enumerate() {
+                let (id, job) = (n as u64, 10 * n as u64);
+                let name = stored_name(&h, &server, prefix, job, id);
+                let mut value = get(&server, &name);
+                value[at] ^= 1;
+                set(&server, &name, &value);
+                let r = h.load(job + 1, &[id], &[4]);
+                assert_eq!(r.error, Some(expect), "flip at {at}, shared={shared}");
+                let kept = names(&server, prefix).contains(&name);
+                assert_eq!(kept, shared, "deleted only when owned");
+            }
+        }
+        let h = harness(&redis(&server, "swap", false, Some(SEAL_A)));
+        let one = stored_name(&h, &server, "swap", 1, 1);
+        let two = stored_name(&h, &server, "swap", 2, 2);
+        let (v1, v2) = (get(&server, &one), get(&server, &two));
+        set(&server, &one, &v2);
+        set(&server, &two, &v1);
+        assert_eq!(h.load(3, &[1], &[4]).error, Some(ErrorKind::Corrupt));
+        assert_eq!(h.load(4, &[2], &[4]).error, Some(ErrorKind::Corrupt));
+        for round in 0..3 {
+            let job = 10 + 10 * round;
+            let name = stored_name(&h, &server, "swap", job, 3);
+            let old = get(&server, &name);
+            h.tier().clear();
+            h.tier().drain();
+            assert!(common::redis::wait_until(Duration::from_secs(5), || {
+                !names(&server, "swap").contains(&name)
+            }));
+            store_as(&h, job + 1, 3, 3);
+            assert!(h.load(job + 2, &[3], &[4]).is_ok() && h.row_holds(4, 3));
+            set(&server, &name, &old);
+            let r = h.load(job + 3, &[3], &[4]);
+            assert_eq!(r.error, Some(ErrorKind::Corrupt), "round {round}");
+        }
+    }
+
+    #[test]
+    fn no_key_name_or_value_shows_a_key_or_the_plaintext() {
+        let server = redis_or_skip!();
+        let h = harness(&redis(&server, "clear", false, Some(SEAL_A)));
+        let ids: Vec<u64> = (1..=12).collect();
+        h.store_all(1, &ids);
+        let all = names(&server, "clear");
+        assert_eq!(all.len(), ids.len());
+        for name in &all {
+            let value = get(&server, name);
+            for &id in &ids {
+                let k = key(id);
+                assert!(!name.contains(&hex(&k[..8])), "{name} names key {id}");
+                assert!(
+                    !value.windows(16).any(|w| w == &k[..16]),
+                    "{name} holds key {id}"
+                );
+                let plain = pattern(id, RB);
+                assert!(!value.windows(32).any(|w| w == &plain[64..96]));
+            }
+        }
+        assert!(h.tier().describe().contains("sealed"));
+        assert!(!h.tier().describe().contains(&SEAL_A[..16]));
+    }
 }

@@ -930,6 +930,20 @@ pub fn standalone_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::
     redis_config_at(&server.url(), capacity_blocks, block_bytes)
 }
 
+/// [`standalone_config`] sealed with tenant A's key.
+pub fn sealed_standalone_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
+    let mut c = standalone_config(capacity_blocks, block_bytes);
+    c.set("seal_key", super::SEAL_A).unwrap();
+    c
+}
+
+/// [`cluster_config`] sealed with tenant A's key (the crate's pipelines).
+pub fn sealed_cluster_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
+    let mut c = cluster_config(capacity_blocks, block_bytes);
+    c.set("seal_key", super::SEAL_A).unwrap();
+    c
+}
+
 /// A configuration on the binary's cluster (check [`shared_cluster`] first).
 pub fn cluster_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
     let cluster = shared_cluster().expect("a Redis cluster (check shared_cluster() first)");

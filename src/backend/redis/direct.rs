@@ -8,8 +8,18 @@
 
 use super::format;
 use super::resp::{frame_bulk, frame_bulk_len, frame_command, Head, RespConn};
+use super::sealed::{self, SealedLayout};
 use crate::backend::xxh64::xxh64;
+use crate::seal::{Nonce, RECORD_LEN};
+use std::cell::RefCell;
 use std::io::{self, IoSlice};
+
+thread_local! {
+    /// Per-worker buffer for the sealed values of one write (a sealed value
+    /// cannot be spliced from the row: it is the row encrypted). Grown, never
+    /// shrunk, so a store allocates nothing once the worker has warmed up.
+    static SEALED_VALUES: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+}
 
 /// Payload bytes framed before a vectored write: the server starts reading
 /// the first blocks while the next ones are checksummed, and a write moves
@@ -22,6 +32,29 @@ pub(super) struct Layout<'a> {
     pub namespace_fp: u64,
     pub block_bytes: usize,
     pub ttl_s: u64,
+    /// Set for a sealed tier.
+    pub seal: Option<SealedLayout<'a>>,
+}
+
+impl Layout<'_> {
+    fn name_len(&self, key: &[u8]) -> usize {
+        match self.seal {
+            Some(_) => sealed::name_len(self.name_prefix),
+            None => format::key_name_len(self.name_prefix, key),
+        }
+    }
+
+    fn write_name(&self, out: &mut Vec<u8>, key: &[u8]) {
+        match self.seal {
+            Some(seal) => {
+                let tag = seal
+                    .sealer
+                    .name_tag(self.namespace_fp, self.block_bytes, key);
+                sealed::write_name(out, self.name_prefix, &tag)
+            }
+            None => format::write_key_name(out, self.name_prefix, key),
+        }
+    }
 }
 
 /// What one GET brought.
@@ -87,6 +120,8 @@ pub(super) fn set_pipeline(
     replies: &mut Vec<Result<(), String>>,
 ) -> io::Result<()> {
     let argc = if layout.ttl_s > 0 { 5 } else { 3 };
+    let mut nonces: Vec<Nonce> = Vec::new();
+    let mut sealed_values = SEALED_VALUES.with(|buf| buf.take());
     conn.begin();
     let mut first = 0;
     while first < blocks.len() {
@@ -107,20 +142,44 @@ pub(super) fn set_pipeline(
             }
             frame_command(&mut out, argc);
             frame_bulk(&mut out, b"SET");
-            frame_bulk_len(&mut out, format::key_name_len(layout.name_prefix, key));
-            format::write_key_name(&mut out, layout.name_prefix, key);
+            frame_bulk_len(&mut out, layout.name_len(key));
+            layout.write_name(&mut out, key);
             out.extend_from_slice(b"\r\n");
-            let header = format::encode_header(layout.namespace_fp, key, payload);
-            frame_bulk_len(&mut out, header.len + payload.len());
-            out.extend_from_slice(header.as_slice());
+            if layout.seal.is_some() {
+                frame_bulk_len(&mut out, sealed::value_len(payload.len()));
+            } else {
+                let header = format::encode_header(layout.namespace_fp, key, payload);
+                frame_bulk_len(&mut out, header.len + payload.len());
+                out.extend_from_slice(header.as_slice());
+            }
             cuts.push(out.len());
+        }
+        // A sealed tier sends each block's record and ciphertext from the
+        // worker's buffer instead of the row.
+        let mut values: Vec<&[u8]> = blocks[first..last].iter().map(|b| b.2).collect();
+        if let Some(seal) = layout.seal {
+            let value_len = sealed::value_len(layout.block_bytes);
+            let need = value_len * (last - first);
+            if sealed_values.len() < need {
+                sealed_values.resize(need, 0);
+            }
+            for (&(_, key, payload), value) in blocks[first..last]
+                .iter()
+                .zip(sealed_values.chunks_exact_mut(value_len))
+            {
+                let nonce = seal
+                    .seal_into(layout.namespace_fp, key, payload, value)
+                    .map_err(|e| io::Error::other(e.message().to_string()))?;
+                nonces.push(nonce);
+            }
+            values = sealed_values[..need].chunks_exact(value_len).collect();
         }
         if last == blocks.len() {
             set_tail(&mut out, layout.ttl_s);
         }
         let mut slices = Vec::with_capacity(2 * (last - first) + 1);
         let mut from = 0;
-        for (&cut, &(_, _, payload)) in cuts.iter().zip(&blocks[first..last]) {
+        for (&cut, payload) in cuts.iter().zip(values) {
             slices.push(IoSlice::new(&out[from..cut]));
             slices.push(IoSlice::new(payload));
             from = cut;
@@ -133,10 +192,16 @@ pub(super) fn set_pipeline(
         written?;
         first = last;
     }
+    SEALED_VALUES.with(|buf| *buf.borrow_mut() = sealed_values);
     replies.clear();
-    for _ in blocks {
+    for (i, &(_, key, _)) in blocks.iter().enumerate() {
         replies.push(match conn.read_head()? {
-            Head::Ok => Ok(()),
+            Head::Ok => {
+                if let Some(seal) = layout.seal {
+                    seal.ledger.record(key, nonces[i]);
+                }
+                Ok(())
+            }
             Head::Error(message) => Err(message),
             other => return Err(conn.unexpected(format!("{other:?} in reply to SET"))),
         });
@@ -158,8 +223,8 @@ pub(super) fn get_pipeline(
     for (_, key, _) in blocks.iter() {
         frame_command(&mut conn.out, 2);
         frame_bulk(&mut conn.out, b"GET");
-        frame_bulk_len(&mut conn.out, format::key_name_len(layout.name_prefix, key));
-        format::write_key_name(&mut conn.out, layout.name_prefix, key);
+        frame_bulk_len(&mut conn.out, layout.name_len(key));
+        layout.write_name(&mut conn.out, key);
         conn.out.extend_from_slice(b"\r\n");
     }
     conn.begin();
@@ -185,6 +250,9 @@ fn read_block(
     dst: &mut [u8],
     len: usize,
 ) -> io::Result<Fetched> {
+    if let Some(seal) = layout.seal {
+        return read_sealed_block(conn, layout, seal, key, dst, len);
+    }
     let mut head = [0u8; format::MAX_HEADER];
     let header_len = format::header_len(key.len());
     let check =
@@ -209,6 +277,36 @@ fn read_block(
     })
 }
 
+/// A sealed tier's GET reply: the ciphertext is read into `dst` and
+/// decrypted there. Any failure is rechecked by a private read, which alone
+/// may judge the value (the row may have been written meanwhile).
+fn read_sealed_block(
+    conn: &mut RespConn,
+    layout: &Layout,
+    seal: SealedLayout,
+    key: &[u8],
+    dst: &mut [u8],
+    len: usize,
+) -> io::Result<Fetched> {
+    let mut record = [0u8; RECORD_LEN];
+    if len != sealed::value_len(dst.len()) {
+        let got = len.min(RECORD_LEN);
+        conn.read_into(&mut record[..got])?;
+        conn.skip(len - got)?;
+        conn.read_crlf()?;
+        return Ok(Fetched::Recheck);
+    }
+    conn.read_into(&mut record)?;
+    conn.read_into(dst)?;
+    conn.read_crlf()?;
+    Ok(
+        match seal.unseal(layout.namespace_fp, layout.block_bytes, key, &record, dst) {
+            Ok(()) => Fetched::Good,
+            Err(_) => Fetched::Recheck,
+        },
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +321,7 @@ mod tests {
             namespace_fp: 0xff,
             block_bytes,
             ttl_s,
+            seal: None,
         }
     }
 

@@ -32,14 +32,17 @@ mod direct;
 mod format;
 mod pipe;
 mod resp;
+mod sealed;
 
 use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
+use self::sealed::SealedLayout;
 use super::xxh64::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
 use crate::error::{bail, Error, ErrorKind, Result};
+use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
 use parking_lot::Mutex;
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisWrite, ToRedisArgs};
@@ -71,6 +74,13 @@ impl ToRedisArgs for Value<'_> {
         format::write_value(&mut arg, self.namespace_fp, self.key, self.payload)
             .expect("writing into memory");
     }
+}
+
+/// A block's value as a command argument.
+enum ValueArg<'a> {
+    Plain(Value<'a>),
+    /// Record and ciphertext, and the nonce it was sealed with.
+    Sealed(Vec<u8>, crate::seal::Nonce),
 }
 
 /// `url` with any password replaced by `***`.
@@ -107,6 +117,10 @@ pub(crate) struct RedisBackend {
     connections: usize,
     /// Serialise publish (SET) and delete (DEL) of the same key.
     stripes: Vec<Mutex<()>>,
+    /// The tenant's keys when the tier is sealed (see `sealed`).
+    seal: Option<Sealer>,
+    /// The version of each sealed block this process last wrote or saw.
+    ledger: NonceLedger,
 }
 
 /// TCP_NODELAY: a pipeline's last partial segment must not wait for the
@@ -134,11 +148,8 @@ impl RedisBackend {
         namespace: &str,
         block_bytes: usize,
         io_threads: usize,
-        seal: Option<crate::seal::Sealer>,
+        seal: Option<Sealer>,
     ) -> Result<RedisBackend> {
-        if seal.is_some() {
-            bail!(Config, "seal_key: not yet supported by the redis backend");
-        }
         if cfg.urls.is_empty() {
             bail!(
                 Config,
@@ -220,6 +231,8 @@ impl RedisBackend {
             shown_seeds,
             connections,
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            seal,
+            ledger: NonceLedger::new(),
         };
         // One round trip now: a wrong password or an unreachable server is a
         // clear tier_new error, not the first job's.
@@ -230,9 +243,13 @@ impl RedisBackend {
     }
 
     /// `SET <name> <value> [EX ttl_s]` for one block.
-    fn set_command(&self, key: &[u8], value: Value) -> redis::Cmd {
+    fn set_command(&self, key: &[u8], value: &ValueArg) -> redis::Cmd {
         let mut cmd = redis::cmd("SET");
-        cmd.arg(self.name(key)).arg(value);
+        cmd.arg(self.name(key));
+        match value {
+            ValueArg::Plain(value) => cmd.arg(value),
+            ValueArg::Sealed(value, _) => cmd.arg(value.as_slice()),
+        };
         if self.ttl_s > 0 {
             cmd.arg("EX").arg(self.ttl_s);
         }
@@ -240,7 +257,39 @@ impl RedisBackend {
     }
 
     fn name(&self, key: &[u8]) -> String {
-        format::key_name(&self.name_prefix, key)
+        match self.sealed() {
+            Some(seal) => {
+                let tag = seal
+                    .sealer
+                    .name_tag(self.namespace_fp, self.block_bytes, key);
+                let mut name = Vec::with_capacity(sealed::name_len(&self.name_prefix));
+                sealed::write_name(&mut name, &self.name_prefix, &tag);
+                String::from_utf8(name).expect("prefix, hex digits and braces")
+            }
+            None => format::key_name(&self.name_prefix, key),
+        }
+    }
+
+    fn sealed(&self) -> Option<SealedLayout<'_>> {
+        self.seal.as_ref().map(|sealer| SealedLayout {
+            sealer,
+            ledger: &self.ledger,
+        })
+    }
+
+    /// A block's value as stored: sealed into a buffer of its own, or
+    /// header and payload written straight into the command.
+    fn value_arg<'a>(&self, key: &'a [u8], block: &'a [u8]) -> Result<ValueArg<'a>> {
+        let Some(seal) = self.sealed() else {
+            return Ok(ValueArg::Plain(Value {
+                namespace_fp: self.namespace_fp,
+                key,
+                payload: block,
+            }));
+        };
+        let mut value = vec![0u8; sealed::value_len(block.len())];
+        let nonce = seal.seal_into(self.namespace_fp, key, block, &mut value)?;
+        Ok(ValueArg::Sealed(value, nonce))
     }
 
     fn layout(&self) -> Layout<'_> {
@@ -249,6 +298,7 @@ impl RedisBackend {
             namespace_fp: self.namespace_fp,
             block_bytes: self.block_bytes,
             ttl_s: self.ttl_s,
+            seal: self.sealed(),
         }
     }
 
@@ -260,10 +310,24 @@ impl RedisBackend {
     /// copies its payload into `dst` if it is good.
     fn verify_into(
         &self,
-        value: &[u8],
+        value: &mut [u8],
         key: &[u8],
         dst: &mut [u8],
     ) -> std::result::Result<(), String> {
+        if let Some(seal) = self.sealed() {
+            if value.len() != sealed::value_len(self.block_bytes) {
+                return Err(format!(
+                    "value of {} bytes for a sealed block of {}",
+                    value.len(),
+                    self.block_bytes
+                ));
+            }
+            // Decrypted in the private copy: only it may condemn the value.
+            let (record, payload) = value.split_at_mut(RECORD_LEN);
+            seal.unseal(self.namespace_fp, self.block_bytes, key, record, payload)?;
+            dst.copy_from_slice(payload);
+            return Ok(());
+        }
         let sum =
             format::check_header(value, value.len(), self.namespace_fp, key, self.block_bytes)?;
         let payload = &value[value.len() - self.block_bytes..];
@@ -284,10 +348,10 @@ impl RedisBackend {
         key: &[u8],
         dst: &mut [u8],
     ) -> Result<()> {
-        let Some(value) = value else {
+        let Some(mut value) = value else {
             return Err(self.not_found(name));
         };
-        if let Err(problem) = self.verify_into(&value, key, dst) {
+        if let Err(problem) = self.verify_into(&mut value, key, dst) {
             return Err(self.condemn(name, &problem));
         }
         Ok(())
@@ -301,8 +365,16 @@ impl RedisBackend {
     }
 
     /// Deletes a value proved not to be this block (so that it cannot fail
-    /// every later load) and returns the load's Corrupt error.
+    /// every later load) and returns the load's Corrupt error. A sealed tier
+    /// in a shared keyspace deletes nothing: a value that does not
+    /// authenticate under its key may be another tenant's; it is a miss.
     fn condemn(&self, name: &str, problem: &str) -> Error {
+        if self.seal.is_some() && self.sharing == Sharing::Shared {
+            return Error::new(
+                ErrorKind::NotFound,
+                format!("redis: {name}: {problem}; a miss, left in place (shared)"),
+            );
+        }
         let _ = self
             .pool
             .with("DEL", |c| redis::cmd("DEL").arg(name).query::<i64>(c));
@@ -439,6 +511,25 @@ impl RedisBackend {
                     .query(&mut con)
                     .map_err(|e| io_error("SCAN", &e))?;
                 for name in names {
+                    if let Some(seal) = self.sealed() {
+                        if !sealed::is_sealed_name(&self.name_prefix, &name) {
+                            continue;
+                        }
+                        let record: Vec<u8> = redis::cmd("GETRANGE")
+                            .arg(&name)
+                            .arg(0)
+                            .arg(RECORD_LEN - 1)
+                            .query(&mut con)
+                            .map_err(|e| io_error("GETRANGE", &e))?;
+                        let opened = seal.open_key(self.namespace_fp, self.block_bytes, &record);
+                        if let Some((key, nonce)) = opened {
+                            if self.name(&key).as_bytes() == name.as_slice() {
+                                self.ledger.record(&key, nonce);
+                                found.push(key);
+                            }
+                        }
+                        continue;
+                    }
                     match format::key_from_name(&self.name_prefix, &name) {
                         Some(key) => found.push(key),
                         None => {
@@ -526,14 +617,13 @@ fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
 
 impl Backend for RedisBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        let value = Value {
-            namespace_fp: self.namespace_fp,
-            key,
-            payload: block,
-        };
-        let cmd = self.set_command(key, value);
+        let value = self.value_arg(key, block)?;
+        let cmd = self.set_command(key, &value);
         let _guard = self.stripe(key).lock();
         self.pool.with("SET", |c| cmd.query::<()>(c))?;
+        if let ValueArg::Sealed(_, nonce) = value {
+            self.ledger.record(key, nonce);
+        }
         Ok(self.block_bytes as u64)
     }
 
@@ -564,15 +654,6 @@ impl Backend for RedisBackend {
         stripes.dedup();
         // Taken in one order, so two batches never wait on each other.
         let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
-        let set = |i: usize| {
-            let (_, key, block) = blocks[i];
-            let value = Value {
-                namespace_fp: self.namespace_fp,
-                key,
-                payload: block,
-            };
-            self.set_command(key, value)
-        };
         let sent = self.pool.with_conn("SET pipeline", |conn| {
             if let Conn::Direct(c) = conn {
                 let mut replies = Vec::with_capacity(blocks.len());
@@ -582,10 +663,25 @@ impl Backend for RedisBackend {
                     .map(|r| r.map_err(|m| server_error("SET", &m)))
                     .collect::<Vec<_>>());
             }
-            Ok(pipelined::<redis::Value>(conn, blocks.len(), set)?
+            let values = blocks
+                .iter()
+                .map(|&(_, key, block)| self.value_arg(key, block))
+                .collect::<Result<Vec<_>>>();
+            let values = match values {
+                Ok(values) => values,
+                Err(e) => return Ok(vec![Err(e); blocks.len()]),
+            };
+            let set = |i: usize| self.set_command(blocks[i].1, &values[i]);
+            let replies: Vec<Result<()>> = pipelined::<redis::Value>(conn, blocks.len(), set)?
                 .into_iter()
                 .map(|r| r.map(drop).map_err(|e| io_error("SET", &e)))
-                .collect())
+                .collect();
+            for ((reply, value), &(_, key, _)) in replies.iter().zip(&values).zip(blocks) {
+                if let (Ok(()), ValueArg::Sealed(_, nonce)) = (reply, value) {
+                    self.ledger.record(key, *nonce);
+                }
+            }
+            Ok(replies)
         });
         for i in 0..blocks.len() {
             done(
@@ -653,6 +749,7 @@ impl Backend for RedisBackend {
             let _ = self
                 .pool
                 .with("DEL", |c| redis::cmd("DEL").arg(&name).query::<i64>(c));
+            self.ledger.forget(key);
         }
     }
 
@@ -687,7 +784,7 @@ impl Backend for RedisBackend {
 
     fn describe(&self) -> String {
         format!(
-            "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections)",
+            "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections{})",
             self.shown_seeds,
             if self.pool.is_cluster() {
                 "cluster"
@@ -700,7 +797,8 @@ impl Backend for RedisBackend {
             },
             self.name_prefix,
             self.ttl_s,
-            self.connections
+            self.connections,
+            if self.seal.is_some() { ", sealed" } else { "" }
         )
     }
 }
