@@ -221,6 +221,10 @@ TierStats.__module__ = __name__  # for repr and pickling (make_dataclass's
 def _config_text(key: str, value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
+    if key == "seal_key" and isinstance(value, (bytes, bytearray)):
+        # 32 raw bytes, as a key store hands them out; the library checks the
+        # length (and never repeats the value in its message).
+        return bytes(value).hex()
     text = str(value)
     if "\0" in text or "\0" in key:
         raise KVTierError(TIER_ERR_CONFIG, f"config {key!r}: NUL byte in key or value", "Tier")
@@ -310,6 +314,10 @@ class Tier:
     Config keywords are passed to ``tier_config_set`` as strings: for example
     ``capacity_bytes="1GiB"`` or ``capacity_bytes=1 << 30``, ``io_threads=4``,
     ``backend="memory"``. ``None`` values are skipped (library default).
+    ``seal_key`` takes 64 hex digits or 32 raw bytes; ``seal_key_file`` a
+    path (str or os.PathLike) to a file only its owner can read. Python
+    cannot wipe its own copies of a ``seal_key`` string: prefer
+    ``seal_key_file``.
 
     Every method may be called from any thread. After :meth:`close` (which is
     idempotent) every method raises :class:`KVTierError` with

@@ -781,3 +781,36 @@ def test_status_codes_and_stats_fields_match_the_header():
 
 def test_the_package_version_is_the_library_version():
     assert kvtier.__version__ == kvtier.library_version()
+
+
+def test_sealed_disk_tiers_keep_tenants_apart(tmp_path):
+    """seal_key / seal_key_file pass through: a tenant reads its own blocks;
+    another key misses them; a bad key is refused without being repeated."""
+    key_a = bytes(range(32))
+    key_file = tmp_path / "tenant-b.key"
+    key_file.write_text("b2" * 32 + "\n")
+    key_file.chmod(0o600)
+    store = tmp_path / "store"
+    buf = np.zeros((4, 4096), dtype=np.uint8)
+    buf[0] = 7
+    common = dict(backend="disk", path=str(store), capacity_bytes=1 << 20, shared=True)
+    with Tier(buf, seal_key=key_a, **common) as a, Tier(buf, seal_key_file=key_file, **common) as b:
+        a.submit_store(1, [key(1)], [0])
+        assert results(a, 1)[0].ok
+        a.submit_load(2, [key(1)], [1])
+        assert results(a, 1)[0].ok and np.array_equal(buf[1], buf[0])
+        deadline = time.monotonic() + 10
+        while (state := b.lookup([key(1)])[0]) == LookupState.PENDING:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        assert state == LookupState.MISS
+    names = [p.name for p in store.rglob("*") if p.is_file()]
+    assert not any(key(1).hex()[:16] in n for n in names), names
+    with pytest.raises(KVTierError) as err:
+        Tier(buf, seal_key="c3" * 31 + "zz", **common)
+    assert err.value.status_name == "TIER_ERR_CONFIG"
+    assert "c3c3c3c3" not in str(err.value)
+    key_file.chmod(0o644)
+    with pytest.raises(KVTierError) as err:
+        Tier(buf, seal_key_file=str(key_file), **common)
+    assert "group or others" in str(err.value)

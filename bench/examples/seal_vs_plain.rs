@@ -1,0 +1,181 @@
+//! Sealed against unsealed tiers in the same run: 2 MiB store and load
+//! bandwidth on the disk backend (O_DIRECT where the directory allows it)
+//! and on a Redis server this program starts, same threads and job shape,
+//! repetitions alternating between the two so that both see the same noise;
+//! beside them, the AEADs' own throughput on one core, so the reader sees
+//! whether the seal or the device is the bound.
+//!
+//!     cargo run --release -p kvtier-bench --example seal_vs_plain -- [MiB per repetition] [repetitions]
+//!
+//! Defaults: 512 MiB, 5 repetitions. The disk runs in a fresh directory
+//! under the system temp dir; Redis is skipped when redis-server is not on
+//! PATH.
+
+use kvtier::{PrimaryBuffer, Tier, TierConfig};
+use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const BLOCK: usize = 2 << 20;
+const JOB_BLOCKS: usize = 16;
+const WINDOW: usize = 4;
+const SEAL: &str = "5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e5e";
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// GB/s of one AEAD sealing 2 MiB buffers in place on this thread.
+fn aead_gbps(alg: &'static aead::Algorithm, open: bool) -> f64 {
+    let key = LessSafeKey::new(UnboundKey::new(alg, &[7u8; 32]).unwrap());
+    let mut buf = vec![1u8; BLOCK];
+    let nonce = || Nonce::assume_unique_for_key([3u8; 12]);
+    let tag = key.seal_in_place_separate_tag(nonce(), Aad::empty(), &mut buf).unwrap();
+    let sealed = buf.clone();
+    let mut rates = Vec::new();
+    for _ in 0..5 {
+        let start = Instant::now();
+        let n = 64;
+        for _ in 0..n {
+            if open {
+                buf.copy_from_slice(&sealed);
+                key.open_in_place_separate_tag(nonce(), Aad::empty(), tag, &mut buf, 0..)
+                    .unwrap();
+            } else {
+                key.seal_in_place_separate_tag(nonce(), Aad::empty(), &mut buf).unwrap();
+            }
+        }
+        rates.push((n * BLOCK) as f64 / start.elapsed().as_secs_f64() / 1e9);
+    }
+    median(rates)
+}
+
+struct Rows {
+    buf: Vec<u8>,
+}
+
+/// Runs `blocks` blocks through the tier as jobs of JOB_BLOCKS, WINDOW in
+/// flight; returns GB/s.
+fn run(tier: &Tier, store: bool, first_key: u64, blocks: usize, rows: usize) -> f64 {
+    let start = Instant::now();
+    let (mut next, mut in_flight, mut done) = (0usize, 0usize, 0usize);
+    let jobs = blocks / JOB_BLOCKS;
+    while done < jobs {
+        while in_flight < WINDOW && next < jobs {
+            let keys: Vec<u8> = (0..JOB_BLOCKS as u64)
+                .flat_map(|i| (first_key + (next * JOB_BLOCKS) as u64 + i).to_le_bytes())
+                .collect();
+            let slot = (next % WINDOW) * JOB_BLOCKS;
+            let ids: Vec<i64> = (0..JOB_BLOCKS).map(|i| ((slot + i) % rows) as i64).collect();
+            if store {
+                tier.submit_store(next as u64, &keys, 8, &ids).unwrap();
+            } else {
+                tier.submit_load(next as u64, &keys, 8, &ids).unwrap();
+            }
+            next += 1;
+            in_flight += 1;
+        }
+        tier.wait(Duration::from_millis(100));
+        for r in tier.poll(64) {
+            assert!(r.is_ok(), "{r:?}");
+            in_flight -= 1;
+            done += 1;
+        }
+    }
+    (blocks * BLOCK) as f64 / start.elapsed().as_secs_f64() / 1e9
+}
+
+/// Median store and load GB/s of unsealed and sealed tiers built from
+/// `config`, alternating per repetition.
+fn compare(name: &str, config: &TierConfig, mib: usize, reps: usize, rows: &mut Rows) {
+    let blocks = (mib << 20) / BLOCK / JOB_BLOCKS * JOB_BLOCKS;
+    let mut sealed_config = config.clone();
+    sealed_config.set("seal_key", SEAL).unwrap();
+    let mut rates = [[Vec::new(), Vec::new()], [Vec::new(), Vec::new()]];
+    let nrows = rows.buf.len() / BLOCK;
+    for rep in 0..reps {
+        for (mode, cfg) in [config, &sealed_config].into_iter().enumerate() {
+            let primary =
+                unsafe { PrimaryBuffer::new(rows.buf.as_mut_ptr(), rows.buf.len(), BLOCK) }
+                    .unwrap();
+            let tier = Tier::new(cfg, primary).unwrap();
+            let first_key = (rep * 2 + mode) as u64 * 1_000_000;
+            rates[mode][0].push(run(&tier, true, first_key, blocks, nrows));
+            rates[mode][1].push(run(&tier, false, first_key, blocks, nrows));
+            tier.clear();
+            tier.drain();
+            drop(tier);
+        }
+    }
+    let [plain, sealed] = rates.map(|m| m.map(median));
+    println!(
+        "{name:5} 2 MiB store: unsealed {:.2} GB/s, sealed {:.2} GB/s, ratio {:.2}",
+        plain[0],
+        sealed[0],
+        sealed[0] / plain[0]
+    );
+    println!(
+        "{name:5} 2 MiB load:  unsealed {:.2} GB/s, sealed {:.2} GB/s, ratio {:.2}",
+        plain[1],
+        sealed[1],
+        sealed[1] / plain[1]
+    );
+}
+
+fn start_redis() -> Option<(Child, u16, std::path::PathBuf)> {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").ok()?.local_addr().ok()?.port();
+    let dir = std::env::temp_dir().join(format!("kvtier-seal-bench-redis-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).ok()?;
+    let child = Command::new("redis-server")
+        .args(["--port", &port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+        .current_dir(&dir)
+        .stdout(Stdio::null())
+        .spawn()
+        .ok()?;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if Instant::now() > deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    Some((child, port, dir))
+}
+
+fn main() {
+    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
+    let mib = args.first().copied().unwrap_or(512);
+    let reps = args.get(1).copied().unwrap_or(5);
+    println!(
+        "one core: AES-256-GCM seal {:.2} GB/s, open {:.2} GB/s; ChaCha20-Poly1305 seal {:.2} GB/s, open {:.2} GB/s",
+        aead_gbps(&aead::AES_256_GCM, false),
+        aead_gbps(&aead::AES_256_GCM, true),
+        aead_gbps(&aead::CHACHA20_POLY1305, false),
+        aead_gbps(&aead::CHACHA20_POLY1305, true),
+    );
+    let mut rows = Rows { buf: vec![0x42u8; 64 * BLOCK] };
+    let capacity = format!("{}MiB", mib * 2);
+    let dir = std::env::temp_dir().join(format!("kvtier-seal-bench-{}", std::process::id()));
+    let mut disk = TierConfig::default();
+    for (k, v) in [("backend", "disk"), ("path", dir.to_str().unwrap()), ("capacity_bytes", &capacity)] {
+        disk.set(k, v).unwrap();
+    }
+    println!("{} MiB per direction per repetition, {reps} repetitions, medians; io_threads 8 (default)", mib);
+    compare("disk", &disk, mib, reps, &mut rows);
+    let _ = std::fs::remove_dir_all(&dir);
+    match start_redis() {
+        Some((mut child, port, rdir)) => {
+            let mut redis = TierConfig::default();
+            let url = format!("redis://127.0.0.1:{port}");
+            for (k, v) in [("backend", "redis"), ("url", &url), ("capacity_bytes", &capacity)] {
+                redis.set(k, v).unwrap();
+            }
+            compare("redis", &redis, mib, reps, &mut rows);
+            let _ = child.kill();
+            let _ = child.wait();
+            let _ = std::fs::remove_dir_all(rdir);
+        }
+        None => println!("redis: skipped (redis-server not found or did not start)"),
+    }
+}
