@@ -448,6 +448,14 @@ struct tier_config_t *tier_config_new(void);
  * tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
  * held until polled, 160 bytes each, allocated at tier_new; beyond it the
  * oldest are dropped and reported as TIER_EVENT_LOST).
+ * Sealing (disk, redis): "seal_key" (64 hex digits: a tenant's 256-bit key;
+ * blocks are encrypted and authenticated with AES-256-GCM and named by
+ * HMAC-SHA-256 of their key, so only holders of the key can read, find or
+ * forge them) or "seal_key_file" (a file holding the 64 hex digits, refused
+ * if group or others may access it); not both; the memory backend refuses
+ * them at tier_new. The key never appears in a message, tier_describe,
+ * metrics or events, and is wiped when the tier and the builder are freed
+ * (the caller's own copy of `value` is the caller's to wipe).
  * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
  * text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
  * Ownership: `key` and `value` are copied; the caller keeps them.

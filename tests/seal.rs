@@ -472,7 +472,10 @@ mod on_redis {
     }
 
     fn get(server: &RedisServer, name: &str) -> Vec<u8> {
-        ::redis::cmd("GET").arg(name).query(&mut raw(server)).unwrap()
+        ::redis::cmd("GET")
+            .arg(name)
+            .query(&mut raw(server))
+            .unwrap()
     }
 
     fn set(server: &RedisServer, name: &str, value: &[u8]) {
