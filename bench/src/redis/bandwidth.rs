@@ -86,8 +86,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         r.servers
             .push(benchmark::run(server, block + HEADER, requests, &shapes)?);
         if server.started_here().is_some() {
-            let rps =
-                benchmark::fresh_set_rps(server, block + HEADER, n, p.window, p.job_blocks)?;
+            let rps = benchmark::fresh_set_rps(server, block + HEADER, n, p.window, p.job_blocks)?;
             r.fresh_set_gbps.push(rps * block as f64 / 1e9);
             server.delete_prefix("key:")?;
         }
