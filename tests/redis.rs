@@ -317,6 +317,52 @@ fn bad_settings_and_unreachable_servers_fail_tier_new_clearly() {
     assert_eq!(open_err(&config).kind(), ErrorKind::Config, "no url");
 }
 
+/// kvtier's own connection (plain TCP) does what the URL says at connect:
+/// `AUTH <user> <password>` for an ACL user, `SELECT <db>`; blocks land in
+/// that database and come back byte-exact; a wrong ACL password is a
+/// configuration error.
+#[test]
+fn acl_users_and_databases_from_the_url_are_honoured() {
+    let server = redis_or_skip!(RedisServer::start());
+    server.cli(&[
+        "ACL",
+        "SETUSER",
+        "engine",
+        "on",
+        ">engine-pw",
+        "~*",
+        "+@all",
+    ]);
+    let url = format!("redis://engine:engine-pw@127.0.0.1:{}/3", server.port());
+    let config = redis_config_at(&url, 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    h.store_all(1, &[1, 2, 3]);
+    let in_db3 = server.cli(&[
+        "-n",
+        "3",
+        "--scan",
+        "--pattern",
+        &format!("{}:*", config.redis.key_prefix),
+    ]);
+    assert_eq!(
+        in_db3.lines().filter(|l| !l.is_empty()).count(),
+        3,
+        "{in_db3}"
+    );
+    assert!(names_on(&server, &config).is_empty(), "nothing in db 0");
+    for (i, row) in [(1u64, 4i64), (2, 5), (3, 6)] {
+        let r = h.load(10 + i, &[i], &[row]);
+        assert!(r.error.is_none(), "{r:?}");
+        assert!(h.row_holds(row as usize, i), "block {i}");
+    }
+
+    let wrong = format!("redis://engine:nope@127.0.0.1:{}/3", server.port());
+    let mut config = redis_config_at(&wrong, 8, BB);
+    config.set("cluster", "off").unwrap();
+    let err = open_err(&config);
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+}
+
 /// `rediss://`: TLS to a server whose self-signed certificate (made here with
 /// openssl) the tier trusts through SSL_CERT_FILE, set in a child process so
 /// no other test sees it. An untrusted certificate fails `tier_new`.

@@ -23,6 +23,7 @@
 use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
 use std::io::{self, IoSlice, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
+use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Read buffer: reply heads, small replies, and whatever part of a payload
@@ -246,7 +247,7 @@ impl RespConn {
             while !slices.is_empty() {
                 self.arm(false)?;
                 let upto = slices.len().min(MAX_IOV);
-                match self.stream.write_vectored(&slices[..upto]) {
+                match send_vectored(&self.stream, &slices[..upto]) {
                     Ok(0) => return Err(closed()),
                     Ok(n) => IoSlice::advance_slices(&mut slices, n),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -405,6 +406,24 @@ impl RespConn {
     pub(super) fn unexpected(&mut self, what: String) -> io::Error {
         self.broken = true;
         protocol_error(what)
+    }
+}
+
+/// `sendmsg` with MSG_NOSIGNAL: a peer that closed the connection is an
+/// EPIPE error here, never a SIGPIPE (`TcpStream::write_vectored` is a plain
+/// `writev`, and SIGPIPE's default action would kill a C host process that
+/// does not ignore it).
+fn send_vectored(stream: &TcpStream, slices: &[IoSlice<'_>]) -> io::Result<usize> {
+    // SAFETY: an all-zero msghdr is valid; IoSlice is ABI-compatible with
+    // iovec, and the slices outlive the call.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = slices.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = slices.len() as _;
+    let sent = unsafe { libc::sendmsg(stream.as_raw_fd(), &msg, libc::MSG_NOSIGNAL) };
+    if sent < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
     }
 }
 
@@ -638,6 +657,50 @@ mod tests {
         assert!(started.elapsed() < Duration::from_secs(5));
         // A broken connection refuses further requests at once.
         assert!(redis::cmd("PING").query::<String>(&mut c).is_err());
+    }
+
+    /// Writing to a peer that closed is an error, not a SIGPIPE: checked in
+    /// a child process (this test binary again) with SIGPIPE's default
+    /// action restored, as in a C host that never ignored it.
+    #[test]
+    fn writes_to_a_closed_peer_fail_without_sigpipe() {
+        const CHILD: &str = "KVTIER_SIGPIPE_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            // SAFETY: restoring a signal's default action.
+            unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+            let (mut c, server) = serve(0, Vec::new(), false, T);
+            server.received.join().unwrap();
+            let big = vec![7u8; 1 << 20];
+            let mut failed = None;
+            for _ in 0..20 {
+                c.begin();
+                if let Err(e) = c.write_all_vectored(&mut [IoSlice::new(&big)]) {
+                    failed = Some(e);
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let e = failed.expect("writes to a closed peer should fail");
+            assert!(!c.is_open(), "{e}");
+            println!("child: write failed with {e}");
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "--exact",
+                "backend::redis::resp::tests::writes_to_a_closed_peer_fail_without_sigpipe",
+                "--nocapture",
+            ])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("child: write failed"),
+            "{:?}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     #[test]
