@@ -51,6 +51,11 @@ pub struct Stats {
     pub results_queued: u64,
     /// I/O worker threads.
     pub io_threads: u64,
+    /// Bytes of the memory backend's arena that are resident: made so by
+    /// `prefault` or written by a store (0 for disk and Redis). Counted from
+    /// the populator's progress and the highest slot stored, not asked of
+    /// the kernel.
+    pub resident_bytes: u64,
 }
 
 #[derive(Default)]

@@ -617,6 +617,14 @@ macro_rules! contract_suite {
 }
 
 contract_suite!(memory, crate::common::memory_config);
+contract_suite!(
+    memory_prefault_full,
+    crate::common::memory_full_prefault_config
+);
+contract_suite!(
+    memory_prefault_off,
+    crate::common::memory_no_prefault_config
+);
 contract_suite!(disk, crate::common::disk_config);
 contract_suite!(redis, crate::common::redis::standalone_config, || {
     crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()

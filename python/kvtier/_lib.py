@@ -63,6 +63,7 @@ STATS_FIELDS = (
     "metadata_bytes",
     "results_queued",
     "io_threads",
+    "resident_bytes",
 )
 
 
@@ -71,7 +72,7 @@ class tier_stats_t(Structure):
 
 
 assert ctypes.sizeof(tier_job_result_t) == 40
-assert ctypes.sizeof(tier_stats_t) == 160
+assert ctypes.sizeof(tier_stats_t) == 168
 
 
 class LibraryNotFoundError(ImportError):

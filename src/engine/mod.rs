@@ -392,6 +392,7 @@ impl Tier {
             metadata_bytes: metadata,
             results_queued: s.done.queued() as u64,
             io_threads: s.io_threads as u64,
+            resident_bytes: s.backend.resident_bytes(),
         }
     }
 }

@@ -38,8 +38,11 @@ impl Tier {
                 u32::MAX - 1
             );
         }
+        let prefault = config.resolved_prefault()?;
         let backend: Box<dyn Backend> = match config.backend {
-            BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
+            BackendKind::Memory => {
+                Box::new(MemoryBackend::new(block_bytes, blocks as usize, prefault)?)
+            }
             BackendKind::Disk => Box::new(DiskBackend::open(
                 &config.disk,
                 &config.namespace,
