@@ -89,6 +89,10 @@ struct Cli {
     /// skip the bandwidth phase (memory backend)
     #[arg(long)]
     skip_bandwidth: bool,
+    /// skip the first-fill phase (memory backend): cold stores against the
+    /// page-population bound, prefault=full and background, page policies
+    #[arg(long)]
+    skip_first_fill: bool,
     /// skip the 4 KiB latency phase (memory backend)
     #[arg(long)]
     skip_latency: bool,
@@ -144,6 +148,7 @@ pub struct Settings {
     pub json: bool,
     pub progress: bool,
     pub skip_bandwidth: bool,
+    pub skip_first_fill: bool,
     pub skip_latency: bool,
     pub skip_lookup: bool,
     pub io_threads: Option<usize>,
@@ -196,6 +201,7 @@ impl From<Cli> for Settings {
             json: c.json,
             progress: !c.no_progress,
             skip_bandwidth: c.skip_bandwidth,
+            skip_first_fill: c.skip_first_fill,
             skip_latency: c.skip_latency,
             skip_lookup: c.skip_lookup,
             io_threads: c.io_threads,
