@@ -49,7 +49,7 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
-    /// the library default, min(cores, 4), for memory; 8 for disk and redis]
+    /// the library default, min(cores, 4), for memory; 32 for disk; 8 for redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
     io_threads: Option<usize>,
     /// data moved per direction per repetition, in GiB [default: 2]
