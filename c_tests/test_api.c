@@ -162,7 +162,8 @@ static void test_config_accepts_and_rejects_values(void) {
         {"backend", "memory"},      {"capacity_bytes", "4096"}, {"capacity_bytes", "64KiB"},
         {"capacity_bytes", "1 MiB"}, {"capacity_bytes", "2GiB"}, {"capacity_bytes", "1TiB"},
         {"io_threads", "1"},        {"io_threads", "256"},      {"idle_spin_us", "0"},
-        {"idle_spin_us", "1000000"},
+        {"idle_spin_us", "1000000"}, {"prefault", "off"},      {"prefault", "Background"},
+        {"prefault", "FULL"},
     };
     static const struct setting bad[] = {
         {"backend", "tape"},           {"backend", ""},
@@ -173,7 +174,8 @@ static void test_config_accepts_and_rejects_values(void) {
         {"io_threads", "257"},         {"io_threads", "x"},
         {"io_threads", "-1"},          {"io_threads", ""},
         {"idle_spin_us", "1000001"},   {"idle_spin_us", "-5"},
-        {"idle_spin_us", "1.5"},
+        {"idle_spin_us", "1.5"},       {"prefault", "on"},
+        {"prefault", ""},
     };
     size_t i;
     tier_config_t *cfg = tier_config_new();

@@ -50,6 +50,33 @@ pub enum SyncMode {
     Data,
 }
 
+/// When the memory backend's arena becomes resident (see
+/// `src/backend/prefault.rs` for the rule and the measurements behind it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Prefault {
+    /// No resident memory until a store writes it: the first stores pay the
+    /// page faults on the copy path.
+    Off,
+    /// A low-priority thread keeps a bounded window of arena ahead of the
+    /// slots stored so far resident, from `tier_new` on, so stores find
+    /// their pages ready; an idle tier holds at most that window.
+    Background,
+    /// A low-priority thread makes the whole capacity resident from
+    /// `tier_new` on, as engines that preallocate pinned memory expect.
+    Full,
+}
+
+impl Prefault {
+    /// The value accepted by the `prefault` key.
+    pub fn name(self) -> &'static str {
+        match self {
+            Prefault::Off => "off",
+            Prefault::Background => "background",
+            Prefault::Full => "full",
+        }
+    }
+}
+
 /// Whether the Redis backend talks to a Redis Cluster.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClusterMode {
@@ -176,6 +203,9 @@ pub struct TierConfig {
     /// named by a keyed hash, so that only holders of this key can read, find
     /// or forge them. Never shown: its `Debug` is redacted.
     pub seal: Option<SealKey>,
+    /// Memory backend: when its arena becomes resident; `None` picks the
+    /// default ([`TierConfig::resolved_prefault`]).
+    pub prefault: Option<Prefault>,
 }
 
 impl Default for TierConfig {
@@ -192,6 +222,7 @@ impl Default for TierConfig {
             events: false,
             events_capacity: DEFAULT_EVENTS_CAPACITY,
             seal: None,
+            prefault: None,
         }
     }
 }
@@ -220,6 +251,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "events_capacity",
     "seal_key",
     "seal_key_file",
+    "prefault",
 ];
 
 impl TierConfig {
@@ -374,6 +406,17 @@ impl TierConfig {
                     SealKey::from_file(std::path::Path::new(value))?
                 });
             }
+            "prefault" => {
+                self.prefault = Some(match value.to_ascii_lowercase().as_str() {
+                    "off" => Prefault::Off,
+                    "background" => Prefault::Background,
+                    "full" => Prefault::Full,
+                    _ => bail!(
+                        Config,
+                        "prefault: {value:?} is not off, background or full"
+                    ),
+                })
+            }
             _ => bail!(
                 Config,
                 "unknown configuration key {key:?} (known keys: {})",
@@ -392,11 +435,35 @@ impl TierConfig {
                 // only steal cores from the engine.
                 cores.clamp(1, 4)
             }
-            // Threads mostly wait on the device; SSDs need queue depth.
-            BackendKind::Disk => 8,
+            // Threads mostly wait on the device, one request each: the
+            // thread count is the device's queue depth. Small blocks need a
+            // deep queue (python/bench/bench_disk_vs_fs.py, 64 KiB rows:
+            // loads went from 0.67x vLLM's fs tier, which has 32 threads,
+            // at 8 threads to 0.91x at 32; 2 MiB rows showed no difference).
+            // An idle thread costs a stack and no CPU (one spins at a time).
+            BackendKind::Disk => 32,
             // Threads mostly wait on the network.
             BackendKind::Redis => 8,
         })
+    }
+
+    /// The arena policy this configuration resolves to: `background` for the
+    /// memory backend unless set, `off` for the others (they have no arena).
+    ///
+    /// Fails with `Config` if `prefault` was set to anything but `off` for a
+    /// backend without an arena: a setting that cannot take effect is a
+    /// mistake worth hearing about, not a silent no-op.
+    pub fn resolved_prefault(&self) -> Result<Prefault> {
+        match (self.backend, self.prefault) {
+            (BackendKind::Memory, p) => Ok(p.unwrap_or(Prefault::Background)),
+            (_, None | Some(Prefault::Off)) => Ok(Prefault::Off),
+            (backend, Some(p)) => bail!(
+                Config,
+                "prefault: {:?} applies to the memory backend only (backend is {:?}, which keeps no arena in memory)",
+                p.name(),
+                backend.name()
+            ),
+        }
     }
 }
 
@@ -610,6 +677,43 @@ mod tests {
                 "{k}={v}"
             );
         }
+    }
+
+    #[test]
+    fn prefault_parses_case_insensitively_and_applies_to_memory_only() {
+        let mut cfg = TierConfig::default();
+        assert_eq!(cfg.resolved_prefault().unwrap(), Prefault::Background);
+        for (value, want) in [
+            ("off", Prefault::Off),
+            ("Background", Prefault::Background),
+            (" FULL ", Prefault::Full),
+        ] {
+            cfg.set("prefault", value).unwrap();
+            assert_eq!(cfg.prefault, Some(want), "{value:?}");
+            assert_eq!(cfg.resolved_prefault().unwrap(), want);
+        }
+        let before = cfg.clone();
+        for bad in ["", "on", "true", "backgrnd", "2"] {
+            let err = cfg.set("prefault", bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Config, "{bad:?}");
+            assert!(err.message().starts_with("prefault:"), "{err}");
+        }
+        assert_eq!(cfg, before, "a rejected value changes nothing");
+
+        // Disk and Redis have no arena: unset or off resolves to off, and
+        // asking for more is refused with a message naming both settings.
+        cfg.set("backend", "disk").unwrap();
+        let err = cfg.resolved_prefault().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(
+            err.message().contains("full") && err.message().contains("disk"),
+            "{err}"
+        );
+        cfg.set("prefault", "off").unwrap();
+        assert_eq!(cfg.resolved_prefault().unwrap(), Prefault::Off);
+        cfg.prefault = None;
+        cfg.set("backend", "redis").unwrap();
+        assert_eq!(cfg.resolved_prefault().unwrap(), Prefault::Off);
     }
 
     #[test]

@@ -46,7 +46,7 @@ mod stats;
 mod workers;
 
 pub use config::{
-    parse_size, BackendKind, ClusterMode, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
+    parse_size, BackendKind, ClusterMode, Prefault, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
     DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
 };
 pub use engine::jobs::{JobKind, JobResult};

@@ -54,6 +54,11 @@ pub struct Stats {
     /// Block events dropped because the event ring was full (events=true);
     /// tier_poll_events reports each loss in place as a TIER_EVENT_LOST.
     pub events_dropped: u64,
+    /// Bytes of the memory backend's arena that are resident: made so by
+    /// `prefault` or written by a store (0 for disk and Redis). Counted from
+    /// the populator's progress and the highest slot stored, not asked of
+    /// the kernel.
+    pub resident_bytes: u64,
 }
 
 #[derive(Default)]

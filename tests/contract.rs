@@ -843,6 +843,14 @@ macro_rules! contract_suite {
 }
 
 contract_suite!(memory, crate::common::memory_config);
+contract_suite!(
+    memory_prefault_full,
+    crate::common::memory_full_prefault_config
+);
+contract_suite!(
+    memory_prefault_off,
+    crate::common::memory_no_prefault_config
+);
 contract_suite!(disk, crate::common::disk_config);
 contract_suite!(disk_sealed, crate::common::sealed_disk_config);
 contract_suite!(redis, crate::common::redis::standalone_config, || {

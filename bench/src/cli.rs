@@ -49,7 +49,7 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
-    /// the library default, min(cores, 4), for memory; 8 for disk and redis]
+    /// the library default, min(cores, 4), for memory; 32 for disk; 8 for redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
     io_threads: Option<usize>,
     /// data moved per direction per repetition, in GiB [default: 2]
@@ -89,6 +89,10 @@ struct Cli {
     /// skip the bandwidth phase (memory backend)
     #[arg(long)]
     skip_bandwidth: bool,
+    /// skip the first-fill phase (memory backend): cold stores against the
+    /// page-population bound, prefault=full and background, page policies
+    #[arg(long)]
+    skip_first_fill: bool,
     /// skip the 4 KiB latency phase (memory backend)
     #[arg(long)]
     skip_latency: bool,
@@ -144,6 +148,7 @@ pub struct Settings {
     pub json: bool,
     pub progress: bool,
     pub skip_bandwidth: bool,
+    pub skip_first_fill: bool,
     pub skip_latency: bool,
     pub skip_lookup: bool,
     pub io_threads: Option<usize>,
@@ -196,6 +201,7 @@ impl From<Cli> for Settings {
             json: c.json,
             progress: !c.no_progress,
             skip_bandwidth: c.skip_bandwidth,
+            skip_first_fill: c.skip_first_fill,
             skip_latency: c.skip_latency,
             skip_lookup: c.skip_lookup,
             io_threads: c.io_threads,

@@ -88,6 +88,7 @@ STATS_FIELDS = (
     "results_queued",
     "io_threads",
     "events_dropped",
+    "resident_bytes",
 )
 
 
@@ -96,7 +97,7 @@ class tier_stats_t(Structure):
 
 
 assert ctypes.sizeof(tier_job_result_t) == 48
-assert ctypes.sizeof(tier_stats_t) == 168
+assert ctypes.sizeof(tier_stats_t) == 176
 assert ctypes.sizeof(tier_event_t) == 160
 
 

@@ -406,6 +406,19 @@ def test_config_values_as_strings_and_ints():
         assert t.stats().capacity_bytes == 1 << 30
 
 
+def test_prefault_full_makes_the_capacity_resident():
+    buf = np.zeros((4, ROW), dtype=np.uint8)
+    with Tier(buf, capacity_bytes="8MiB", prefault="full") as t:
+        deadline = time.monotonic() + 60
+        while t.stats().resident_bytes < 8 << 20 and time.monotonic() < deadline:
+            time.sleep(0.005)
+        assert t.stats().resident_bytes == 8 << 20
+    with Tier(buf, capacity_bytes="8MiB", prefault="off") as t:
+        assert t.stats().resident_bytes == 0
+    e = raises(kvtier.TIER_ERR_CONFIG, Tier, buf, prefault="sometimes")
+    assert "prefault" in e.message
+
+
 def test_capacity_below_one_block():
     buf = np.zeros((4, ROW), dtype=np.uint8)
     e = raises(kvtier.TIER_ERR_CONFIG, Tier, buf, capacity_bytes=ROW - 1)

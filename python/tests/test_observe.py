@@ -124,6 +124,7 @@ def test_metrics_parse_as_prometheus_text_and_match_the_stats():
         ("kvtier_jobs_in_flight", "jobs_in_flight"),
         ("kvtier_results_queued", "results_queued"),
         ("kvtier_io_threads", "io_threads"),
+        ("kvtier_resident_bytes", "resident_bytes"),
     ):
         assert value(name) == getattr(stats, field), name
     assert (stats.lookups, stats.hits, stats.misses) == (3, 2, 1)

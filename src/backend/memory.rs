@@ -2,17 +2,25 @@
 //!
 //! The mapping is reserved, not committed (`MAP_NORESERVE`), so capacity that
 //! was never written costs no resident memory; a slot's pages become resident on
-//! its first store and are reused after eviction.
+//! its first store, or earlier through `prefault` (see `prefault.rs`), and are
+//! reused after eviction.
 
+use super::prefault::{ahead_window, ArenaProgress, Populator, Target};
 use super::Backend;
+use crate::config::Prefault;
 use crate::error::{bail, Result};
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 pub(crate) struct MemoryBackend {
     arena: NonNull<u8>,
     mapped_len: usize,
     block_bytes: usize,
     slots: usize,
+    prefault: Prefault,
+    progress: Arc<ArenaProgress>,
+    /// Dropped (stopped and joined) before the arena is unmapped.
+    populator: Option<Populator>,
 }
 
 // SAFETY: the arena is plain bytes. The index gives each slot to one writer
@@ -22,7 +30,11 @@ unsafe impl Send for MemoryBackend {}
 unsafe impl Sync for MemoryBackend {}
 
 impl MemoryBackend {
-    pub(crate) fn new(block_bytes: usize, slots: usize) -> Result<MemoryBackend> {
+    pub(crate) fn new(
+        block_bytes: usize,
+        slots: usize,
+        prefault: Prefault,
+    ) -> Result<MemoryBackend> {
         let Some(len) = block_bytes
             .checked_mul(slots)
             .filter(|&l| l <= isize::MAX as usize / 2)
@@ -55,12 +67,32 @@ impl MemoryBackend {
             // SAFETY: advice on our own mapping.
             unsafe { libc::madvise(ptr, mapped_len, libc::MADV_HUGEPAGE) };
         }
-        Ok(MemoryBackend {
+        let mut backend = MemoryBackend {
             arena: NonNull::new(ptr as *mut u8).expect("mmap returned NULL"),
             mapped_len,
             block_bytes,
             slots,
-        })
+            prefault,
+            progress: Arc::new(ArenaProgress::new()),
+            populator: None,
+        };
+        let target = match prefault {
+            Prefault::Off => None,
+            Prefault::Background => Some(Target::Ahead {
+                window: ahead_window(len),
+            }),
+            Prefault::Full => Some(Target::Full),
+        };
+        if let Some(target) = target {
+            let progress = Arc::clone(&backend.progress);
+            // SAFETY: the arena stays mapped until `drop`, which drops the
+            // populator (stopping and joining it) before unmapping. On
+            // failure here `backend` is dropped, unmapping the arena.
+            let populator =
+                unsafe { Populator::start(ptr as *mut u8, mapped_len, target, progress)? };
+            backend.populator = Some(populator);
+        }
+        Ok(backend)
     }
 
     fn slot_ptr(&self, slot: u32) -> *mut u8 {
@@ -78,6 +110,9 @@ impl Backend for MemoryBackend {
         // SAFETY: dst is this slot's block inside the arena, written by this
         // store alone (see the Sync note); `block` is a distinct allocation.
         unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) }
+        let end = (slot as usize + 1) * self.block_bytes;
+        self.progress
+            .note_stored(end, self.populator.as_ref().map(Populator::thread));
         Ok(self.block_bytes as u64)
     }
 
@@ -90,7 +125,20 @@ impl Backend for MemoryBackend {
     }
 
     fn describe(&self) -> String {
-        format!("memory: {} slots of {} bytes", self.slots, self.block_bytes)
+        let mut line = format!(
+            "memory: {} slots of {} bytes, prefault {}",
+            self.slots,
+            self.block_bytes,
+            self.prefault.name()
+        );
+        if let Some(err) = self.progress.gave_up() {
+            line.push_str(&format!(" (stopped early: {err})"));
+        }
+        line
+    }
+
+    fn resident_bytes(&self) -> u64 {
+        self.progress.resident_bytes(self.mapped_len)
     }
 
     fn release_in_forked_child(&self) {
@@ -116,7 +164,50 @@ impl Backend for MemoryBackend {
 
 impl Drop for MemoryBackend {
     fn drop(&mut self) {
+        // The populator writes the arena: it ends before the mapping does.
+        drop(self.populator.take());
         // SAFETY: unmapping our own mapping; workers have been joined.
         unsafe { libc::munmap(self.arena.as_ptr() as *mut libc::c_void, self.mapped_len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// Pages of the arena the kernel holds resident, by `mincore`.
+    fn pages_in_core(b: &MemoryBackend) -> usize {
+        let mut vec = vec![0u8; b.mapped_len.div_ceil(4096)];
+        // SAFETY: our own mapping, and one byte of `vec` per page.
+        let rc = unsafe {
+            libc::mincore(
+                b.arena.as_ptr() as *mut libc::c_void,
+                b.mapped_len,
+                vec.as_mut_ptr(),
+            )
+        };
+        assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+        vec.iter().filter(|&&v| v & 1 == 1).count()
+    }
+
+    #[test]
+    fn resident_bytes_agrees_with_the_kernel() {
+        let block = 64 << 10;
+        let off = MemoryBackend::new(block, 64, Prefault::Off).unwrap();
+        assert_eq!((off.resident_bytes(), pages_in_core(&off)), (0, 0));
+        off.store(2, b"k", &vec![7u8; block]).unwrap();
+        // Slots 0 and 1 were never written: counted resident all the same,
+        // since the allocator hands slots out in order (see prefault.rs).
+        assert_eq!(off.resident_bytes(), 3 * block as u64);
+        assert_eq!(pages_in_core(&off), block / 4096);
+
+        let full = MemoryBackend::new(block, 64, Prefault::Full).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while full.resident_bytes() < (64 * block) as u64 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        assert_eq!(full.resident_bytes(), (64 * block) as u64);
+        assert_eq!(pages_in_core(&full), 64 * block / 4096);
     }
 }

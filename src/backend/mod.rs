@@ -6,6 +6,7 @@
 
 pub(crate) mod disk;
 pub(crate) mod memory;
+mod prefault;
 #[cfg(feature = "redis-backend")]
 pub(crate) mod redis;
 pub(crate) mod xxh64;
@@ -103,6 +104,12 @@ pub(crate) trait Backend: Send + Sync {
         record(false)
     }
 
+    /// Bytes of storage this backend holds resident in the process's memory
+    /// (the memory arena's populated pages; 0 for storage elsewhere).
+    fn resident_bytes(&self) -> u64 {
+        0
+    }
+
     /// One line for logs and `tier_describe`.
     fn describe(&self) -> String;
 
@@ -152,7 +159,7 @@ mod tests {
 
     #[test]
     fn memory_backend_round_trips_plain_buffers() {
-        round_trip(&MemoryBackend::new(BB, 4).unwrap());
+        round_trip(&MemoryBackend::new(BB, 4, crate::config::Prefault::Off).unwrap());
     }
 
     #[test]

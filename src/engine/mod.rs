@@ -492,6 +492,7 @@ impl Tier {
             results_queued: s.done.queued() as u64,
             io_threads: s.io_threads as u64,
             events_dropped,
+            resident_bytes: s.backend.resident_bytes(),
         }
     }
 }

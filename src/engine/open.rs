@@ -42,6 +42,7 @@ impl Tier {
             );
         }
         let sealer = config.seal.as_ref().map(Sealer::new);
+        let prefault = config.resolved_prefault()?;
         let backend: Box<dyn Backend> = match config.backend {
             // An arena inside this process is out of other tenants' reach.
             BackendKind::Memory if sealer.is_some() => bail!(
@@ -49,7 +50,9 @@ impl Tier {
                 "seal_key: the memory backend keeps blocks inside this process; \
                  sealing is for shared storage (disk, redis)"
             ),
-            BackendKind::Memory => Box::new(MemoryBackend::new(block_bytes, blocks as usize)?),
+            BackendKind::Memory => {
+                Box::new(MemoryBackend::new(block_bytes, blocks as usize, prefault)?)
+            }
             BackendKind::Disk => Box::new(DiskBackend::open(
                 &config.disk,
                 &config.namespace,

@@ -83,8 +83,14 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 ///
 /// Keys: "backend" ("memory" or "disk"); "capacity_bytes" (bytes, or a number
 /// with KiB, MiB, GiB or TiB); "io_threads" (1..=256; default min(cores, 4) for
-/// memory, 8 for disk); "idle_spin_us" (0..=1000000: how long idle workers poll
+/// memory, 32 for disk, 8 for redis); "idle_spin_us" (0..=1000000: how long idle workers poll
 /// for work before sleeping).
+/// Memory backend: "prefault" ("off": no resident memory until stores write
+/// it; "background", the default: a low-priority thread keeps a window of
+/// arena ahead of the stored slots resident, an eighth of the capacity within
+/// 64 MiB..1 GiB; "full": the whole capacity, from tier_new on). Other
+/// backends accept only "off"; anything else fails tier_new with
+/// TIER_ERR_CONFIG.
 /// Disk backend: "path" (directory, created owner-only if missing, parent must
 /// exist); "namespace" (names the block layout: model, dtype, geometry; blocks
 /// of other namespaces or block sizes are never loaded); "o_direct" ("auto",

@@ -153,6 +153,11 @@ pub(crate) fn render(stats: &Stats, jobs: &JobMetrics, backend: &str, namespace:
         "I/O worker threads.",
         &one(stats.io_threads),
     );
+    e.gauge(
+        "kvtier_resident_bytes",
+        "Bytes of the memory backend's arena that are resident (0 for disk and Redis).",
+        &one(stats.resident_bytes),
+    );
 
     let [store_latency, load_latency] = JobMetrics::snapshots(&jobs.latency);
     e.histogram(
@@ -289,7 +294,7 @@ mod tests {
                 assert!(line.starts_with(&format!("{name}{{{b}")), "{line}");
             }
         }
-        assert_eq!(declared.len(), 19);
+        assert_eq!(declared.len(), 20);
     }
 
     #[test]

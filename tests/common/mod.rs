@@ -321,6 +321,23 @@ pub fn memory_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
     }
 }
 
+/// [`memory_config`] with the arena populated ahead (`full`) or never
+/// (`off`), for the contract suite (the default is `background`).
+pub fn memory_full_prefault_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    TierConfig {
+        prefault: Some(kvtier::Prefault::Full),
+        ..memory_config(capacity_blocks, block_bytes)
+    }
+}
+
+/// See [`memory_full_prefault_config`].
+pub fn memory_no_prefault_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    TierConfig {
+        prefault: Some(kvtier::Prefault::Off),
+        ..memory_config(capacity_blocks, block_bytes)
+    }
+}
+
 /// This test binary again, running only its ignored test `name` (the other
 /// process of a multi-process test); the caller adds the environment.
 pub fn test_child(name: &str) -> std::process::Command {

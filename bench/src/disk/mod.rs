@@ -47,8 +47,9 @@ impl Params {
             dir: s.dir.clone().unwrap_or_else(|| {
                 std::env::temp_dir().join(format!("kvtier-bench-{}", std::process::id()))
             }),
-            // Enough requests in flight to keep a device's queue busy.
-            io_threads: s.io_threads.unwrap_or(8),
+            // The library's default for disk: enough requests in flight to
+            // keep a device's queue busy.
+            io_threads: s.io_threads.unwrap_or(32),
             data_bytes: s.data_bytes,
             block_bytes: s.block_bytes,
             job_blocks: s.job_blocks,

@@ -2,6 +2,7 @@
 //! baseline run with the same number of threads over the same rows, with every
 //! byte verified; and how those figures are reported.
 
+use super::prefault;
 use crate::buffer::{anon_huge_bytes, for_each_parallel, rss_bytes, time_parallel, MappedBuf};
 use crate::capi::{Config, Tier};
 use crate::cli::Settings;
@@ -32,6 +33,8 @@ pub struct Results {
     pub load_job_ns: Vec<u64>,
     pub verified_bytes: u64,
     pub verify_passes: usize,
+    /// The first-fill phase (None with --skip-first-fill).
+    pub first_fill: Option<prefault::Results>,
 }
 
 /// `helper_threads` fill and verify rows (untimed).
@@ -45,6 +48,9 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
     let mut cfg = Config::new().map_err(|e| e.to_string())?;
     cfg.set("capacity_bytes", &capacity.to_string())
         .map_err(|e| e.to_string())?;
+    // The cold pass measures the fault path itself (the first-fill phase
+    // measures what prefault changes); steady state is the same either way.
+    cfg.set("prefault", "off").map_err(|e| e.to_string())?;
     if let Some(t) = p.io_threads {
         cfg.set("io_threads", &t.to_string())
             .map_err(|e| e.to_string())?;
@@ -115,6 +121,7 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
         load_job_ns: Vec::new(),
         verified_bytes: 0,
         verify_passes: 0,
+        first_fill: None,
     };
     for _ in 0..p.repeat {
         let secs = memcpy_pass(&buf, n, block, io_threads);
@@ -138,13 +145,34 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
     r.verified_bytes = verified_bytes;
     r.verify_passes = verify_passes;
     let after = tier.stats().map_err(|e| e.to_string())?;
+    if !p.skip_first_fill {
+        // Not beside a resident 2 GiB arena it has no use for.
+        drop(tier);
+        let setup = prefault::Setup {
+            buf: &buf,
+            store: &store,
+            load: &load,
+            rows: n,
+            block,
+            capacity,
+            io_threads,
+            helpers,
+        };
+        r.first_fill = Some(prefault::run(p, &setup)?);
+        return check_counters(after).map(|()| r);
+    }
+    check_counters(after)?;
+    Ok(r)
+}
+
+fn check_counters(after: kvtier::ffi::tier_stats_t) -> Result<(), String> {
     if after.stores_failed != 0 || after.loads_failed != 0 || after.evictions != 0 {
         return Err(format!(
             "tier counters after the bandwidth runs: {} stores failed, {} loads failed, {} evictions (expected none)",
             after.stores_failed, after.loads_failed, after.evictions
         ));
     }
-    Ok(r)
+    Ok(())
 }
 
 /// Copies every source row to its destination row with `threads` threads, each
@@ -169,7 +197,7 @@ fn memcpy_pass(buf: &MappedBuf, n: usize, block: usize, threads: usize) -> f64 {
 /// Untimed: poisons the destination rows, loads every key into them and
 /// compares every byte with the data its source row was filled with.
 #[allow(clippy::too_many_arguments)]
-fn verify(
+pub(super) fn verify(
     tier: &Tier,
     buf: &MappedBuf,
     load: &Stream,
@@ -228,7 +256,7 @@ impl Results {
             ),
         );
         out.row(
-            "store, first pass (cold arena)",
+            "store, first pass (cold arena, prefault=off)",
             self.store_cold,
             "GB/s",
             format!(
@@ -310,5 +338,8 @@ impl Results {
             gib(self.verified_bytes),
             self.verify_passes
         ));
+        if let Some(first_fill) = &self.first_fill {
+            first_fill.report(memcpy, out);
+        }
     }
 }

@@ -5,6 +5,7 @@
 mod bandwidth;
 mod latency;
 mod lookup;
+mod prefault;
 
 use crate::cli::Settings;
 use crate::report::Report;

@@ -1,0 +1,484 @@
+//! Memory backend, first fill: what the kernel's page-fault path costs, how
+//! close a cold tier's first stores come to it, and what `prefault` buys.
+//!
+//! Per repetition, each on a fresh tier or region of the same size, over the
+//! source rows the bandwidth phase filled (every stored byte is loaded back
+//! and compared):
+//!
+//! - **population bound**: a fresh `MAP_NORESERVE` region with the arena's page
+//!   policy (`MADV_HUGEPAGE` for blocks of 2 MiB or more), populated with
+//!   `MADV_POPULATE_WRITE` one block at a time by `io_threads` threads;
+//! - **cold store**: `prefault=off`, the first store pass (pays the faults);
+//!   alternated with the bound (ABBA), as both depend on how much free memory
+//!   the kernel has in huge-page-sized pieces at that moment;
+//! - **`full`**: time from `tier_new` until `resident_bytes` reaches the
+//!   capacity (s/GiB), then the first store pass; and on another fresh tier,
+//!   a store pass started right after `tier_new` (population in progress);
+//! - **`background`** (the default): a store pass right after `tier_new`;
+//! - **page policies**: a fresh region populated under 4 KiB pages
+//!   (`MADV_NOHUGEPAGE`), THP (`MADV_HUGEPAGE`), and 4 KiB pages collapsed
+//!   afterwards (`MADV_COLLAPSE`), each followed by a memcpy pass into it
+//!   (what steady-state copies cost on those pages).
+
+use super::bandwidth::verify;
+use crate::buffer::{time_parallel, MappedBuf};
+use crate::capi::{Config, Tier};
+use crate::cli::Settings;
+use crate::jobs::{JobIds, Stream};
+use crate::progress::Progress;
+use crate::report::{num, Cmp, Report};
+use crate::stats::{dist, max, median, min};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+/// The rows and streams of the bandwidth phase, reused here.
+pub struct Setup<'a> {
+    pub buf: &'a MappedBuf,
+    pub store: &'a Stream<'a>,
+    pub load: &'a Stream<'a>,
+    pub rows: usize,
+    pub block: usize,
+    pub capacity: u64,
+    pub io_threads: usize,
+    pub helpers: usize,
+}
+
+pub struct Results {
+    pub threads: usize,
+    pub bytes: u64,
+    pub capacity: u64,
+    pub huge_advice: bool,
+    /// GB/s per repetition.
+    pub populate_bound: Vec<f64>,
+    pub cold_store: Vec<f64>,
+    pub full_populate_s_per_gib: Vec<f64>,
+    pub full_store_after: Vec<f64>,
+    pub full_store_during: Vec<f64>,
+    pub background_store_first: Vec<f64>,
+    pub policies: Vec<Policy>,
+    pub verified_bytes: u64,
+}
+
+/// A page policy's population rate and the memcpy rate into its pages.
+pub struct Policy {
+    pub name: &'static str,
+    pub populate: Vec<f64>,
+    /// Seconds of `MADV_COLLAPSE` per GiB (collapse policy only).
+    pub collapse_s_per_gib: Vec<f64>,
+    pub memcpy: Vec<f64>,
+}
+
+const POLICIES: [&str; 3] = [
+    "4 KiB pages (MADV_NOHUGEPAGE)",
+    "THP (MADV_HUGEPAGE)",
+    "4 KiB, then MADV_COLLAPSE",
+];
+
+pub fn run(p: &Settings, s: &Setup) -> Result<Results, String> {
+    let bytes = (s.rows * s.block) as u64;
+    let mut r = Results {
+        threads: s.io_threads,
+        bytes,
+        capacity: s.capacity,
+        huge_advice: s.block >= 2 << 20,
+        populate_bound: Vec::new(),
+        cold_store: Vec::new(),
+        full_populate_s_per_gib: Vec::new(),
+        full_store_after: Vec::new(),
+        full_store_during: Vec::new(),
+        background_store_first: Vec::new(),
+        policies: POLICIES
+            .iter()
+            .map(|&name| Policy {
+                name,
+                populate: Vec::new(),
+                collapse_s_per_gib: Vec::new(),
+                memcpy: Vec::new(),
+            })
+            .collect(),
+        verified_bytes: 0,
+    };
+    // Per repetition: bound, cold, 3 prefault tiers (+ verification), 3 policies.
+    let units = (2 + 3 * 2 + 3 * 2) as u64 * p.repeat as u64;
+    let mut bar = Progress::new(p.progress, "first fill: passes", units * bytes);
+    let mut ids = JobIds::default();
+    for rep in 0..p.repeat {
+        let bound_first = rep % 2 == 0;
+        if bound_first {
+            r.populate_bound
+                .push(populate_region(s, Advice::AsTier(r.huge_advice))?.0);
+            bar.add(bytes);
+        }
+        let (gbps, verified) = first_pass(s, "off", Wait::No, &mut ids, &mut bar)?;
+        r.cold_store.push(gbps);
+        r.verified_bytes += verified;
+        if !bound_first {
+            r.populate_bound
+                .push(populate_region(s, Advice::AsTier(r.huge_advice))?.0);
+            bar.add(bytes);
+        }
+
+        let mut populated = 0.0;
+        let (gbps, verified) = first_pass(
+            s,
+            "full",
+            Wait::Resident(&mut populated),
+            &mut ids,
+            &mut bar,
+        )?;
+        r.full_populate_s_per_gib
+            .push(populated / (s.capacity as f64 / (1u64 << 30) as f64));
+        r.full_store_after.push(gbps);
+        r.verified_bytes += verified;
+        let (gbps, verified) = first_pass(s, "full", Wait::No, &mut ids, &mut bar)?;
+        r.full_store_during.push(gbps);
+        r.verified_bytes += verified;
+        let (gbps, verified) = first_pass(s, "background", Wait::No, &mut ids, &mut bar)?;
+        r.background_store_first.push(gbps);
+        r.verified_bytes += verified;
+
+        for (i, advice) in [Advice::NoHuge, Advice::Huge, Advice::Collapse]
+            .into_iter()
+            .enumerate()
+        {
+            let (populate, collapse, memcpy) = policy_pass(s, advice)?;
+            let policy = &mut r.policies[i];
+            policy.populate.push(populate);
+            policy.memcpy.push(memcpy);
+            if let Some(c) = collapse {
+                policy.collapse_s_per_gib.push(c);
+            }
+            bar.add(2 * bytes);
+        }
+    }
+    bar.finish();
+    Ok(r)
+}
+
+enum Wait<'a> {
+    /// Store at once.
+    No,
+    /// Wait until the whole capacity is resident; its seconds from `tier_new`.
+    Resident(&'a mut f64),
+}
+
+/// A fresh tier with `prefault`, one store pass (GB/s), then every key loaded
+/// back and compared (bytes verified).
+fn first_pass(
+    s: &Setup,
+    prefault: &str,
+    wait: Wait,
+    ids: &mut JobIds,
+    bar: &mut Progress,
+) -> Result<(f64, u64), String> {
+    let mut cfg = Config::new().map_err(|e| e.to_string())?;
+    for (k, v) in [
+        ("capacity_bytes", s.capacity.to_string()),
+        ("io_threads", s.io_threads.to_string()),
+        ("prefault", prefault.to_string()),
+    ] {
+        cfg.set(k, &v).map_err(|e| e.to_string())?;
+    }
+    let opened = Instant::now();
+    let tier = Tier::new(&cfg, s.buf, s.block).map_err(|e| e.to_string())?;
+    if let Wait::Resident(secs) = wait {
+        let deadline = opened + Duration::from_secs(600);
+        loop {
+            let st = tier.stats().map_err(|e| e.to_string())?;
+            if st.resident_bytes >= st.capacity_bytes {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "prefault=full: {} of {} bytes resident after 600 s ({})",
+                    st.resident_bytes,
+                    st.capacity_bytes,
+                    tier.describe()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        *secs = opened.elapsed().as_secs_f64();
+    }
+    let pass = s.store.run(&tier, ids, |b| bar.add(b))?;
+    let verified = verify(&tier, s.buf, s.load, s.rows, s.block, s.helpers, ids, bar)?;
+    Ok((pass.gbps(), verified))
+}
+
+#[derive(Clone, Copy)]
+enum Advice {
+    /// What the memory backend does: huge pages for blocks of 2 MiB or more.
+    AsTier(bool),
+    NoHuge,
+    Huge,
+    /// No advice while populating (4 KiB pages here), then `MADV_COLLAPSE`.
+    Collapse,
+}
+
+/// A fresh region of the pass's size with `advice`, populated block by block
+/// with the tier's thread count: (GB/s, the region).
+fn populate_region(s: &Setup, advice: Advice) -> Result<(f64, Region), String> {
+    let region = Region::new((s.rows * s.block) as u64 as usize)?;
+    let huge = match advice {
+        Advice::AsTier(huge) => huge.then_some(libc::MADV_HUGEPAGE),
+        Advice::NoHuge => Some(libc::MADV_NOHUGEPAGE),
+        Advice::Huge => Some(libc::MADV_HUGEPAGE),
+        Advice::Collapse => None,
+    };
+    if let Some(advice) = huge {
+        region.advise(0, region.len, advice)?;
+    }
+    let secs = time_parallel(s.io_threads, s.rows, |i| {
+        region.advise(i * s.block, s.block, libc::MADV_POPULATE_WRITE)
+    })?;
+    Ok((region.len as f64 / secs / 1e9, region))
+}
+
+/// (populate GB/s, collapse s/GiB for that policy, memcpy GB/s into the pages).
+fn policy_pass(s: &Setup, advice: Advice) -> Result<(f64, Option<f64>, f64), String> {
+    let (populate, region) = populate_region(s, advice)?;
+    let collapse = match advice {
+        Advice::Collapse => {
+            let start = Instant::now();
+            region.advise(0, region.len, libc::MADV_COLLAPSE)?;
+            let secs = start.elapsed().as_secs_f64();
+            Some(secs / (region.len as f64 / (1u64 << 30) as f64))
+        }
+        _ => None,
+    };
+    let secs = time_parallel(s.io_threads, s.rows, |i| {
+        // SAFETY: source row i of the primary buffer (no job in flight) and
+        // block i of our region: distinct mappings, in bounds.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                s.buf.as_ptr().add(i * s.block),
+                region.at(i * s.block),
+                s.block,
+            )
+        };
+        Ok::<(), String>(())
+    })?;
+    Ok((populate, collapse, region.len as f64 / secs / 1e9))
+}
+
+/// A fresh reserved anonymous mapping, as the memory backend makes its arena.
+struct Region {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: plain bytes; each thread writes its own blocks.
+unsafe impl Sync for Region {}
+
+impl Region {
+    fn new(len: usize) -> Result<Region, String> {
+        // SAFETY: a fresh mapping; nothing existing is affected.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(format!(
+                "mmap of {len} bytes: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(Region {
+            ptr: ptr as *mut u8,
+            len,
+        })
+    }
+
+    fn at(&self, offset: usize) -> *mut u8 {
+        assert!(offset < self.len);
+        // SAFETY: in bounds (checked above).
+        unsafe { self.ptr.add(offset) }
+    }
+
+    fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> Result<(), String> {
+        assert!(offset + len <= self.len);
+        // SAFETY: advice on our own mapping.
+        let rc = unsafe { libc::madvise(self.ptr.add(offset) as *mut libc::c_void, len, advice) };
+        if rc != 0 {
+            return Err(format!(
+                "madvise({advice}) of {len} bytes: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Region {
+    fn drop(&mut self) {
+        // SAFETY: our own mapping, no longer used.
+        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
+    }
+}
+
+impl Results {
+    /// Rows against the population bound and the bandwidth phase's memcpy
+    /// median (`memcpy`), and the `first_fill` JSON object.
+    pub fn report(&self, memcpy: f64, out: &mut Report) {
+        let reps = self.cold_store.len();
+        let bound = median(&self.populate_bound);
+        let spread =
+            |v: &[f64]| format!("median of {reps}; min {} max {}", num(min(v)), num(max(v)));
+        out.line(
+            "first fill",
+            format!(
+                "fresh tiers of {:.2} GiB, {} threads, {} per pass; arena page policy: {}",
+                self.capacity as f64 / (1u64 << 30) as f64,
+                self.threads,
+                crate::report::gib(self.bytes),
+                if self.huge_advice {
+                    "MADV_HUGEPAGE (blocks >= 2 MiB)"
+                } else {
+                    "4 KiB pages (no advice)"
+                }
+            ),
+        );
+        out.row(
+            format!(
+                "populate fresh region, {} threads (fault bound)",
+                self.threads
+            ),
+            bound,
+            "GB/s",
+            format!(
+                "MADV_POPULATE_WRITE per block, tier's page policy; {}",
+                spread(&self.populate_bound)
+            ),
+        );
+        // The cold fill an engine sees with the defaults (background) is the
+        // target; prefault=off shows the fault path alone: with huge pages
+        // free, a cold store moves three times the bytes population does
+        // (the kernel zeroes each page, then the copy reads and writes it),
+        // so it cannot reach the bound without help.
+        let cold = median(&self.cold_store);
+        out.row(
+            "store, first pass, prefault=off",
+            cold,
+            "GB/s",
+            format!(
+                "{}x fault bound, {}x memcpy; {}",
+                num(cold / bound),
+                num(cold / memcpy),
+                spread(&self.cold_store)
+            ),
+        );
+        let background = median(&self.background_store_first);
+        out.row(
+            "store, first pass, prefault=background (default)",
+            background,
+            "GB/s",
+            format!(
+                "from tier_new; {}x fault bound, {}x memcpy; {}",
+                num(background / bound),
+                num(background / memcpy),
+                spread(&self.background_store_first)
+            ),
+        )
+        .target(
+            "cold fill (defaults) >= 0.9x population bound",
+            background / bound,
+            Cmp::AtLeast,
+            0.9,
+        );
+        let pop = median(&self.full_populate_s_per_gib);
+        out.row(
+            "prefault=full: tier_new to all resident",
+            pop,
+            "s/GiB",
+            format!(
+                "{} GB/s, one nice-19 thread; {}",
+                num((1u64 << 30) as f64 / pop / 1e9),
+                spread(&self.full_populate_s_per_gib)
+            ),
+        );
+        let during = median(&self.full_store_during);
+        out.row(
+            "store, first pass, prefault=full, from tier_new",
+            during,
+            "GB/s",
+            format!(
+                "population in progress; {}x fault bound, {}x memcpy; {}",
+                num(during / bound),
+                num(during / memcpy),
+                spread(&self.full_store_during)
+            ),
+        );
+        let after = median(&self.full_store_after);
+        out.row(
+            "store, first pass, prefault=full, after population",
+            after,
+            "GB/s",
+            format!(
+                "{}x memcpy; {}",
+                num(after / memcpy),
+                spread(&self.full_store_after)
+            ),
+        )
+        .target(
+            "populated store >= 0.95x memcpy",
+            after / memcpy,
+            Cmp::AtLeast,
+            0.95,
+        );
+        for p in &self.policies {
+            let mut detail = format!(
+                "then memcpy into it {} GB/s ({}x memcpy baseline)",
+                num(median(&p.memcpy)),
+                num(median(&p.memcpy) / memcpy)
+            );
+            if !p.collapse_s_per_gib.is_empty() {
+                detail.push_str(&format!(
+                    "; MADV_COLLAPSE {} s/GiB",
+                    num(median(&p.collapse_s_per_gib))
+                ));
+            }
+            out.row(
+                format!("page policy: populate, {}", p.name),
+                median(&p.populate),
+                "GB/s",
+                format!("{detail}; {}", spread(&p.populate)),
+            );
+        }
+        out.field(
+            "first_fill",
+            json!({
+                "unit": "GB/s (10^9 bytes per second); s/GiB for population time",
+                "threads": self.threads,
+                "bytes_per_pass": self.bytes,
+                "tier_capacity_bytes": self.capacity,
+                "arena_huge_page_advice": self.huge_advice,
+                "populate_bound": dist(&self.populate_bound),
+                "store_prefault_off": dist(&self.cold_store),
+                "store_prefault_off_over_bound": cold / bound,
+                "store_prefault_background_over_bound": background / bound,
+                "prefault_full_seconds_per_gib": dist(&self.full_populate_s_per_gib),
+                "store_prefault_full_after_population": dist(&self.full_store_after),
+                "store_prefault_full_after_population_over_memcpy": after / memcpy,
+                "store_prefault_full_from_tier_new": dist(&self.full_store_during),
+                "store_prefault_background_from_tier_new": dist(&self.background_store_first),
+                "page_policies": self.policies.iter().map(|p| json!({
+                    "policy": p.name,
+                    "populate": dist(&p.populate),
+                    "collapse_seconds_per_gib": dist(&p.collapse_s_per_gib),
+                    "memcpy_into": dist(&p.memcpy),
+                })).collect::<Vec<_>>(),
+                "verified_bytes": self.verified_bytes,
+            }),
+        );
+        out.verified(format!(
+            "{} in first-fill passes",
+            crate::report::gib(self.verified_bytes)
+        ));
+    }
+}

@@ -1,0 +1,379 @@
+"""Benchmark: kvtier's disk backend through the vLLM adapter, side by side with
+vLLM's own file-system tier and a raw O_DIRECT bound, in one process.
+
+    KVTIER_LIBRARY=target/release/libkvtier.so \\
+        /tmp/vllm-env/bin/python python/bench/bench_disk_vs_fs.py [--dir D] [--quick] [--json]
+
+Contenders, each built through vLLM 0.33's ``SecondaryTierFactory`` with its
+defaults (nothing tuned), each in a fresh directory under ``--dir`` (default:
+a new one under /var/tmp, which is on the same device as /tmp here):
+
+- ``vllm-fs``: ``{"type": "fs", "root_dir": ...}`` (16 read + 16 write
+  threads, O_DIRECT, one file per block, ``vllm.fs_io_C`` when built);
+- ``kvtier``: ``{"type": "KVTierSecondaryTier", "module_path": "kvtier.vllm",
+  "backend": "disk", "path": ...}``, plus ``capacity_bytes`` (which has no
+  neutral default) and any ``--kvtier KEY=VALUE`` given (to try a setting);
+- ``raw-N``: one O_DIRECT file per row, spread over 256 directories made
+  before the clock starts, open + pwrite/pread + close, on N C threads
+  (``raw_odirect.c``, built here with ``cc``): no checksum, no header, no
+  rename. The bound is the best of the raw rows, per repetition.
+
+For each row size (2 MiB and 64 KiB by default) and repetition: every
+contender stores the same source rows under fresh keys in 16-row jobs with
+16 jobs in flight, then loads them back into the destination rows; the page
+cache is dropped (``sync; echo 3 > /proc/sys/vm/drop_caches``, when writable)
+before each pass, the contenders' order rotates every repetition, and
+everything loaded is compared with the source (untimed). Both tiers are
+polled the same way: ``get_finished_jobs()``, then a 100 us sleep when
+nothing finished (vLLM steps its scheduler; neither tier gets a blocking
+wait). GB/s = 10^9 bytes per second of payload; medians of ``--repeat``;
+ratios ``kvtier/vllm-fs`` and ``kvtier/raw`` are taken per repetition, and
+their medians reported.
+
+Not a test: on a shared machine the disk and the cores are noisy; read the
+min/max columns and run it again when it is quiet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import hashlib
+import json
+import mmap
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import kvtier  # noqa: E402
+
+try:
+    from vllm.v1.kv_offload.base import ReqContext, make_offload_key
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+except Exception as exc:  # pragma: no cover
+    sys.exit(f"bench_disk_vs_fs.py needs vLLM 0.33 importable: {exc!r}")
+
+JOB_ROWS = 16
+WINDOW = 16
+
+
+def offloading_spec():
+    """What the fs tier's FileMapper and both tiers read of an OffloadingSpec."""
+    parallel = SimpleNamespace(
+        tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, is_parallelism_agnostic=True
+    )
+    config = SimpleNamespace(
+        groups=[SimpleNamespace(tokens_per_block=16, layer_names=["layer.0"])],
+        parallel=parallel,
+        canonical_layout=False,
+        kv_cache_layout=None,
+        replicated_layout=False,
+        model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
+        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
+    )
+    return SimpleNamespace(
+        config=config,
+        blocks_per_chunk=1,
+        kv_events_config=SimpleNamespace(enable_kv_cache_events=False),
+    )
+
+
+def block_hash(row: int, rep: int, i: int):
+    digest = hashlib.sha256(f"{row}:{rep}:{i}".encode()).digest()
+    return make_offload_key(digest, 0)
+
+
+def page_aligned_rows(rows: int, row: int) -> np.ndarray:
+    """O_DIRECT needs aligned memory (vLLM's pinned buffer is): an anonymous
+    mapping, not numpy's malloc."""
+    buf = mmap.mmap(-1, rows * row)
+    return np.frombuffer(buf, dtype=np.uint8).reshape(rows, row)
+
+
+def drop_caches(enabled: bool) -> bool:
+    if not enabled:
+        return False
+    try:
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return True
+    except OSError:
+        return False
+
+
+class TierContender:
+    """A vLLM SecondaryTierManager made by the factory from `config`."""
+
+    def __init__(self, name: str, config: dict, primary: np.ndarray, spec):
+        self.name, self.config, self.primary, self.spec = name, config, primary, spec
+        self.tier = None
+
+    def open(self, directory: str) -> None:
+        cfg = dict(self.config)
+        cfg["root_dir" if cfg["type"] == "fs" else "path"] = directory
+        self.tier = SecondaryTierFactory.create_secondary_tier(
+            cfg, memoryview(self.primary), self.spec
+        )
+
+    def run(self, jobs: list, load: bool) -> float:
+        tier = self.tier
+        submit = tier.submit_load if load else tier.submit_store
+        ctx = ReqContext("bench")
+        transfer = [
+            TransferJob(
+                job_id=i,
+                keys=list(keys),
+                chunk_ids=np.asarray(rows, dtype=np.int32),
+                is_promotion=load,
+                req_context=ctx,
+            )
+            for i, (keys, rows) in enumerate(jobs)
+        ]
+        t0 = time.perf_counter()
+        nxt = done = inflight = 0
+        while done < len(transfer):
+            while inflight < WINDOW and nxt < len(transfer):
+                submit(transfer[nxt])
+                nxt += 1
+                inflight += 1
+            results = list(tier.get_finished_jobs())
+            for r in results:
+                if not r.success:
+                    raise RuntimeError(f"{self.name}: job {r.job_id} failed")
+            if not results:
+                time.sleep(0.0001)
+            done += len(results)
+            inflight -= len(results)
+        return time.perf_counter() - t0
+
+    def close(self) -> None:
+        if self.tier is not None:
+            self.tier.shutdown()
+            self.tier = None
+
+
+class RawContender:
+    def __init__(self, lib, threads: int, primary: np.ndarray):
+        self.name = f"raw-{threads}"
+        self.lib, self.threads, self.primary = lib, threads, primary
+        self.directory = None
+
+    def open(self, directory: str) -> None:
+        # The fan-out the C side expects, made before the clock starts.
+        for i in range(256):
+            os.mkdir(os.path.join(directory, str(i)))
+        self.directory = directory
+
+    def run(self, jobs: list, load: bool) -> float:
+        rows = np.asarray([r for _, rs in jobs for r in rs], dtype=np.int64)
+        row_bytes = self.primary.shape[1]
+        secs = self.lib.raw_pass(
+            self.directory.encode(),
+            ctypes.c_void_p(self.primary.ctypes.data),
+            row_bytes,
+            rows.ctypes.data_as(ctypes.POINTER(ctypes.c_long)),
+            len(rows),
+            self.threads,
+            int(load),
+        )
+        if secs < 0:
+            raise OSError(int(-secs), os.strerror(int(-secs)))
+        return secs
+
+    def close(self) -> None:
+        pass
+
+
+def build_raw(workdir: str):
+    src = Path(__file__).with_name("raw_odirect.c")
+    out = os.path.join(workdir, "raw_odirect.so")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        return None, "no C compiler on PATH: raw bound skipped"
+    subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", out, str(src)], check=True)
+    lib = ctypes.CDLL(out)
+    lib.raw_pass.restype = ctypes.c_double
+    lib.raw_pass.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_long),
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_int,
+    ]
+    return lib, None
+
+
+def stats(xs):
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
+
+
+def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
+    primary = page_aligned_rows(2 * n_rows, row)
+    # Distinct rows: the row number in every 8-byte word, plus a pattern.
+    words = primary[:n_rows].view(np.uint64)
+    words[:] = np.arange(n_rows, dtype=np.uint64)[:, None] * 0x9E3779B97F4A7C15
+    words ^= np.arange(words.shape[1], dtype=np.uint64)[None, :]
+    spec = offloading_spec()
+    kv_extra = dict(kv.split("=", 1) for kv in args.kvtier)
+    contenders = [
+        TierContender("vllm-fs", {"type": "fs"}, primary, spec),
+        TierContender(
+            "kvtier",
+            {
+                "type": "KVTierSecondaryTier",
+                "module_path": "kvtier.vllm",
+                "backend": "disk",
+                "capacity_bytes": str(4 * n_rows * row),
+                **kv_extra,
+            },
+            primary,
+            spec,
+        ),
+    ]
+    for variant in args.variant:
+        extra = dict(kv.split("=", 1) for kv in variant.split(","))
+        contenders.append(
+            TierContender(
+                f"kvtier[{variant}]",
+                {**contenders[1].config, **extra},
+                primary,
+                spec,
+            )
+        )
+    if raw_lib is not None:
+        contenders += [RawContender(raw_lib, t, primary) for t in args.raw_threads]
+    times = {c.name: {"store": [], "load": []} for c in contenders}
+    dropped = True
+    for rep in range(args.repeat):
+        # Fresh keys per repetition (nothing is skipped as already stored),
+        # uniformly spread like vLLM's block hashes: the fs tier names its
+        # directories after the key's first bytes.
+        store_jobs = [
+            (
+                [block_hash(row, rep, j * JOB_ROWS + i) for i in range(JOB_ROWS)],
+                [j * JOB_ROWS + i for i in range(JOB_ROWS)],
+            )
+            for j in range(n_rows // JOB_ROWS)
+        ]
+        load_jobs = [(keys, [n_rows + r for r in rows]) for keys, rows in store_jobs]
+        shift = rep % len(contenders)
+        for c in contenders[shift:] + contenders[:shift]:
+            directory = os.path.join(workdir, f"{c.name}-{row}-{rep}")
+            os.makedirs(directory)
+            c.open(directory)
+            try:
+                dropped &= drop_caches(args.drop_caches)
+                times[c.name]["store"].append(c.run(store_jobs, load=False))
+                primary[n_rows:] = 0
+                dropped &= drop_caches(args.drop_caches)
+                times[c.name]["load"].append(c.run(load_jobs, load=True))
+                if not np.array_equal(primary[n_rows:], primary[:n_rows]):
+                    raise RuntimeError(f"{c.name}: loaded bytes differ from the stored rows")
+            finally:
+                c.close()
+            shutil.rmtree(directory)
+        line = "  ".join(
+            f"{name} {n_rows * row / d['store'][-1] / 1e9:5.2f}/"
+            f"{n_rows * row / d['load'][-1] / 1e9:5.2f}"
+            for name, d in times.items()
+        )
+        print(f"  {row >> 10} KiB rep {rep + 1}/{args.repeat} store/load GB/s: {line}", file=sys.stderr)
+
+    total = n_rows * row
+    out = {"row_bytes": row, "rows": n_rows, "bytes_per_pass": total, "page_cache_dropped": dropped}
+    for name, d in times.items():
+        out[name] = {k: stats([total / t / 1e9 for t in v]) for k, v in d.items()}
+    raw_names = [c.name for c in contenders if isinstance(c, RawContender)]
+    for k in ("store", "load"):
+        kv = times["kvtier"][k]
+        out[f"{k}_kvtier_over_vllm_fs"] = stats([f / t for t, f in zip(kv, times["vllm-fs"][k])])
+        if raw_names:
+            best = [min(times[n][k][i] for n in raw_names) for i in range(args.repeat)]
+            out[f"{k}_kvtier_over_raw"] = stats([b / t for t, b in zip(kv, best)])
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--dir", help="parent of the scratch directories (default: a new one under /var/tmp)")
+    p.add_argument("--repeat", type=int, default=3)
+    p.add_argument("--mib-per-pass", type=int, default=512, help="bytes per pass for 2 MiB rows (64 KiB rows: half)")
+    p.add_argument("--row-kib", type=int, action="append", help="row sizes in KiB (default: 2048 and 64)")
+    p.add_argument("--raw-threads", type=int, action="append", help="raw bound thread counts (default: 4 and 16)")
+    p.add_argument("--kvtier", action="append", default=[], metavar="KEY=VALUE", help="extra kvtier config")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE[,KEY=VALUE]",
+        help="another kvtier contender with these settings (to find where time goes)",
+    )
+    p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
+    p.add_argument("--quick", action="store_true", help="small and fast (smoke test)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    args = p.parse_args()
+    args.row_kib = args.row_kib or [2048, 64]
+    args.raw_threads = args.raw_threads or [4, 16]
+    if args.quick:
+        args.repeat, args.mib_per_pass = 1, 64
+
+    workdir = tempfile.mkdtemp(prefix="kvtier-vs-fs-", dir=args.dir or "/var/tmp")
+    try:
+        raw_lib, raw_note = build_raw(workdir)
+        if raw_note:
+            print(raw_note, file=sys.stderr)
+        print(
+            f"kvtier {kvtier.library_version()} ({kvtier.library_path}); in {workdir}; "
+            f"{JOB_ROWS}-row jobs, {WINDOW} in flight, {args.repeat} reps; extra kvtier config {args.kvtier}",
+            file=sys.stderr,
+        )
+        results = []
+        for kib in args.row_kib:
+            row = kib << 10
+            mib = args.mib_per_pass if kib >= 1024 else max(args.mib_per_pass // 2, 16)
+            n_rows = max((mib << 20) // row // JOB_ROWS, 1) * JOB_ROWS
+            results.append(measure(args, row, n_rows, raw_lib, workdir))
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    if args.json:
+        print(json.dumps({"kvtier_config_extra": args.kvtier, "results": results}, indent=1))
+        return
+    for r in results:
+        print(
+            f"\n{r['row_bytes'] >> 10} KiB rows, {r['bytes_per_pass'] / 2**20:.0f} MiB per pass, "
+            f"page cache {'dropped' if r['page_cache_dropped'] else 'NOT dropped (not root?)'} "
+            "before each pass; GB/s median [min, max]"
+        )
+        for name, d in r.items():
+            if isinstance(d, dict) and "store" in d:
+                s, lo = d["store"], d["load"]
+                print(
+                    f"  {name:24} store {s['median']:5.2f} [{s['min']:.2f}, {s['max']:.2f}]"
+                    f"   load {lo['median']:5.2f} [{lo['min']:.2f}, {lo['max']:.2f}]"
+                )
+        for k in ("store", "load"):
+            fs = r[f"{k}_kvtier_over_vllm_fs"]
+            line = f"  {k}: kvtier/vllm-fs {fs['median']:.3f} [{fs['min']:.2f}, {fs['max']:.2f}]"
+            if f"{k}_kvtier_over_raw" in r:
+                raw = r[f"{k}_kvtier_over_raw"]
+                line += f"   kvtier/raw {raw['median']:.3f} [{raw['min']:.2f}, {raw['max']:.2f}]"
+            print(line)
+
+
+if __name__ == "__main__":
+    main()
