@@ -42,6 +42,7 @@ mod key;
 mod metrics;
 mod primary;
 mod stats;
+mod sync;
 mod workers;
 
 pub use config::{

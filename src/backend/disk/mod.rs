@@ -46,7 +46,7 @@ use super::xxh64::xxh64;
 use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 #[cfg(feature = "test-hooks")]

@@ -4,7 +4,7 @@
 //! fast failure instead of a connect timeout per block.
 
 use crate::error::{Error, ErrorKind, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Client, Connection, ConnectionLike, RedisError};
 use std::time::{Duration, Instant};

@@ -34,7 +34,7 @@ use super::xxh64::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
 use crate::error::{bail, Error, ErrorKind, Result};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisWrite, ToRedisArgs};
 use std::time::Duration;
