@@ -20,6 +20,7 @@
 //! call, and end any worker thread that took the lock next.
 
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::PoisonError;
 use std::time::{Duration, Instant};
 
@@ -70,26 +71,47 @@ impl WaitTimeoutResult {
 
 /// A condition variable; like any, it may wake spuriously, so callers wait in
 /// a loop on their condition.
+///
+/// std's `notify_*` always makes a system call (`FUTEX_WAKE`), even with no
+/// one waiting, which is the common case here (a job completes, nobody is in
+/// `drain`). So it counts its waiters, as parking_lot did in its table, and a
+/// notify with none costs one load. That loses no wake-up as long as wakers
+/// change the condition under the mutex the waiter holds, as every one here
+/// does: a waiter counts itself before that mutex is released inside the
+/// wait, so a waker that took the mutex after sees the count.
 #[derive(Default)]
-pub(crate) struct Condvar(std::sync::Condvar);
+pub(crate) struct Condvar {
+    inner: std::sync::Condvar,
+    waiters: AtomicUsize,
+}
 
 impl Condvar {
     pub(crate) const fn new() -> Condvar {
-        Condvar(std::sync::Condvar::new())
+        Condvar {
+            inner: std::sync::Condvar::new(),
+            waiters: AtomicUsize::new(0),
+        }
     }
 
     pub(crate) fn notify_one(&self) {
-        self.0.notify_one();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.inner.notify_one();
+        }
     }
 
     pub(crate) fn notify_all(&self) {
-        self.0.notify_all();
+        if self.waiters.load(Ordering::SeqCst) > 0 {
+            self.inner.notify_all();
+        }
     }
 
     /// Releases the lock, sleeps until notified, and takes the lock again.
     pub(crate) fn wait<T>(&self, guard: &mut MutexGuard<'_, T>) {
         let held = guard.0.take().expect("a guard is held outside a wait");
-        guard.0 = Some(self.0.wait(held).unwrap_or_else(PoisonError::into_inner));
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let held = self.inner.wait(held);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        guard.0 = Some(held.unwrap_or_else(PoisonError::into_inner));
     }
 
     /// [`Condvar::wait`] for at most `timeout`.
@@ -99,10 +121,10 @@ impl Condvar {
         timeout: Duration,
     ) -> WaitTimeoutResult {
         let held = guard.0.take().expect("a guard is held outside a wait");
-        let (held, result) = self
-            .0
-            .wait_timeout(held, timeout)
-            .unwrap_or_else(PoisonError::into_inner);
+        self.waiters.fetch_add(1, Ordering::SeqCst);
+        let waited = self.inner.wait_timeout(held, timeout);
+        self.waiters.fetch_sub(1, Ordering::SeqCst);
+        let (held, result) = waited.unwrap_or_else(PoisonError::into_inner);
         guard.0 = Some(held);
         WaitTimeoutResult(result.timed_out())
     }
@@ -140,6 +162,44 @@ mod tests {
         drop(value);
         setter.join().unwrap();
         assert_eq!(*lock.lock(), 8);
+    }
+
+    /// Two threads hand a turn back and forth, each sleeping until it is
+    /// its own: a notify skipped while the other was about to wait would
+    /// stall both (then the test fails after 30 s instead of hanging).
+    #[test]
+    fn counted_waiters_lose_no_wake_up_in_a_ping_pong() {
+        const TURNS: u32 = 20_000;
+        let shared = Arc::new((Mutex::new(0u32), Condvar::new()));
+        let play = |parity: u32, shared: Arc<(Mutex<u32>, Condvar)>| {
+            move || {
+                let (turn, changed) = &*shared;
+                let mut turn = turn.lock();
+                while *turn < TURNS {
+                    if *turn % 2 == parity {
+                        *turn += 1;
+                        changed.notify_all();
+                    } else {
+                        changed.wait(&mut turn);
+                    }
+                }
+            }
+        };
+        let (done, finished) = std::sync::mpsc::channel();
+        for parity in [0, 1] {
+            let player = play(parity, Arc::clone(&shared));
+            let done = done.clone();
+            std::thread::spawn(move || {
+                player();
+                done.send(()).unwrap();
+            });
+        }
+        for _ in 0..2 {
+            finished
+                .recv_timeout(Duration::from_secs(30))
+                .expect("a wake-up was lost");
+        }
+        assert_eq!(*shared.0.lock(), TURNS);
     }
 
     #[test]
