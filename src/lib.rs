@@ -43,6 +43,7 @@ mod metrics;
 mod primary;
 mod seal;
 mod stats;
+mod sync;
 mod workers;
 
 pub use config::{

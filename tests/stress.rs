@@ -8,9 +8,9 @@ mod common;
 
 use common::*;
 use kvtier::{ErrorKind, JobKind, JobResult, TierConfig};
-use parking_lot::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
 const BB: usize = 4096;
@@ -32,7 +32,7 @@ impl Mailbox {
         if polled.is_empty() {
             return;
         }
-        let mut map = self.results.lock();
+        let mut map = self.results.lock().unwrap();
         for r in polled {
             if map.insert(r.job_id, r).is_some() {
                 self.duplicates.fetch_add(1, Ordering::Relaxed);
@@ -43,14 +43,14 @@ impl Mailbox {
 
     fn wait_for(&self, h: &Harness, job: u64) -> JobResult {
         loop {
-            if let Some(r) = self.results.lock().get(&job) {
+            if let Some(r) = self.results.lock().unwrap().get(&job) {
                 return *r;
             }
             h.tier().wait(Duration::from_millis(1));
             self.poll_into(h);
-            let mut map = self.results.lock();
+            let map = self.results.lock().unwrap();
             if !map.contains_key(&job) {
-                self.arrived.wait_for(&mut map, Duration::from_millis(1));
+                drop(self.arrived.wait_timeout(map, Duration::from_millis(1)));
             }
         }
     }
@@ -129,7 +129,7 @@ fn threads_hammering_one_tier_keep_the_contract() {
     while h.tier().stats().results_queued > 0 {
         mailbox.poll_into(&h);
     }
-    let results = mailbox.results.lock();
+    let results = mailbox.results.lock().unwrap();
     assert_eq!(
         mailbox.duplicates.load(Ordering::Relaxed),
         0,

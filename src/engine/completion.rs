@@ -13,7 +13,7 @@
 use super::eventfd::EventFd;
 use crate::engine::jobs::JobResult;
 use crate::error::{alloc_error, bail, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
 use std::os::fd::RawFd;
 use std::sync::OnceLock;

@@ -3,7 +3,7 @@
 use crate::error::{try_vec, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
-use parking_lot::{Mutex, MutexGuard};
+use crate::sync::{Mutex, MutexGuard};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;

@@ -6,7 +6,7 @@
 
 use super::record::Nonce;
 use crate::backend::xxh64::xxh64;
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::HashMap;
 
 const STRIPES: usize = 64;

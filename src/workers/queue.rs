@@ -7,7 +7,7 @@
 //! compete with the engine's threads for cores.
 
 use crate::engine::jobs::{JobKind, Task};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};

@@ -48,7 +48,7 @@ use super::Backend;
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{Nonce, NonceLedger, Sealer};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
 #[cfg(feature = "test-hooks")]

@@ -5,7 +5,7 @@
 
 use super::resp::RespConn;
 use crate::error::{Error, ErrorKind, Result};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
 use std::time::{Duration, Instant};

@@ -43,7 +43,7 @@ use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use redis::cluster::ClusterClient;
 use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisWrite, ToRedisArgs};
 use std::time::Duration;
