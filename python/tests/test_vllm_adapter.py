@@ -29,6 +29,7 @@ try:
     )
     from vllm.v1.kv_offload.tiering.base import SecondaryTierManager, TransferJob
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+    from vllm.v1.metrics.cache_hit_source import CacheHitSource
 except Exception as exc:  # ImportError, or a vLLM that fails to import
     pytest.skip(
         f"vLLM is not importable ({exc!r}); the adapter tests need vLLM 0.33: "
@@ -133,7 +134,9 @@ def fill(arr, rows, seed=7):
 def test_is_a_cpu_secondary_tier(make):
     tier, _ = make()
     assert isinstance(tier, SecondaryTierManager)
-    assert tier.medium is Medium.CPU and tier.locality is None
+    # The arena is this process's memory: host memory, local.
+    assert tier.medium is Medium.CPU and tier.locality is Locality.LOCAL
+    assert tier.cache_hit_source is CacheHitSource.HOST
     assert tier.block_size_bytes == ROW
     assert isinstance(tier.on_new_request(ReqContext("r")), RequestOffloadingContext)
     assert tier.has_pending_work() is False
@@ -344,7 +347,8 @@ def test_store_without_space_fails_the_job(make):
 
 
 def test_pending_maps_to_retry_and_errors_to_miss(make, monkeypatch):
-    tier, _ = make()
+    # Without the mirror every lookup is the library's answer.
+    tier, _ = make(lookup_mirror=False)
     monkeypatch.setattr(tier._tier, "lookup_one", lambda key: kvtier.LookupState.PENDING)
     assert tier.lookup(to_key(1), ReqContext("r")) is RETRY
 
