@@ -309,7 +309,8 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
         # Keys answered HIT from the mirror this step and not yet loaded:
         # touched before each store so that it evicts others first, and
         # counted if their load fails.
-        self._promised: set[bytes] = set()
+        # Insertion-ordered (a dict), so the touch below is deterministic.
+        self._promised: dict[bytes, None] = {}
         # Shared storage: a probe may be running (it can evict on a worker).
         self._probes_maybe_running = False
         self._lost_warned = False
@@ -524,9 +525,10 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
                 self._tier.submit_load(job_id, keys, rows)
             else:
                 if self._promised:
-                    # Keys answered HIT and not yet loaded become most recent,
-                    # so this store's evictions take other blocks first.
-                    self._tier.touch(list(self._promised))
+                    # Keys answered HIT and not yet loaded become most recent
+                    # (the latest answer most of all), so this store's
+                    # evictions take other blocks first.
+                    self._tier.touch(list(reversed(self._promised)))
                 self._tier.submit_store(job_id, keys, rows)
         except KVTierError as exc:
             self._log("submit_load" if is_load else "submit_store", exc)
@@ -542,8 +544,9 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             return
         promised = None
         if is_load and self._promised:
-            promised = self._promised.intersection(keys)
-            self._promised.difference_update(promised)
+            promised = {k for k in keys if k in self._promised}
+            for k in promised:
+                del self._promised[k]
         self._jobs[job_id] = (is_load, keys, req_id, promised)
         unsettled = self._unsettled
         for key in keys:
@@ -618,7 +621,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             self._drain_events()
             if key in self._present and key not in self._unsettled:
                 self._mirror_hits += 1
-                self._promised.add(key)
+                self._promised[key] = None
                 return _HIT
         state = self._tier.lookup_one(key)
         self._library_lookups += 1
@@ -643,7 +646,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             if key in self._present:
                 if not self._probes_maybe_running and key not in self._unsettled:
                     self._mirror_hits += 1
-                    self._promised.add(key)
+                    self._promised[key] = None
                     return _HIT
             elif self._complete and key not in self._unsettled:
                 self._mirror_misses += 1
