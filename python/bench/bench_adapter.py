@@ -426,6 +426,7 @@ def main() -> None:
     p.add_argument("--lookup-keys", type=int, default=200_000)
     p.add_argument("--quick", action="store_true", help="small and fast (smoke test)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--lookup-only", action="store_true", help="only section 2 (lookup cost per key)")
     args = p.parse_args()
     if args.quick:
         args.rows, args.repeat, args.lookup_keys = 64, 3, 20_000
@@ -436,6 +437,13 @@ def main() -> None:
         f"io_threads {args.io_threads}, {args.repeat} reps",
         file=sys.stderr,
     )
+    if args.lookup_only:
+        lk = lookup_costs(args)
+        if args.json:
+            print(json.dumps({"lookup_ns": lk}, indent=1))
+        else:
+            print_lookups(lk)
+        return
     bw = bandwidth(args)
     lk = lookup_costs(args)
     ov = call_overheads(args)
@@ -451,6 +459,13 @@ def main() -> None:
             f"adapter {a[0]:6.2f} [{a[1]:.2f}, {a[2]:.2f}]   "
             f"ratio adapter/C {bw[f'{k}_ratio'][0]:.3f} [{bw[f'{k}_ratio'][1]:.2f}, {bw[f'{k}_ratio'][2]:.2f}]"
         )
+    print_lookups(lk)
+    print("\nBinding call overhead, ns per call: median [min, max]")
+    for name, v in ov.items():
+        print(f"  {name:42} {v[0]:8.0f} [{v[1]:.0f}, {v[2]:.0f}]")
+
+
+def print_lookups(lk: dict) -> None:
     print("\nLookup, ns per key (half present), each tier's lookup(key, ctx): median [min, max]")
     for name, v in lk.items():
         if isinstance(v, tuple) and not name.startswith("ratio"):
@@ -458,9 +473,11 @@ def main() -> None:
     for name, v in lk.items():
         if name.startswith("ratio"):
             print(f"  {name:40} {v[0]:8.2f} [{v[1]:.2f}, {v[2]:.2f}]  (per-rep ratio)")
-    print("\nBinding call overhead, ns per call: median [min, max]")
-    for name, v in ov.items():
-        print(f"  {name:42} {v[0]:8.0f} [{v[1]:.0f}, {v[2]:.0f}]")
+    m = lk["mirror"]
+    print(
+        f"  (mirror: {m['mirror_lookups']} answers, {m['library_lookups']} library lookups, "
+        f"complete={m['complete']})"
+    )
 
 
 if __name__ == "__main__":

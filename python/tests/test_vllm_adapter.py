@@ -1075,3 +1075,68 @@ def test_shared_disk_mirror_knows_only_what_it_has_seen(make, tmp_path):
     reader.submit_load(job(2, ks, [6, 7], load=True, ctx=ctx))
     [r] = finished(reader, 1)
     assert r.success
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    import shutil
+    import socket
+    import subprocess
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("needs redis-server")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            assert time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_redis_backend_is_a_remote_store_with_network_backpressure(redis_url):
+    from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector as EMA
+
+    def build(**cfg):
+        config = {"type": "KVTierSecondaryTier", "module_path": "kvtier.vllm", "capacity_bytes": "1MiB",
+                  "url": redis_url, "key_prefix": f"t{time.monotonic_ns()}",
+                  "backpressure": {"backpressure_cls": "EMABackpressureDetector"}, **cfg}
+        arr = np.zeros((4, ROW), dtype=np.int8)
+        tier = SecondaryTierFactory.create_secondary_tier(config, memoryview(arr), spec())
+        tier.shutdown()
+        d = tier.bp_detector
+        return tier, (d._failure_threshold, d._high, d._low)
+
+    for name in ("redis", "Redis", "VALKEY"):
+        tier, bp = build(backend=name)
+        assert (tier.medium, tier.cache_hit_source, tier.locality) == (
+            Medium.STORAGE, CacheHitSource.EXTERNAL_UNSPECIFIED, Locality.REMOTE,
+        )
+        # What vLLM gives its network storage ("obj"): network water marks
+        # and a failure threshold.
+        assert bp == (EMA.DEFAULT_FAILURE_THRESHOLD, EMA.NETWORK_HIGH_WATER_S, EMA.NETWORK_LOW_WATER_S)
+        assert tier._backend == "redis"
+    # A server on this host, said so: local water marks (the factory's).
+    tier, bp = build(backend="redis", locality="LOCAL")
+    assert tier.locality is Locality.LOCAL
+    assert bp == (EMA.DEFAULT_FAILURE_THRESHOLD, EMA.LOCAL_HIGH_WATER_S, EMA.LOCAL_LOW_WATER_S)
+    tier, _ = build(backend="redis", sharing="Shared")
+    assert tier._shared and not tier.stats_mirror()["complete"]
