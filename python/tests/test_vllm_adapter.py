@@ -1140,3 +1140,24 @@ def test_redis_backend_is_a_remote_store_with_network_backpressure(redis_url):
     assert bp == (EMA.DEFAULT_FAILURE_THRESHOLD, EMA.LOCAL_HIGH_WATER_S, EMA.LOCAL_LOW_WATER_S)
     tier, _ = build(backend="redis", sharing="Shared")
     assert tier._shared and not tier.stats_mirror()["complete"]
+
+
+def test_disk_blocks_recovered_at_open_are_in_the_mirror_and_announced(make, tmp_path):
+    root = str(tmp_path / "kv")
+    first, arr = make(rows=8, backend="disk", path=root)
+    fill(arr, [0, 1, 2])
+    ks = keys(1, 2, 3)
+    first.submit_store(job(1, ks, [0, 1, 2]))
+    finished(first, 1)
+    first.shutdown()
+    again, arr2 = make(rows=8, backend="disk", path=root, offloading_spec=spec(events=True), enable_kv_events=True)
+    m = again.stats_mirror()
+    assert m["complete"] and m["keys"] == 3  # the open's RECOVERED events
+    ctx = ReqContext("r")
+    assert [again.lookup(k, ctx) for k in ks + keys(4)] == [HIT, HIT, HIT, MISS]
+    assert again.stats_mirror()["library_lookups"] == 0
+    stored, removed = removed_and_stored(again.take_events())
+    assert (sorted(stored), removed) == (sorted(ks), [])
+    again.submit_load(job(2, ks, [5, 6, 7], load=True, ctx=ctx))
+    [r] = finished(again, 1)
+    assert r.success and arr2[5:8].tobytes() == arr[0:3].tobytes()
