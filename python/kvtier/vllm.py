@@ -138,6 +138,13 @@ else:
     _EVENT_FIELDS = frozenset()
     _SUPER_PARAMS = []
 
+# Enum members as module constants: `LookupState.HIT` is a class attribute
+# lookup through the enum's metaclass, ~100 ns each on CPython 3.11.
+_STATE_HIT = LookupState.HIT
+_STATE_PENDING = LookupState.PENDING
+_EVENT_LOST = EventKind.LOST
+_EVENT_REMOVED = EventKind.REMOVED
+
 # Keys vLLM or its branches may pass that are not kvtier config.
 _VLLM_KWARGS = ("tier_name", "name")
 _LOG_INTERVAL_S = 5.0
@@ -468,7 +475,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             batch = self._tier.poll_events(_EVENT_BATCH)
             for event in batch:
                 kind = event.kind
-                if kind is EventKind.LOST:
+                if kind is _EVENT_LOST:
                     # Events were dropped: the mirror may hold keys that are
                     # gone and lack keys that were stored. Start over as a
                     # subset; absent keys go to the library until resynced.
@@ -485,7 +492,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
                             ", and routers miss those KV events" if emit else "",
                         )
                     continue
-                removed = kind is EventKind.REMOVED
+                removed = kind is _EVENT_REMOVED
                 if mirror:
                     if removed:
                         present.discard(event.key)
@@ -625,13 +632,13 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
                 return _HIT
         state = self._tier.lookup_one(key)
         self._library_lookups += 1
-        if state is LookupState.HIT:
+        if state is _STATE_HIT:
             self._library_hits += 1
             if self._mirror_enabled:
                 # Safe even before the pending events are drained: the key's
                 # events up to now end with STORED, later ones follow it.
                 self._present.add(key)
-        elif state is LookupState.PENDING and self._shared:
+        elif state is _STATE_PENDING and self._shared:
             self._probes_maybe_running = True
         return _LOOKUP[state]
 
