@@ -15,9 +15,11 @@
    both see the same machine. Every store starts from a cleared tier (fresh
    copies, warm arena). Medians of --repeat runs; the ratio adapter/C is taken
    per repetition, and its median reported.
-2. Lookup cost per key from Python: the adapter's lookup() beside vLLM's
-   ExampleSecondaryTierManager.lookup (a dict lookup) on the same keys (half
-   present), plus the binding's own calls for reference.
+2. Lookup cost per key from Python: the adapter's lookup() (with its presence
+   mirror, and without) beside vLLM's ExampleSecondaryTierManager.lookup (a
+   dict lookup) and FileSystemTierManager.lookup (cached verdicts) on the same
+   keys (half present), in rotating order per rep, plus the binding's own
+   calls for reference.
 3. Per-call overhead of the binding's methods.
 
 Not a test: the machine is noisy (2 cores); read the min/max columns.
@@ -236,53 +238,137 @@ def per_key_ns(fn, items, reps: int) -> tuple[float, float, float]:
     return median_min_max(samples)
 
 
+def fs_tier(view: memoryview, root: str):
+    """vLLM's own FileSystemTierManager over `view`, with the smallest
+    offloading spec its FileMapper accepts (one group, TP1)."""
+    from vllm.v1.kv_offload.tiering.fs.manager import FileSystemTierManager
+
+    config = SimpleNamespace(
+        groups=[SimpleNamespace(tokens_per_block=16, layer_names=["layer0"])],
+        parallel=SimpleNamespace(
+            tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, is_parallelism_agnostic=False
+        ),
+        canonical_layout=False,
+        kv_cache_layout=None,
+        replicated_layout=False,
+        model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
+        cache=SimpleNamespace(tokens_per_hash=16),
+    )
+    spec = SimpleNamespace(
+        config=config,
+        blocks_per_chunk=1,
+        kv_events_config=SimpleNamespace(enable_kv_cache_events=False, self_describing_kv_events=False),
+    )
+    return FileSystemTierManager(
+        offloading_spec=spec, primary_kv_view=view, tier_type="fs", root_dir=root,
+        n_read_threads=1, n_write_threads=1,
+    )
+
+
 def lookup_costs(args) -> dict:
+    """Per-key lookup through each tier's lookup(key, req_context), as vLLM's
+    manager calls it, over the same keys (half present), in one process:
+    kvtier's adapter (its presence mirror, the default, and without it: one
+    library call per key), vLLM's example tier (a dict) and vLLM's fs tier
+    (verdicts cached by its async lookup manager: the steady state of a
+    request that waits for more than one step). Each rep times every tier
+    once, in an order that rotates, and the ratio to each peer is taken per
+    rep (then its median)."""
+    import tempfile
+
+    from vllm.v1.kv_offload.base import LookupResult
+    from vllm.v1.kv_offload.base import ScheduleEndContext
+
+    import mmap
+
     rows = 64
-    primary = np.zeros((rows, 4096), dtype=np.uint8)
+    # Page-aligned rows (an anonymous mapping): vLLM's fs tier uses O_DIRECT.
+    arena = mmap.mmap(-1, rows * 4096)
+    primary = np.frombuffer(arena, dtype=np.uint8).reshape(rows, 4096)
     view = memoryview(primary)
     n = args.lookup_keys
     present = [key(i) for i in range(1000)]
     absent = [key(10**6 + i) for i in range(1000)]
-    probe = (present + absent) * (n // 2000)
+    probe = (present + absent) * max(1, n // 2000)
     ctx = ReqContext("bench")
 
-    adapter = KVTierSecondaryTier(
-        offloading_spec=SimpleNamespace(kv_events_config=None),
-        primary_kv_view=view,
-        tier_type="KVTierSecondaryTier",
-        capacity_bytes=2000 * 4096,
-        io_threads=1,
-    )
-    for j in range(0, 1000, 50):
-        ks = present[j : j + 50]
-        adapter.submit_store(
-            TransferJob(j, ks, np.arange(50, dtype=np.int32) % rows, False, ctx)
-        )
-    adapter.drain_jobs()
-    assert all(r.success for r in adapter.get_finished_jobs())
+    def store_all(tier):
+        for j in range(0, 1000, 50):
+            ks = present[j : j + 50]
+            tier.submit_store(TransferJob(j, ks, np.arange(50, dtype=np.int32) % rows, False, ctx))
+        tier.drain_jobs()
+        assert all(r.success for r in tier.get_finished_jobs())
 
+    def adapter(**extra):
+        t = KVTierSecondaryTier(
+            offloading_spec=SimpleNamespace(kv_events_config=None),
+            primary_kv_view=view,
+            tier_type="KVTierSecondaryTier",
+            capacity_bytes=2000 * 4096,
+            io_threads=1,
+            **extra,
+        )
+        store_all(t)
+        return t
+
+    mirrored = adapter()
+    unmirrored = adapter(lookup_mirror=False)
     example = ExampleSecondaryTierManager(
         offloading_spec=SimpleNamespace(), primary_kv_view=view, tier_type="example"
     )
     example.chunks.update(dict.fromkeys(present, True))
+    root = tempfile.mkdtemp(prefix="kvtier-bench-fs-")
+    fs = fs_tier(view, root)
+    store_all(fs)
+    # fs answers RETRY until its lookup thread has checked a key: steps of
+    # lookups and on_schedule_end (which posts the batch) until none is RETRY.
+    deadline = time.monotonic() + 30
+    while [fs.lookup(k, ctx) for k in present + absent].count(LookupResult.RETRY):
+        assert time.monotonic() < deadline, "fs lookups never resolved"
+        fs.on_schedule_end(ScheduleEndContext(new_req_ids=(), preempted_req_ids=()))
+        time.sleep(0.05)
 
-    a_lookup = adapter.lookup
-    e_lookup = example.lookup
-    t = adapter._tier
-    res = {
-        "adapter.lookup": per_key_ns(lambda k: a_lookup(k, ctx), probe, args.repeat),
-        "example.lookup": per_key_ns(lambda k: e_lookup(k, ctx), probe, args.repeat),
-        "Tier.lookup_one": per_key_ns(t.lookup_one, probe, args.repeat),
+    for t in (mirrored, unmirrored, example, fs):
+        assert t.lookup(present[0], ctx) is LookupResult.HIT, t
+        assert t.lookup(absent[0], ctx) is LookupResult.MISS, t
+
+    tiers = {
+        "adapter.lookup (mirror)": mirrored.lookup,
+        "adapter.lookup (lookup_mirror=false)": unmirrored.lookup,
+        "example.lookup": example.lookup,
+        "fs.lookup (cached verdicts)": fs.lookup,
     }
+    samples: dict[str, list[float]] = {name: [] for name in tiers}
+    names = list(tiers)
+    for rep in range(args.repeat):
+        order = names[rep % len(names) :] + names[: rep % len(names)]
+        for name in order:
+            fn = tiers[name]
+            t0 = time.perf_counter_ns()
+            for k in probe:
+                fn(k, ctx)
+            samples[name].append((time.perf_counter_ns() - t0) / len(probe))
+    res = {name: median_min_max(v) for name, v in samples.items()}
+    mine = samples["adapter.lookup (mirror)"]
+    for peer in ("example.lookup", "fs.lookup (cached verdicts)"):
+        ratios = [a / b for a, b in zip(mine, samples[peer])]
+        res[f"ratio adapter(mirror)/{peer.split('.')[0]}"] = median_min_max(ratios)
+    t = mirrored._tier
+    res["Tier.lookup_one"] = per_key_ns(t.lookup_one, probe, args.repeat)
     # Batched: 64 keys per call, cost per key.
     batches = [probe[i : i + 64] for i in range(0, len(probe), 64)]
     m = per_key_ns(t.lookup, batches, args.repeat)
     res["Tier.lookup(64 keys), per key"] = tuple(x / 64 for x in m)
     # Empty loop: what the harness itself costs per key.
     res["(loop + lambda only)"] = per_key_ns(lambda k: None, probe, args.repeat)
-    res["ratio adapter/example"] = res["adapter.lookup"][0] / res["example.lookup"][0]
-    assert a_lookup(present[0], ctx).name == "HIT" and a_lookup(absent[0], ctx).name == "MISS"
-    adapter.shutdown()
+    res["mirror"] = mirrored.stats_mirror()
+    assert res["mirror"]["library_lookups"] == 0, res["mirror"]  # all answered by the mirror
+    mirrored.shutdown()
+    unmirrored.shutdown()
+    fs.shutdown()
+    import shutil
+
+    shutil.rmtree(root, ignore_errors=True)
     return res
 
 
@@ -340,6 +426,7 @@ def main() -> None:
     p.add_argument("--lookup-keys", type=int, default=200_000)
     p.add_argument("--quick", action="store_true", help="small and fast (smoke test)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--lookup-only", action="store_true", help="only section 2 (lookup cost per key)")
     args = p.parse_args()
     if args.quick:
         args.rows, args.repeat, args.lookup_keys = 64, 3, 20_000
@@ -350,6 +437,13 @@ def main() -> None:
         f"io_threads {args.io_threads}, {args.repeat} reps",
         file=sys.stderr,
     )
+    if args.lookup_only:
+        lk = lookup_costs(args)
+        if args.json:
+            print(json.dumps({"lookup_ns": lk}, indent=1))
+        else:
+            print_lookups(lk)
+        return
     bw = bandwidth(args)
     lk = lookup_costs(args)
     ov = call_overheads(args)
@@ -365,14 +459,25 @@ def main() -> None:
             f"adapter {a[0]:6.2f} [{a[1]:.2f}, {a[2]:.2f}]   "
             f"ratio adapter/C {bw[f'{k}_ratio'][0]:.3f} [{bw[f'{k}_ratio'][1]:.2f}, {bw[f'{k}_ratio'][2]:.2f}]"
         )
-    print("\nLookup, ns per key (half present): median [min, max]")
-    for name, v in lk.items():
-        if isinstance(v, tuple):
-            print(f"  {name:34} {v[0]:8.0f} [{v[1]:.0f}, {v[2]:.0f}]")
-    print(f"  ratio adapter/example: {lk['ratio adapter/example']:.2f}")
+    print_lookups(lk)
     print("\nBinding call overhead, ns per call: median [min, max]")
     for name, v in ov.items():
         print(f"  {name:42} {v[0]:8.0f} [{v[1]:.0f}, {v[2]:.0f}]")
+
+
+def print_lookups(lk: dict) -> None:
+    print("\nLookup, ns per key (half present), each tier's lookup(key, ctx): median [min, max]")
+    for name, v in lk.items():
+        if isinstance(v, tuple) and not name.startswith("ratio"):
+            print(f"  {name:40} {v[0]:8.0f} [{v[1]:.0f}, {v[2]:.0f}]")
+    for name, v in lk.items():
+        if name.startswith("ratio"):
+            print(f"  {name:40} {v[0]:8.2f} [{v[1]:.2f}, {v[2]:.2f}]  (per-rep ratio)")
+    m = lk["mirror"]
+    print(
+        f"  (mirror: {m['mirror_lookups']} answers, {m['library_lookups']} library lookups, "
+        f"complete={m['complete']})"
+    )
 
 
 if __name__ == "__main__":
