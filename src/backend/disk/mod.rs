@@ -54,7 +54,11 @@ use std::path::{Path, PathBuf};
 #[cfg(feature = "test-hooks")]
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+/// How long `tier_new` keeps retrying a directory lock that is held (see
+/// `DiskBackend::flock_with_grace`) before reporting the directory in use.
+const LOCK_GRACE: Duration = Duration::from_millis(300);
 
 /// Temporary files older than this are debris even in shared mode, where a
 /// younger one may belong to another process's store in progress.
@@ -187,7 +191,7 @@ impl DiskBackend {
             }
             Err(e) => bail!(Config, "path: cannot open {}: {e}", path.display()),
         };
-        if let Err(e) = io::try_flock(&fd, !shared) {
+        if let Err(e) = Self::flock_with_grace(&fd, !shared) {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 bail!(
                     Config,
@@ -203,6 +207,27 @@ impl DiskBackend {
             bail!(Config, "path: cannot lock {}: {e}", path.display());
         }
         Ok(fd)
+    }
+
+    /// Takes the directory lock, retrying for [`LOCK_GRACE`] while it is
+    /// held. The lock belongs to an open file description, which every
+    /// `fork` copies: a process that spawns a helper (`posix_spawn`,
+    /// Python's `subprocess`) just as a tier of the same directory is freed
+    /// leaves the lock held by the child until its `exec` closes the
+    /// descriptor (`O_CLOEXEC`). A reopen in that window is not a second
+    /// user; a real one still holds the lock after the grace period.
+    fn flock_with_grace(fd: &Fd, exclusive: bool) -> std::io::Result<()> {
+        let deadline = Instant::now() + LOCK_GRACE;
+        loop {
+            match io::try_flock(fd, exclusive) {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EWOULDBLOCK) && Instant::now() < deadline =>
+                {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                other => return other,
+            }
+        }
     }
 
     /// Creates every fan-out directory that does not exist yet, so no store
