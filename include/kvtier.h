@@ -200,6 +200,16 @@ typedef struct tier_stats_t {
      * I/O worker threads.
      */
     uint64_t io_threads;
+    /**
+     * Storage calls that missed their deadline (`io_timeout_ms`); each
+     * failed its job with TIER_ERR_IO on time.
+     */
+    uint64_t io_deadlines_missed;
+    /**
+     * Threads in a storage call past its deadline right now (replaced, up
+     * to io_threads more, while they are).
+     */
+    uint64_t io_threads_stuck;
 } tier_stats_t;
 
 /**
@@ -332,7 +342,10 @@ struct tier_config_t *tier_config_new(void);
  * see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
  * the file system is reused, default 1000); "prepare_dirs" ("false", or
  * "true": create all 4096 fan-out directories at open rather than on first
- * use, so early stores do not pay for a mkdir).
+ * use, so early stores do not pay for a mkdir); "io_timeout_ms" (0..=600000,
+ * default 10000, 0: none: a block's storage call past it fails its job with
+ * TIER_ERR_IO on time; also the Redis backend's deadline, default 3000, which
+ * must not be 0).
  * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
  * text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
  * Ownership: `key` and `value` are copied; the caller keeps them.

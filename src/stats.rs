@@ -51,6 +51,12 @@ pub struct Stats {
     pub results_queued: u64,
     /// I/O worker threads.
     pub io_threads: u64,
+    /// Storage calls that missed their deadline (`io_timeout_ms`); each
+    /// failed its job with TIER_ERR_IO on time.
+    pub io_deadlines_missed: u64,
+    /// Threads in a storage call past its deadline right now (replaced, up
+    /// to io_threads more, while they are).
+    pub io_threads_stuck: u64,
 }
 
 #[derive(Default)]

@@ -63,6 +63,8 @@ STATS_FIELDS = (
     "metadata_bytes",
     "results_queued",
     "io_threads",
+    "io_deadlines_missed",
+    "io_threads_stuck",
 )
 
 
@@ -71,7 +73,7 @@ class tier_stats_t(Structure):
 
 
 assert ctypes.sizeof(tier_job_result_t) == 40
-assert ctypes.sizeof(tier_stats_t) == 160
+assert ctypes.sizeof(tier_stats_t) == 176
 
 
 class LibraryNotFoundError(ImportError):

@@ -22,6 +22,8 @@ pub(crate) mod completion;
 mod execute;
 #[cfg(feature = "test-hooks")]
 mod hooks;
+#[cfg(feature = "test-hooks")]
+pub use self::hooks::HangPoint;
 mod inherited;
 pub(crate) mod jobs;
 mod open;
@@ -39,7 +41,7 @@ use crate::index::{Index, LookupState};
 use crate::key::{check_keys, count_keys};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
-use crate::workers::{Pool, WorkQueue};
+use crate::workers::{Crew, WorkQueue};
 use hashlink::LruCache;
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -78,6 +80,8 @@ struct Shared {
     backend: Box<dyn Backend>,
     state: Mutex<State>,
     queue: WorkQueue,
+    /// The worker threads' accounting and the deadline of storage calls.
+    crew: Crew,
     done: Completions,
     counters: Counters,
     io_threads: usize,
@@ -98,7 +102,6 @@ struct Shared {
 /// the child; the parent's tier is unaffected. [`Tier::check_process`] tells.
 pub struct Tier {
     shared: Arc<Shared>,
-    workers: Pool,
     /// `fork::generation()` when the tier was built: a different value now
     /// means this is a forked child.
     fork_generation: u64,
@@ -344,6 +347,13 @@ impl Tier {
             self.shared.backend.describe(),
             self.shared.io_threads
         );
+        if let Some(timeout) = self.shared.crew.timeout() {
+            line.push_str(&format!(
+                ", io_timeout_ms={} (up to {} threads while some are stuck)",
+                timeout.as_millis(),
+                self.shared.crew.limit()
+            ));
+        }
         if self.inherited() {
             line.push_str(&format!(
                 " (inherited across fork from process {}: unusable here)",
@@ -392,6 +402,8 @@ impl Tier {
             metadata_bytes: metadata,
             results_queued: s.done.queued() as u64,
             io_threads: s.io_threads as u64,
+            io_deadlines_missed: s.crew.expired_total(),
+            io_threads_stuck: s.crew.stuck() as u64,
         }
     }
 }
@@ -403,11 +415,11 @@ impl Drop for Tier {
             return;
         }
         let discards = self.shared.queue.shut_down();
-        self.workers.join();
+        self.shared.crew.join();
         // Evicted blocks' storage is still released: otherwise a disk tier
         // would find them again on its next open.
         for work in discards {
-            self.shared.run(work);
+            self.shared.run(work, None);
         }
     }
 }

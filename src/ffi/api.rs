@@ -92,7 +92,10 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
 /// the file system is reused, default 1000); "prepare_dirs" ("false", or
 /// "true": create all 4096 fan-out directories at open rather than on first
-/// use, so early stores do not pay for a mkdir).
+/// use, so early stores do not pay for a mkdir); "io_timeout_ms" (0..=600000,
+/// default 10000, 0: none: a block's storage call past it fails its job with
+/// TIER_ERR_IO on time; also the Redis backend's deadline, default 3000, which
+/// must not be 0).
 /// Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
 /// text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
 /// Ownership: `key` and `value` are copied; the caller keeps them.

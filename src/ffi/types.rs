@@ -134,6 +134,6 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, bytes), 24);
         assert_eq!(offset_of!(tier_job_result_t, elapsed_ns), 32);
         assert_eq!(size_of::<tier_job_result_t>(), 40);
-        assert_eq!(size_of::<tier_stats_t>(), 20 * 8);
+        assert_eq!(size_of::<tier_stats_t>(), 22 * 8);
     }
 }
