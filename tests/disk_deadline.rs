@@ -452,3 +452,147 @@ fn the_deadline_shows_in_describe_and_0_turns_it_off() {
         "{line}"
     );
 }
+
+// ---- a real hung mount ----
+
+/// A FUSE mount whose server never answers: every call that reaches it
+/// (a lookup of a name under it, an open, a stat) sleeps in the kernel, as
+/// on a hung NFS or Lustre mount, until the connection is aborted by
+/// closing the device ([`HungMount::recover`]). Needs root and /dev/fuse.
+struct HungMount {
+    at: PathBuf,
+    device: Option<std::fs::File>,
+}
+
+impl HungMount {
+    fn mount(at: &Path) -> Result<HungMount, String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(|e| format!("/dev/fuse: {e}"))?;
+        let target = std::ffi::CString::new(at.as_os_str().as_bytes()).unwrap();
+        let data = std::ffi::CString::new(format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            device.as_raw_fd()
+        ))
+        .unwrap();
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"kvtier-hung".as_ptr(),
+                target.as_ptr(),
+                c"fuse".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr() as *const libc::c_void,
+            )
+        };
+        if rc != 0 {
+            return Err(format!("mount: {}", std::io::Error::last_os_error()));
+        }
+        // The kernel's INIT request is never read, let alone answered: the
+        // connection never initializes, and every request waits for it.
+        Ok(HungMount {
+            at: at.to_path_buf(),
+            device: Some(device),
+        })
+    }
+
+    /// The device recovers: the connection is aborted (calls under the
+    /// mount return ENOTCONN) and the mount is detached.
+    fn recover(&mut self) {
+        self.device.take();
+        let target = std::ffi::CString::new(self.at.as_os_str().to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+impl Drop for HungMount {
+    fn drop(&mut self) {
+        self.recover();
+    }
+}
+
+/// A key (by id) whose block lands in fan-out directory `fan`, and one that
+/// does not.
+fn keys_in_and_out_of(dir: &Path, fan: &Path) -> (u64, u64) {
+    let path_of = |i: u64| {
+        let name = format!(
+            "{}.kvb",
+            key(i)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        files(dir, ".kvb")
+            .into_iter()
+            .find(|p| p.file_name().unwrap().to_str() == Some(&name))
+    };
+    let inside = (1..64).find(|&i| path_of(i).is_some_and(|p| p.parent() == Some(fan)));
+    let outside = (1..64).find(|&i| path_of(i).is_some_and(|p| p.parent() != Some(fan)));
+    (inside.unwrap(), outside.unwrap())
+}
+
+#[test]
+fn a_hung_mount_fails_its_own_blocks_on_time_and_nothing_else() {
+    let h = Harness::new(&config(2), 64, BB);
+    let tier = h.tier();
+    let dir = dir_of(&h);
+    let ids: Vec<u64> = (1..64).collect();
+    h.store_all(1, &ids);
+    // The fan-out directory of block 1 goes to a hung device: its files are
+    // hidden under a mount whose server never answers.
+    let fan = files(&dir, ".kvb")
+        .into_iter()
+        .find(|p| {
+            p.file_name().unwrap().to_str()
+                == Some(&format!(
+                    "{}.kvb",
+                    key(1)
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                ))
+        })
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (hung, healthy) = keys_in_and_out_of(&dir, &fan);
+    let mut mount = match HungMount::mount(&fan) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!(
+                "skipped: cannot mount a FUSE file system here (needs root and /dev/fuse): {why}"
+            );
+            return;
+        }
+    };
+    let sentinel = vec![0xeeu8; BB];
+    h.write_row(40, &sentinel);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(2, &keys(&[hung]), KEY_LEN, &[40]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(tier.stats().io_threads_stuck, 1);
+    // Blocks elsewhere load, lookups answer.
+    let r = h.load(3, &[healthy], &[41]);
+    assert!(r.is_ok() && h.row_holds(41, healthy), "{r:?}");
+    assert_eq!(h.lookup(&[hung, healthy]), vec![Hit, Hit]);
+
+    // The device recovers: the stuck open returns an error, which is
+    // discarded; the row was never written; the tier works normally.
+    mount.recover();
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0 && tier.io_threads_alive() == 2
+    });
+    assert_eq!(h.row(40), &sentinel[..]);
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    let r = h.load(4, &[hung], &[40]);
+    assert!(r.is_ok() && h.row_holds(40, hung), "{r:?}");
+}
