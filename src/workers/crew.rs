@@ -9,7 +9,7 @@
 //! thread finishes its task and leaves if the crew has enough threads again.
 
 use crate::engine::jobs::Job;
-use parking_lot::{Condvar, Mutex};
+use parking_lot::Mutex;
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -47,8 +47,13 @@ pub(crate) struct Crew {
     watches: Vec<Mutex<Option<Watch>>>,
     heads: Mutex<Headcount>,
     handles: Mutex<Vec<JoinHandle<()>>>,
-    stopping: Mutex<bool>,
-    stop: Condvar,
+    /// The watchdog's sleep, on std's futex-based primitives: parking_lot
+    /// parks sleepers in a process-wide table, and a thread waking there
+    /// several times a second could hold one of its locks at a `fork()`,
+    /// which the child (whose tiers use that table too) would then wait on
+    /// forever.
+    stopping: std::sync::Mutex<bool>,
+    stop: std::sync::Condvar,
     expired_total: AtomicU64,
 }
 
@@ -71,8 +76,8 @@ impl Crew {
                 ..Headcount::default()
             }),
             handles: Mutex::new(Vec::new()),
-            stopping: Mutex::new(false),
-            stop: Condvar::new(),
+            stopping: std::sync::Mutex::new(false),
+            stop: std::sync::Condvar::new(),
             expired_total: AtomicU64::new(0),
         }
     }
@@ -175,10 +180,16 @@ impl Crew {
 
     /// Sleeps up to `tick`; true once the crew is stopping.
     pub(crate) fn wait_stop(&self, tick: Duration) -> bool {
-        let mut stopping = self.stopping.lock();
-        if !*stopping {
-            self.stop.wait_for(&mut stopping, tick);
+        // Poisoning cannot happen (nothing panics under this lock); if it
+        // did, the flag is still right.
+        let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner());
+        if *stopping {
+            return true;
         }
+        let (stopping, _) = self
+            .stop
+            .wait_timeout(stopping, tick)
+            .unwrap_or_else(|e| e.into_inner());
         *stopping
     }
 
@@ -186,7 +197,7 @@ impl Crew {
     /// down first). A thread stuck in a storage call is waited for: a store's
     /// call may still read the caller's primary buffer.
     pub(crate) fn join(&self) {
-        *self.stopping.lock() = true;
+        *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) = true;
         self.stop.notify_all();
         loop {
             let handles = std::mem::take(&mut *self.handles.lock());
