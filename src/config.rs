@@ -114,8 +114,6 @@ pub struct RedisConfig {
     pub key_prefix: String,
     /// Expiry of stored blocks in seconds (0: none).
     pub ttl_s: u64,
-    /// Deadline of every server operation, in milliseconds (at least 1).
-    pub io_timeout_ms: u64,
     /// Connections per server node (`None`: one per I/O thread).
     pub connections: Option<usize>,
 }
@@ -128,7 +126,6 @@ impl Default for RedisConfig {
             sharing: Sharing::Owned,
             key_prefix: "kvtier".into(),
             ttl_s: 0,
-            io_timeout_ms: 3000,
             connections: None,
         }
     }
@@ -162,6 +159,17 @@ impl Default for DiskConfig {
     }
 }
 
+/// Largest accepted `io_timeout_ms`.
+pub const MAX_IO_TIMEOUT_MS: u32 = 600_000;
+
+/// Default I/O deadline of the disk backend: far above any healthy device's
+/// latency for one block (an HDD seeking under load, an NFS server failing
+/// over), far below what an engine can wait for a request.
+pub const DEFAULT_DISK_IO_TIMEOUT_MS: u32 = 10_000;
+
+/// Default I/O deadline of the Redis backend: a server round trip.
+pub const DEFAULT_REDIS_IO_TIMEOUT_MS: u32 = 3_000;
+
 /// Largest accepted worker count; more threads than this only add contention.
 pub const MAX_IO_THREADS: usize = 256;
 
@@ -189,6 +197,12 @@ pub struct TierConfig {
     /// "not stored" answer for a key is reused before storage is asked
     /// again, in milliseconds.
     pub probe_ttl_ms: u32,
+    /// Storage backends (disk, Redis): the deadline of one block's I/O, in
+    /// milliseconds; past it the job fails with `Io` on time, whatever the
+    /// device does. `None` takes the backend's default
+    /// ([`TierConfig::resolved_io_timeout_ms`]); 0 turns the disk's deadline
+    /// off (Redis needs one).
+    pub io_timeout_ms: Option<u32>,
     /// Disk backend options.
     pub disk: DiskConfig,
     /// Redis backend options.
@@ -217,6 +231,7 @@ impl Default for TierConfig {
             idle_spin_us: 50,
             namespace: String::new(),
             probe_ttl_ms: 1000,
+            io_timeout_ms: None,
             disk: DiskConfig::default(),
             redis: RedisConfig::default(),
             events: false,
@@ -365,10 +380,13 @@ impl TierConfig {
             "ttl_s" => self.redis.ttl_s = parse_uint(key, value)?,
             "io_timeout_ms" => {
                 let n = parse_uint(key, value)?;
-                if n == 0 || n > 600_000 {
-                    bail!(Config, "io_timeout_ms: {n} is outside 1..=600000");
+                if n > MAX_IO_TIMEOUT_MS as u64 {
+                    bail!(
+                        Config,
+                        "io_timeout_ms: {n} is above {MAX_IO_TIMEOUT_MS} (ten minutes)"
+                    );
                 }
-                self.redis.io_timeout_ms = n;
+                self.io_timeout_ms = Some(n as u32);
             }
             "connections" => {
                 let n = parse_uint(key, value)?;
@@ -424,6 +442,16 @@ impl TierConfig {
             ),
         }
         Ok(())
+    }
+
+    /// The I/O deadline this configuration resolves to, in milliseconds (0:
+    /// none). The memory backend has none: it never waits on a device.
+    pub fn resolved_io_timeout_ms(&self) -> u32 {
+        match self.backend {
+            BackendKind::Memory => 0,
+            BackendKind::Disk => self.io_timeout_ms.unwrap_or(DEFAULT_DISK_IO_TIMEOUT_MS),
+            BackendKind::Redis => self.io_timeout_ms.unwrap_or(DEFAULT_REDIS_IO_TIMEOUT_MS),
+        }
     }
 
     /// The worker count this configuration resolves to.
@@ -656,6 +684,15 @@ mod tests {
         cfg.set("probe_ttl_ms", "250").unwrap();
         cfg.set("prepare_dirs", "yes").unwrap();
         assert!(cfg.disk.prepare_dirs);
+        assert_eq!(cfg.resolved_io_timeout_ms(), DEFAULT_DISK_IO_TIMEOUT_MS);
+        cfg.set("io_timeout_ms", "0").unwrap();
+        assert_eq!(
+            cfg.resolved_io_timeout_ms(),
+            0,
+            "0 turns the disk's deadline off"
+        );
+        cfg.set("io_timeout_ms", "1500").unwrap();
+        assert_eq!(cfg.resolved_io_timeout_ms(), 1500);
         assert_eq!(cfg.backend, BackendKind::Disk);
         assert_eq!(
             cfg.disk.path.as_deref(),
@@ -670,6 +707,8 @@ mod tests {
             ("sync", "all"),
             ("shared", "2"),
             ("path", ""),
+            ("io_timeout_ms", "600001"),
+            ("io_timeout_ms", "-1"),
         ] {
             assert_eq!(
                 cfg.set(k, v).unwrap_err().kind(),
@@ -720,6 +759,7 @@ mod tests {
     fn redis_keys_parse_and_bad_values_are_config_errors() {
         let mut cfg = TierConfig::default();
         cfg.set("backend", "redis").unwrap();
+        assert_eq!(cfg.resolved_io_timeout_ms(), DEFAULT_REDIS_IO_TIMEOUT_MS);
         cfg.set(
             "url",
             "redis://u:pw@127.0.0.1:6379/0, redis://10.0.0.2:7000",
@@ -738,7 +778,7 @@ mod tests {
         assert_eq!(
             (
                 cfg.redis.ttl_s,
-                cfg.redis.io_timeout_ms,
+                cfg.resolved_io_timeout_ms(),
                 cfg.redis.connections
             ),
             (3600, 250, Some(4))
@@ -750,7 +790,7 @@ mod tests {
             ("url", "redis://:pw@127.0.0.1:notaport"),
             ("url", "redis://"),
             ("url", ""),
-            ("io_timeout_ms", "0"),
+            ("io_timeout_ms", "600001"),
             ("sharing", "shraed"),
             ("cluster", "maybe"),
             ("connections", "0"),

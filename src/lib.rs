@@ -48,9 +48,12 @@ mod workers;
 
 pub use config::{
     parse_size, BackendKind, ClusterMode, Prefault, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
-    DEFAULT_CAPACITY_BYTES, MAX_IO_THREADS,
+    DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS, DEFAULT_REDIS_IO_TIMEOUT_MS,
+    MAX_IO_THREADS, MAX_IO_TIMEOUT_MS,
 };
 pub use engine::jobs::{JobKind, JobResult};
+#[cfg(feature = "test-hooks")]
+pub use engine::HangPoint;
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{

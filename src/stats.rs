@@ -59,6 +59,12 @@ pub struct Stats {
     /// the populator's progress and the highest slot stored, not asked of
     /// the kernel.
     pub resident_bytes: u64,
+    /// Storage calls that missed their deadline (`io_timeout_ms`); each
+    /// failed its job with TIER_ERR_IO on time.
+    pub io_deadlines_missed: u64,
+    /// Threads in a storage call past its deadline right now (replaced, up
+    /// to io_threads more, while they are).
+    pub io_threads_stuck: u64,
 }
 
 #[derive(Default)]

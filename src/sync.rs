@@ -38,6 +38,24 @@ impl<T> Mutex<T> {
     }
 }
 
+/// A reader-writer lock; `read` and `write` ignore poisoning.
+#[derive(Default)]
+pub(crate) struct RwLock<T>(std::sync::RwLock<T>);
+
+impl<T> RwLock<T> {
+    pub(crate) const fn new(value: T) -> RwLock<T> {
+        RwLock(std::sync::RwLock::new(value))
+    }
+
+    pub(crate) fn read(&self) -> std::sync::RwLockReadGuard<'_, T> {
+        self.0.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) fn write(&self) -> std::sync::RwLockWriteGuard<'_, T> {
+        self.0.write().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
 /// A held [`Mutex`]. The `Option` lets a wait hand std's guard to std's
 /// condition variable and take it back through `&mut`; it is `None` only
 /// inside a wait.

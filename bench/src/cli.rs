@@ -45,6 +45,10 @@ struct Cli {
     /// redis: the tier's `connections` [default: one per I/O thread]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     connections: Option<usize>,
+    /// disk: the tier's io_timeout_ms, 0 for none (to measure what the
+    /// deadline costs) [default: the library's, 10000]
+    #[arg(long, value_name = "MS")]
+    io_timeout_ms: Option<u32>,
     /// disk: blocks stored before the timed reopen [default: 100000]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
@@ -144,6 +148,7 @@ pub struct Settings {
     pub url: Option<String>,
     pub connections: Option<usize>,
     pub recovery_blocks: usize,
+    pub io_timeout_ms: Option<u32>,
     pub quick: bool,
     pub json: bool,
     pub progress: bool,
@@ -197,6 +202,7 @@ impl From<Cli> for Settings {
             url: c.url,
             connections: c.connections,
             recovery_blocks: pick(c.recovery_blocks, 2_000, 100_000),
+            io_timeout_ms: c.io_timeout_ms,
             quick,
             json: c.json,
             progress: !c.no_progress,

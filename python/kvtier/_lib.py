@@ -89,6 +89,8 @@ STATS_FIELDS = (
     "io_threads",
     "events_dropped",
     "resident_bytes",
+    "io_deadlines_missed",
+    "io_threads_stuck",
 )
 
 
@@ -97,7 +99,7 @@ class tier_stats_t(Structure):
 
 
 assert ctypes.sizeof(tier_job_result_t) == 48
-assert ctypes.sizeof(tier_stats_t) == 176
+assert ctypes.sizeof(tier_stats_t) == 192
 assert ctypes.sizeof(tier_event_t) == 160
 
 

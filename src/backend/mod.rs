@@ -20,6 +20,28 @@ pub(crate) trait Backend: Send + Sync {
     /// the bytes written (0 if the storage already held the block).
     fn store(&self, slot: u32, key: &[u8], block: &[u8]) -> Result<u64>;
 
+    /// [`Backend::store`] under a deadline: once `abandoned()` says true (the
+    /// job was reported failed because a storage call missed its deadline),
+    /// the block must never become readable. A backend that publishes blocks
+    /// (disk) checks before publishing and withdraws a publication that
+    /// raced with the report.
+    fn store_unless(
+        &self,
+        slot: u32,
+        key: &[u8],
+        block: &[u8],
+        _abandoned: &dyn Fn() -> bool,
+    ) -> Result<u64> {
+        self.store(slot, key, block)
+    }
+
+    /// Whether storage calls may hang (a device, a network file system), so
+    /// the engine watches them against `io_timeout_ms`. A backend that
+    /// enforces its own deadlines (Redis) or never waits (memory) says no.
+    fn needs_watchdog(&self) -> bool {
+        false
+    }
+
     /// Copies the block's stored bytes into `dst` (one block). A `Corrupt` or
     /// `NotFound` error means the stored block is gone: the tier forgets the key.
     /// Other errors are transient and keep it, up to
@@ -123,6 +145,12 @@ pub(crate) trait Backend: Send + Sync {
     /// Test seam: while set, writes fail as if the device were full.
     #[cfg(feature = "test-hooks")]
     fn simulate_full_device(&self, _full: bool) {}
+
+    /// Test seam: storage calls that hang where a test says (disk only).
+    #[cfg(feature = "test-hooks")]
+    fn hang_seam(&self) -> Option<&disk::hang::HangSeam> {
+        None
+    }
 
     /// The tier is being freed in a forked child, where it is never used
     /// again and is not dropped (see `Tier::abandon_in_forked_child`). Lets go

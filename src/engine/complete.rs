@@ -1,7 +1,9 @@
 //! Completing a job whose copies are done: publishes or drops a store's
 //! blocks, releases a load's pins (its copied blocks become most recent;
 //! blocks found gone or failing are forgotten),
-//! wakes loads that waited on a store, counts, and queues the result.
+//! wakes loads that waited on a store, counts, and queues the result; and
+//! reports a job whose storage call missed its deadline before that call
+//! returns (its slots and pins stay until it does).
 
 use super::jobs::{Job, JobKind};
 use super::{Shared, State, WaitingLoad, MAX_TRANSIENT_LOAD_FAILURES};
@@ -14,7 +16,8 @@ use std::sync::Arc;
 
 impl Shared {
     /// Completes a job whose copies are done: publishes or releases its blocks,
-    /// wakes loads that waited on them, then queues the result.
+    /// wakes loads that waited on them, then queues the result unless the
+    /// watchdog reported it already.
     pub(super) fn finish(&self, job: Arc<Job>) {
         let mut unblocked = Vec::new();
         let mut released = Vec::new();
@@ -27,8 +30,15 @@ impl Shared {
                 waiters,
                 ..
             } = &mut *st;
+            job.set_settled();
             match job.kind {
                 JobKind::Store => {
+                    if job.is_reported() {
+                        // Reported failed at a deadline while a copy ran:
+                        // nothing of it becomes readable (done already,
+                        // unless the deadline fired as the last copy ended).
+                        index.abandon_store(&job.items);
+                    }
                     let failed = job.failed_items();
                     let present = index.commit_store(
                         job.keys(),
@@ -91,6 +101,54 @@ impl Shared {
         for waiting in unblocked {
             self.dispatch(waiting);
         }
+        if job.claim_report() {
+            self.report(&job);
+        }
+    }
+
+    /// A storage call of `job` (for its item `item`) missed its deadline:
+    /// reports the job failed with `Io` now. A store's keys look up as MISS
+    /// at once and loads waiting on them fail there; its slots, like a load's
+    /// pins, are released only when the call returns and the job finishes.
+    pub(super) fn expire(&self, job: &Arc<Job>, item: usize) {
+        let mut unblocked = Vec::new();
+        let released = {
+            // Under the index lock, as settling is: a job settled already has
+            // its own result on the way, and its slots may belong to other
+            // jobs by now.
+            let mut st = self.state.lock();
+            if job.is_settled() || !job.claim_late_report(item) {
+                return;
+            }
+            if job.kind == JobKind::Store {
+                let State {
+                    index,
+                    waiting,
+                    waiters,
+                    ..
+                } = &mut *st;
+                index.abandon_store(&job.items);
+                for item in &job.items {
+                    Self::wake_waiters(waiting, waiters, item.slot, false, &mut unblocked);
+                }
+                let keys = job.keys();
+                let present = (0..keys.len())
+                    .filter(|&pos| index.contains(keys.get(pos)))
+                    .count();
+                job.set_present_after(present as u32);
+            }
+            st.index.take_released()
+        };
+        self.discard(released);
+        for waiting in unblocked {
+            self.dispatch(waiting);
+        }
+        self.report(job);
+    }
+
+    /// Counts a job's outcome and queues its result (once: the caller
+    /// claimed the report).
+    fn report(&self, job: &Job) {
         let result = job.result();
         let c = &self.counters;
         match (job.kind, result.is_ok()) {

@@ -4,8 +4,8 @@
 
 use super::jobs::{Job, JobKind, Task};
 use super::Shared;
-use crate::error::ErrorKind;
-use crate::workers::{Executor, Lane, Work, WorkQueue};
+use crate::error::{Error, ErrorKind, Result};
+use crate::workers::{Crew, Executor, Lane, Work, WorkQueue, Worker};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -14,8 +14,33 @@ impl Executor for Shared {
         &self.queue
     }
 
-    fn execute(&self, work: Work) {
-        self.run(work)
+    fn crew(&self) -> &Crew {
+        &self.crew
+    }
+
+    fn execute(&self, work: Work, worker: &Worker) {
+        self.run(work, Some(worker))
+    }
+
+    fn expire(&self, job: &Arc<Job>, item: usize) {
+        Shared::expire(self, job, item)
+    }
+
+    fn refuse(&self, work: Work) {
+        if let Work::Copy(task) = work {
+            let job = &task.job;
+            match job.kind {
+                JobKind::Store => task
+                    .range
+                    .clone()
+                    .for_each(|i| job.item_failed(i, ErrorKind::Io)),
+                // Not the stored block's fault: no transient failure counted.
+                JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Io),
+            }
+            if job.task_done() {
+                self.finish(Arc::clone(job));
+            }
+        }
     }
 }
 
@@ -29,7 +54,7 @@ impl Shared {
                 .push_all(Lane::Discards, [Work::Discard(released)].into_iter())
             {
                 // No memory to queue it: release the storage here instead.
-                unqueued.for_each(|work| self.run(work));
+                unqueued.for_each(|work| self.run(work, None));
             }
         }
     }
@@ -53,22 +78,39 @@ impl Shared {
         self.state.lock().index.holds_key(key)
     }
 
-    pub(super) fn run(&self, work: Work) {
+    /// Runs one piece of work; on a worker thread, its storage calls are
+    /// watched against the deadline (background work has no job to report,
+    /// but a thread stuck in it is replaced all the same).
+    pub(super) fn run(&self, work: Work, worker: Option<&Worker>) {
+        let watched = |call: &mut dyn FnMut()| match worker {
+            Some(w) => w.watch(None, 0, call),
+            None => call(),
+        };
         match work {
-            Work::Copy(task) => self.run_task(task),
+            Work::Copy(task) => self.run_task(task, worker),
             Work::Discard(keys) => {
                 for (_, key) in keys {
-                    self.backend.discard(&key, &|k| self.is_live(k));
+                    watched(&mut || self.backend.discard(&key, &|k| self.is_live(k)));
                 }
             }
-            Work::Probe(key) => self.run_probe(key),
-            Work::Touch(keys, key_len) => self.backend.touch(&keys, key_len),
+            Work::Probe(key) => {
+                let mut key = Some(key);
+                watched(&mut || self.run_probe(key.take().expect("run once")))
+            }
+            Work::Touch(keys, key_len) => watched(&mut || self.backend.touch(&keys, key_len)),
         }
     }
 
     /// Queues a planned job's copies, or completes it at once if there are none.
     pub(super) fn dispatch(&self, job: Arc<Job>) {
         if job.items.is_empty() {
+            self.finish(job);
+            return;
+        }
+        if self.crew.all_stuck() {
+            // Every thread is stuck in storage and no replacement may start:
+            // queued, the job would wait for the device to recover.
+            job.fail_all(ErrorKind::Io);
             self.finish(job);
             return;
         }
@@ -138,10 +180,55 @@ impl Shared {
         }
     }
 
+    /// Stores item `i` of a store job. Under a deadline the backend is told
+    /// how to see that the job was reported meanwhile, so a late write is not
+    /// published.
+    fn store_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<u64> {
+        let item = job.items[i];
+        let key = job.key(item.pos);
+        self.primary.with_row(item.row, |block| match worker {
+            Some(w) if w.has_deadline() => w.watch(Some(job), i, || {
+                self.backend
+                    .store_unless(item.slot, key, block, &|| job.is_reported())
+            }),
+            _ => self.backend.store(item.slot, key, block),
+        })
+    }
+
+    /// Loads item `i` of a load job; `Ok(false)` if the job was reported
+    /// meanwhile (nothing was written to its row). Under a deadline the block
+    /// is read into the worker's bounce buffer and copied to the row only
+    /// while the job is not reported: a call that returns after the deadline
+    /// must not write a row whose job the engine already counts as done.
+    fn load_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<bool> {
+        let item = job.items[i];
+        let key = job.key(item.pos);
+        let Some(w) = worker.filter(|w| w.has_deadline()) else {
+            return self
+                .primary
+                .with_row_mut(item.row, |dst| self.backend.load(item.slot, key, dst))
+                .map(|()| true);
+        };
+        let block_bytes = self.primary.block_bytes();
+        w.bounce(block_bytes, |buf| {
+            w.watch(Some(job), i, || self.backend.load(item.slot, key, buf))?;
+            Ok(job.deliver(i, || {
+                self.primary
+                    .with_row_mut(item.row, |dst| dst.copy_from_slice(buf))
+            }))
+        })
+        .unwrap_or_else(|| {
+            Err(Error::new(
+                ErrorKind::Alloc,
+                format!("no memory for a {block_bytes}-byte bounce buffer"),
+            ))
+        })
+    }
+
     /// A worker runs one task: copies its blocks (timed, for the job's `io_ns`
     /// and the per-block I/O histogram), then, if it is the job's last task,
     /// completes the job.
-    pub(super) fn run_task(&self, task: Task) {
+    pub(super) fn run_task(&self, task: Task, worker: Option<&Worker>) {
         let job = &task.job;
         let block_bytes = self.primary.block_bytes() as u64;
         let started_ns = job.age_ns();
@@ -159,21 +246,20 @@ impl Shared {
                 if self.queue.is_shut_down() {
                     return false;
                 }
-                let item = job.items[i];
-                if job.kind == JobKind::Load && item.pos >= job.copy_limit() {
+                if job.is_reported() {
+                    break; // past a deadline: nothing more is wanted
+                }
+                if job.kind == JobKind::Load && job.items[i].pos >= job.copy_limit() {
                     break;
                 }
                 attempted += 1;
                 let outcome = match job.kind {
-                    JobKind::Store => self.primary.with_row(item.row, |block| {
-                        self.backend.store(item.slot, job.key(item.pos), block)
-                    }),
-                    JobKind::Load => self
-                        .primary
-                        .with_row_mut(item.row, |dst| {
-                            self.backend.load(item.slot, job.key(item.pos), dst)
-                        })
-                        .map(|()| block_bytes),
+                    JobKind::Store => self.store_item(job, i, worker),
+                    JobKind::Load => match self.load_item(job, i, worker) {
+                        Ok(true) => Ok(block_bytes),
+                        Ok(false) => break,
+                        Err(e) => Err(e),
+                    },
                 };
                 match outcome {
                     Ok(bytes) => job.add_bytes(bytes),

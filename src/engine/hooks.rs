@@ -2,9 +2,11 @@
 //! whose jobs run only when a test says so, and a simulated full device.
 
 use super::Tier;
+pub use crate::backend::disk::hang::HangPoint;
 use crate::config::TierConfig;
 use crate::error::Result;
 use crate::primary::PrimaryBuffer;
+use std::time::Duration;
 
 impl Tier {
     /// A tier whose jobs run only when [`Tier::run_queued_job`] is called: for
@@ -25,12 +27,12 @@ impl Tier {
             return 0;
         }
         assert!(
-            self.workers.is_empty(),
+            self.shared.crew.is_empty(),
             "run_background is for manual tiers"
         );
         let work = self.shared.queue.take_background();
         let n = work.len();
-        work.into_iter().for_each(|w| self.shared.run(w));
+        work.into_iter().for_each(|w| self.shared.run(w, None));
         n
     }
 
@@ -41,15 +43,52 @@ impl Tier {
             return false;
         }
         assert!(
-            self.workers.is_empty(),
+            self.shared.crew.is_empty(),
             "run_queued_job is for manual tiers"
         );
         match self.shared.queue.take_job(job_id) {
             Some(task) => {
-                self.shared.run_task(task);
+                self.shared.run_task(task, None);
                 true
             }
             None => false,
         }
+    }
+}
+
+impl Tier {
+    /// Test seam (disk only): after `pass` more storage calls reach
+    /// `point`, the next `calls` hang there, as calls on a hung mount would,
+    /// until [`Tier::release_disk_io`].
+    pub fn hang_disk_io(&self, point: HangPoint, pass: usize, calls: usize) {
+        self.seam().set(point, pass, calls);
+    }
+
+    /// Lets every storage call hanging at the seam go (the device recovers).
+    pub fn release_disk_io(&self) {
+        self.seam().release();
+    }
+
+    /// Waits up to `timeout` until `n` storage calls have hung at the seam
+    /// since the tier opened; returns how many have.
+    pub fn wait_disk_io_hung(&self, n: usize, timeout: Duration) -> usize {
+        self.seam().wait_hung(n, timeout)
+    }
+
+    /// Waits up to `timeout` until no storage call hangs at the seam.
+    pub fn wait_disk_io_released(&self, timeout: Duration) -> bool {
+        self.seam().wait_released(timeout)
+    }
+
+    /// Worker threads alive now (serving or stuck past the deadline).
+    pub fn io_threads_alive(&self) -> usize {
+        self.shared.crew.alive()
+    }
+
+    fn seam(&self) -> &crate::backend::disk::hang::HangSeam {
+        self.shared
+            .backend
+            .hang_seam()
+            .expect("hang_disk_io is for the disk backend")
     }
 }

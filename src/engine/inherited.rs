@@ -42,10 +42,11 @@ impl Tier {
     /// the rest, on purpose.
     ///
     /// - The worker threads do not exist here, so they are not joined, and
-    ///   their `JoinHandle`s are forgotten rather than dropped: dropping one
-    ///   calls `pthread_detach` on a `pthread_t` of the parent, whose memory
-    ///   glibc has already recycled in the child (its stack cache), possibly
-    ///   for a thread the child started since.
+    ///   their `JoinHandle`s (kept by `Shared`'s crew, which is leaked, see
+    ///   below) are never dropped: dropping one calls `pthread_detach` on a
+    ///   `pthread_t` of the parent, whose memory glibc has already recycled
+    ///   in the child (its stack cache), possibly for a thread the child
+    ///   started since.
     /// - No lock is taken (so the queue is not shut down, the index is not
     ///   touched, queued discards are not run): a lock a parent thread held at
     ///   the fork stays locked forever here, and what it protects may be half
@@ -66,7 +67,6 @@ impl Tier {
     /// The primary buffer is not touched (nothing here runs a copy), so the
     /// promise of `tier_free` holds in the child too.
     pub(super) fn abandon_in_forked_child(&mut self) {
-        self.workers.forget_in_forked_child();
         std::mem::forget(Arc::clone(&self.shared));
         self.shared.backend.release_in_forked_child();
         self.shared.done.release_fd_in_forked_child();

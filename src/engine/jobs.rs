@@ -3,8 +3,8 @@
 use crate::error::{try_vec, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
-use crate::sync::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -87,6 +87,20 @@ pub(crate) struct Job {
     /// one ended, in nanoseconds after `submitted` (NOT_STARTED / 0 until then).
     io_started_ns: AtomicU64,
     io_ended_ns: AtomicU64,
+    /// True once the result is reported: by the last task, or by the
+    /// watchdog when a storage call missed its deadline. A worker copies a
+    /// loaded block into the caller's row only under the read side, while it
+    /// is false; reporting takes the write side, so no row is written after
+    /// its job was reported.
+    reported: RwLock<bool>,
+    /// Load: items whose block reached the caller's row through a worker's
+    /// bounce buffer (under a deadline), so a report at the deadline knows
+    /// how many leading blocks were copied.
+    delivered: Vec<AtomicBool>,
+    /// Set under the index lock once the job's last task finished and the
+    /// index took its outcome (slots, pins): a deadline firing after that
+    /// changes nothing, the job's own result is on its way.
+    settled: AtomicBool,
 }
 
 const NOT_STARTED: u64 = u64::MAX;
@@ -104,9 +118,16 @@ impl Job {
     ) -> Result<Job> {
         let mut copy = try_vec(keys.len(), "the job's keys")?;
         copy.extend_from_slice(keys);
-        let items = match kind {
-            JobKind::Load => try_vec(num_blocks as usize, "the load's blocks")?,
-            JobKind::Store => Vec::new(), // sized when planned
+        let (items, delivered) = match kind {
+            JobKind::Load => {
+                let mut delivered = try_vec(num_blocks as usize, "the load's blocks")?;
+                delivered.extend((0..num_blocks).map(|_| AtomicBool::new(false)));
+                (
+                    try_vec(num_blocks as usize, "the load's blocks")?,
+                    delivered,
+                )
+            }
+            JobKind::Store => (Vec::new(), Vec::new()), // sized when planned
         };
         Ok(Job {
             id,
@@ -124,6 +145,9 @@ impl Job {
             bytes: AtomicU64::new(0),
             io_started_ns: AtomicU64::new(NOT_STARTED),
             io_ended_ns: AtomicU64::new(0),
+            reported: RwLock::new(false),
+            delivered,
+            settled: AtomicBool::new(false),
         })
     }
 
@@ -179,6 +203,60 @@ impl Job {
     /// The items whose copy failed, locked (held briefly, at completion).
     pub(crate) fn failed_items(&self) -> MutexGuard<'_, FailedItems> {
         self.failed_items.lock()
+    }
+
+    /// Marks the job settled (under the index lock, see `settled`).
+    pub(crate) fn set_settled(&self) {
+        self.settled.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the job is settled (read under the index lock).
+    pub(crate) fn is_settled(&self) -> bool {
+        self.settled.load(Ordering::Relaxed)
+    }
+
+    /// Claims the right to report the job's result: true exactly once.
+    pub(crate) fn claim_report(&self) -> bool {
+        !std::mem::replace(&mut *self.reported.write(), true)
+    }
+
+    /// Whether the result was reported already (by the watchdog, when a
+    /// copy is still running): its remaining copies are not wanted.
+    pub(crate) fn is_reported(&self) -> bool {
+        *self.reported.read()
+    }
+
+    /// Load: runs `copy` (bounce buffer to the caller's row) for item `item`
+    /// unless the job was reported; true if it ran.
+    pub(crate) fn deliver(&self, item: usize, copy: impl FnOnce()) -> bool {
+        let reported = self.reported.read();
+        if *reported {
+            return false;
+        }
+        copy();
+        self.delivered[item].store(true, Ordering::Release);
+        true
+    }
+
+    /// The storage call for item `item` missed its deadline: claims the
+    /// report and fails the job with `Io` there (a load: at its first block
+    /// not yet in the caller's row, as the result counts leading blocks
+    /// copied). False if the job was reported already.
+    pub(crate) fn claim_late_report(&self, item: usize) -> bool {
+        let mut reported = self.reported.write();
+        if *reported {
+            return false;
+        }
+        *reported = true;
+        if self.kind == JobKind::Load {
+            let first_missing = (0..self.items.len())
+                .find(|&i| !self.delivered[i].load(Ordering::Acquire))
+                .unwrap_or(item);
+            self.fail(self.items[first_missing].pos, ErrorKind::Io);
+        }
+        // The stuck block itself counts as a transient failure of its key.
+        self.item_failed(item, ErrorKind::Io);
+        true
     }
 
     pub(crate) fn add_bytes(&self, n: u64) {

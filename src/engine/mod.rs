@@ -23,6 +23,8 @@ mod eventfd;
 mod execute;
 #[cfg(feature = "test-hooks")]
 mod hooks;
+#[cfg(feature = "test-hooks")]
+pub use self::hooks::HangPoint;
 mod inherited;
 pub(crate) mod jobs;
 mod open;
@@ -43,7 +45,7 @@ use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use crate::sync::Mutex;
-use crate::workers::{Pool, WorkQueue};
+use crate::workers::{Crew, WorkQueue};
 use hashlink::LruCache;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
@@ -82,6 +84,8 @@ struct Shared {
     backend: Box<dyn Backend>,
     state: Mutex<State>,
     queue: WorkQueue,
+    /// The worker threads' accounting and the deadline of storage calls.
+    crew: Crew,
     done: Completions,
     counters: Counters,
     metrics: JobMetrics,
@@ -106,7 +110,6 @@ struct Shared {
 /// the child; the parent's tier is unaffected. [`Tier::check_process`] tells.
 pub struct Tier {
     shared: Arc<Shared>,
-    workers: Pool,
     /// `fork::generation()` when the tier was built: a different value now
     /// means this is a forked child.
     fork_generation: u64,
@@ -428,6 +431,13 @@ impl Tier {
             self.shared.backend.describe(),
             self.shared.io_threads
         );
+        if let Some(timeout) = self.shared.crew.timeout() {
+            line.push_str(&format!(
+                ", io_timeout_ms={} (up to {} threads while some are stuck)",
+                timeout.as_millis(),
+                self.shared.crew.limit()
+            ));
+        }
         if self.inherited() {
             line.push_str(&format!(
                 " (inherited across fork from process {}: unusable here)",
@@ -493,6 +503,8 @@ impl Tier {
             io_threads: s.io_threads as u64,
             events_dropped,
             resident_bytes: s.backend.resident_bytes(),
+            io_deadlines_missed: s.crew.expired_total(),
+            io_threads_stuck: s.crew.stuck() as u64,
         }
     }
 }
@@ -504,11 +516,11 @@ impl Drop for Tier {
             return;
         }
         let discards = self.shared.queue.shut_down();
-        self.workers.join();
+        self.shared.crew.join();
         // Evicted blocks' storage is still released: otherwise a disk tier
         // would find them again on its next open.
         for work in discards {
-            self.shared.run(work);
+            self.shared.run(work, None);
         }
     }
 }

@@ -16,7 +16,7 @@ use crate::primary::PrimaryBuffer;
 use crate::seal::Sealer;
 use crate::stats::Counters;
 use crate::sync::Mutex;
-use crate::workers::{Pool, WorkQueue};
+use crate::workers::{Crew, Pool, WorkQueue};
 use hashlink::LruCache;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -66,6 +66,7 @@ impl Tier {
                 block_bytes,
                 config.resolved_io_threads(),
                 sealer,
+                config.resolved_io_timeout_ms(),
             )?),
             #[cfg(not(feature = "redis-backend"))]
             BackendKind::Redis => bail!(
@@ -99,6 +100,9 @@ impl Tier {
             }
         }
         let released_at_open = index.take_released();
+        let timeout_ms = config.resolved_io_timeout_ms();
+        let deadline = (spawn && timeout_ms > 0 && backend.needs_watchdog())
+            .then(|| Duration::from_millis(timeout_ms as u64));
         let shared = Arc::new(Shared {
             primary,
             backend,
@@ -112,6 +116,7 @@ impl Tier {
                 victims: Vec::new(),
             }),
             queue: WorkQueue::new(),
+            crew: Crew::new(if spawn { io_threads } else { 0 }, deadline),
             done: Completions::default(),
             counters: Counters::default(),
             metrics: JobMetrics::default(),
@@ -122,19 +127,15 @@ impl Tier {
         });
         Counters::add(&shared.counters.evictions, evicted_at_open);
         shared.discard(released_at_open);
-        let mut tier = Tier {
+        let tier = Tier {
             shared,
-            workers: Pool::default(),
             fork_generation,
             owner_pid: fork::pid(),
         };
         if spawn {
             let spin = Duration::from_micros(config.idle_spin_us as u64);
             // On failure, dropping `tier` joins the threads started so far.
-            let Tier {
-                shared, workers, ..
-            } = &mut tier;
-            workers.start(shared, io_threads, spin)?;
+            Pool::start(&tier.shared, spin)?;
         }
         Ok(tier)
     }

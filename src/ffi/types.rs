@@ -228,7 +228,7 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, elapsed_ns), 32);
         assert_eq!(offset_of!(tier_job_result_t, io_ns), 40);
         assert_eq!(size_of::<tier_job_result_t>(), 48);
-        assert_eq!(size_of::<tier_stats_t>(), 22 * 8);
+        assert_eq!(size_of::<tier_stats_t>(), 24 * 8);
         assert_eq!(offset_of!(tier_event_t, seq), 0);
         assert_eq!(offset_of!(tier_event_t, dropped), 8);
         assert_eq!(offset_of!(tier_event_t, kind), 16);

@@ -174,6 +174,20 @@ impl Index {
         present as u32
     }
 
+    /// A store reported failed while its copies still run (a storage call
+    /// missed its deadline): its keys look up as MISS at once, so no load
+    /// waits for it any more and a new store of them starts afresh. Its slots
+    /// stay allocated until [`Index::commit_store`], which frees them and,
+    /// for blocks whose copy did complete, reports them released (the
+    /// backend deletes what they left in storage).
+    pub(crate) fn abandon_store(&mut self, items: &[Item]) {
+        for item in items {
+            if self.state(item.slot) == SlotState::Storing {
+                self.unlink(item.slot);
+            }
+        }
+    }
+
     /// Finds a load's blocks in key order into `items` (which has room for
     /// all of them), up to the first key that is not stored, whose position
     /// is returned. Blocks still being stored are also listed in `storing` as

@@ -87,6 +87,11 @@ pub(crate) fn render(stats: &Stats, jobs: &JobMetrics, backend: &str, namespace:
         &one(stats.events_dropped),
     );
     e.counter(
+        "kvtier_io_deadlines_missed_total",
+        "Storage calls that missed their deadline (io_timeout_ms); each failed its job with TIER_ERR_IO on time.",
+        &one(stats.io_deadlines_missed),
+    );
+    e.counter(
         "kvtier_jobs_total",
         "Jobs completed (each reported once by tier_poll_finished), by kind and outcome.",
         &[
@@ -152,6 +157,11 @@ pub(crate) fn render(stats: &Stats, jobs: &JobMetrics, backend: &str, namespace:
         "kvtier_io_threads",
         "I/O worker threads.",
         &one(stats.io_threads),
+    );
+    e.gauge(
+        "kvtier_io_threads_stuck",
+        "Threads in a storage call past its deadline right now (each replaced while it is).",
+        &one(stats.io_threads_stuck),
     );
     e.gauge(
         "kvtier_resident_bytes",
@@ -294,7 +304,7 @@ mod tests {
                 assert!(line.starts_with(&format!("{name}{{{b}")), "{line}");
             }
         }
-        assert_eq!(declared.len(), 20);
+        assert_eq!(declared.len(), 22);
     }
 
     #[test]

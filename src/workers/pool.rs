@@ -1,69 +1,105 @@
 //! The worker threads: each takes work from the queue and hands it to the
-//! executor, until the queue shuts down.
+//! executor, until the queue shuts down; and the watchdog, which reports
+//! storage calls past their deadline and replaces their stuck threads.
 
+use super::crew::{Crew, Worker};
 use super::{Work, WorkQueue};
+use crate::engine::jobs::Job;
 use crate::error::{bail, Result};
 use std::sync::Arc;
-use std::thread::JoinHandle;
 use std::time::Duration;
 
 /// What runs the work the threads take: the engine.
 pub(crate) trait Executor: Send + Sync + 'static {
     /// The queue the threads drain.
     fn queue(&self) -> &WorkQueue;
+    /// The threads' accounting and deadlines.
+    fn crew(&self) -> &Crew;
     /// Runs one piece of work on the calling worker thread.
-    fn execute(&self, work: Work);
+    fn execute(&self, work: Work, worker: &Worker);
+    /// A storage call for item `item` of `job` is past its deadline: report
+    /// the job failed now (exactly once), although the call has not returned.
+    fn expire(&self, job: &Arc<Job>, item: usize);
+    /// Every thread is stuck and no replacement may start: fail this queued
+    /// work instead of letting it wait for the device.
+    fn refuse(&self, work: Work);
 }
 
-/// The running worker threads (none for a tier stepped by hand in tests).
-#[derive(Default)]
-pub(crate) struct Pool {
-    threads: Vec<JoinHandle<()>>,
-}
+/// Starts the tier's threads; the [`Crew`] keeps their handles.
+pub(crate) struct Pool;
 
 impl Pool {
-    /// Starts `count` threads named `kvtier-io-N`. An idle thread polls the
-    /// queue for `spin` before sleeping (see [`WorkQueue::next`]). On failure
-    /// the threads already started keep running: [`Pool::join`] stops them.
-    pub(crate) fn start<E: Executor>(
-        &mut self,
-        executor: &Arc<E>,
-        count: usize,
-        spin: Duration,
-    ) -> Result<()> {
-        for i in 0..count {
-            let executor = Arc::clone(executor);
-            let thread = std::thread::Builder::new()
-                .name(format!("kvtier-io-{i}"))
-                .spawn(move || {
-                    while let Some(work) = executor.queue().next(spin) {
-                        executor.execute(work);
-                    }
-                });
-            match thread {
-                Ok(handle) => self.threads.push(handle),
-                Err(e) => bail!(Alloc, "could not start I/O thread {i}: {e}"),
+    /// Starts the crew's threads, named `kvtier-io-N`, and its watchdog if
+    /// storage calls have a deadline. An idle thread polls the queue for
+    /// `spin` before sleeping (see [`WorkQueue::next`]). On failure the
+    /// threads already started keep running: [`Crew::join`] stops them.
+    pub(crate) fn start<E: Executor>(executor: &Arc<E>, spin: Duration) -> Result<()> {
+        while let Some(id) = executor.crew().enlist() {
+            if let Err(e) = spawn_worker(executor, id, spin) {
+                bail!(Alloc, "could not start I/O thread {id}: {e}");
+            }
+        }
+        if let Some(timeout) = executor.crew().timeout() {
+            let watched = Arc::clone(executor);
+            let watchdog = std::thread::Builder::new()
+                .name("kvtier-watchdog".into())
+                .spawn(move || watchdog(&watched, timeout, spin));
+            match watchdog {
+                Ok(handle) => executor.crew().add_handle(handle),
+                Err(e) => bail!(Alloc, "could not start the I/O watchdog thread: {e}"),
             }
         }
         Ok(())
     }
+}
 
-    /// True for a tier stepped by hand (tests).
-    #[cfg(feature = "test-hooks")]
-    pub(crate) fn is_empty(&self) -> bool {
-        self.threads.is_empty()
-    }
-
-    /// Waits for every thread to end (the queue must be shut down first).
-    pub(crate) fn join(&mut self) {
-        for thread in self.threads.drain(..) {
-            let _ = thread.join();
+fn spawn_worker<E: Executor>(executor: &Arc<E>, id: usize, spin: Duration) -> std::io::Result<()> {
+    let owned = Arc::clone(executor);
+    let thread = std::thread::Builder::new()
+        .name(format!("kvtier-io-{id}"))
+        .spawn(move || {
+            let worker = Worker::new(owned.crew(), id);
+            while let Some(work) = owned.queue().next(spin) {
+                owned.execute(work, &worker);
+                if owned.crew().retire_if_surplus(id) {
+                    // Work queued while this thread was busy may have been
+                    // left for it to find (see `WorkQueue::push_all`).
+                    owned.queue().hand_over();
+                    return;
+                }
+            }
+        });
+    match thread {
+        Ok(handle) => {
+            executor.crew().add_handle(handle);
+            Ok(())
+        }
+        Err(e) => {
+            executor.crew().discharge(id);
+            Err(e)
         }
     }
+}
 
-    /// In a forked child, where the threads do not exist: forgets their
-    /// handles without joining or detaching (see `Tier`'s drop in a child).
-    pub(crate) fn forget_in_forked_child(&mut self) {
-        std::mem::forget(std::mem::take(&mut self.threads));
+/// Checks the deadlines a few times per timeout: a call is reported at most
+/// an eighth of the timeout (and never more than 100 ms) late.
+fn watchdog<E: Executor>(executor: &Arc<E>, timeout: Duration, spin: Duration) {
+    let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(100));
+    let crew = executor.crew();
+    while !crew.wait_stop(tick) {
+        for (job, item) in crew.collect_expired() {
+            if let Some(job) = job {
+                executor.expire(&job, item);
+            }
+            // Without threads to spare, the queue waits for a stuck one.
+            if let Some(id) = crew.enlist() {
+                let _ = spawn_worker(executor, id, spin);
+            }
+        }
+        if crew.all_stuck() {
+            for work in executor.queue().take_copies() {
+                executor.refuse(work);
+            }
+        }
     }
 }

@@ -192,6 +192,25 @@ impl WorkQueue {
         }
     }
 
+    /// A worker leaves for good: wakes another if work is queued. A push
+    /// that saw this worker polling woke nobody, trusting it to come back
+    /// for the work.
+    pub(crate) fn hand_over(&self) {
+        let q = self.queues.lock();
+        if !q.is_empty() {
+            self.available.notify_one();
+        }
+    }
+
+    /// Removes every queued copy task (no thread is left to run them).
+    pub(crate) fn take_copies(&self) -> Vec<Work> {
+        let mut q = self.queues.lock();
+        let Queues { loads, stores, .. } = &mut *q;
+        let work: Vec<Work> = loads.drain(..).chain(stores.drain(..)).collect();
+        self.queued.fetch_sub(work.len(), Ordering::SeqCst);
+        work
+    }
+
     /// Removes the queued copy task of job `job_id` (manual stepping in tests).
     #[cfg(feature = "test-hooks")]
     pub(crate) fn take_job(&self, job_id: u64) -> Option<Task> {

@@ -41,6 +41,7 @@ pub fn run(p: &Params) -> Result<Results, String> {
         p.io_threads,
         (n as u64 + 64) * (block as u64 + 4096),
         true,
+        p.io_timeout_ms,
     )?;
     let mut r = Results {
         describe: String::new(),

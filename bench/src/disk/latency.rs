@@ -59,6 +59,7 @@ pub fn run(p: &Params) -> Result<Results, String> {
         p.io_threads,
         ((p.latency_iters * 2 + 64) * (B + 4096)) as u64,
         true,
+        p.io_timeout_ms,
     )?;
     let tier = primary.tier(&cfg)?;
     let warmup = p.latency_iters / 5;

@@ -38,6 +38,8 @@ pub struct Params {
     pub latency_iters: usize,
     pub small_blocks: usize,
     pub recovery_blocks: usize,
+    /// The tier's io_timeout_ms (None: the library's default).
+    pub io_timeout_ms: Option<u32>,
     pub progress: bool,
 }
 
@@ -59,6 +61,7 @@ impl Params {
             latency_iters: s.latency_iters.min(5_000),
             small_blocks: if s.quick { 512 } else { 4096 },
             recovery_blocks: s.recovery_blocks,
+            io_timeout_ms: s.io_timeout_ms,
             progress: s.progress,
         }
     }

@@ -33,7 +33,13 @@ pub fn run(p: &Params) -> Result<Results, String> {
     let src = primary.sources(n);
     let mut ids = JobIds::default();
     {
-        let tier = primary.tier(&config(&dir, p.io_threads, capacity, true)?)?;
+        let tier = primary.tier(&config(
+            &dir,
+            p.io_threads,
+            capacity,
+            true,
+            p.io_timeout_ms,
+        )?)?;
         let mut progress = Progress::new(p.progress, "disk recovery fill", n as u64);
         primary
             .stream(Kind::Store, &key_bytes, &src, 64, 4)
@@ -41,7 +47,7 @@ pub fn run(p: &Params) -> Result<Results, String> {
         progress.finish();
     }
     let cold = drop_caches();
-    let cfg = config(&dir, p.io_threads, capacity, false)?;
+    let cfg = config(&dir, p.io_threads, capacity, false, p.io_timeout_ms)?;
     let t = Instant::now();
     let tier = primary.tier(&cfg)?;
     let secs = t.elapsed().as_secs_f64();

@@ -16,6 +16,7 @@ pub fn config(
     io_threads: usize,
     capacity: u64,
     prepared: bool,
+    io_timeout_ms: Option<u32>,
 ) -> Result<Config, String> {
     let mut c = Config::new().map_err(|e| e.to_string())?;
     for (k, v) in [
@@ -28,6 +29,10 @@ pub fn config(
         ("capacity_bytes", capacity.to_string()),
     ] {
         c.set(k, &v).map_err(|e| e.to_string())?;
+    }
+    if let Some(ms) = io_timeout_ms {
+        c.set("io_timeout_ms", &ms.to_string())
+            .map_err(|e| e.to_string())?;
     }
     Ok(c)
 }

@@ -64,7 +64,13 @@ pub fn run(p: &Params) -> Result<Results, String> {
     // they go (the raw bound writes into one existing directory).
     let store_cold_blocks_per_s = {
         let cold_dir = p.dir.join("small-cold");
-        let tier = primary.tier(&config(&cold_dir, p.io_threads, capacity, false)?)?;
+        let tier = primary.tier(&config(
+            &cold_dir,
+            p.io_threads,
+            capacity,
+            false,
+            p.io_timeout_ms,
+        )?)?;
         let stored = primary
             .stream(Kind::Store, &key_bytes, &src, JOB_BLOCKS, WINDOW)
             .run(&tier, &mut ids, |_| {})?;
@@ -73,7 +79,13 @@ pub fn run(p: &Params) -> Result<Results, String> {
         blocks_per_s(stored.secs)
     };
     let dir = p.dir.join("small");
-    let tier = primary.tier(&config(&dir, p.io_threads, capacity, true)?)?;
+    let tier = primary.tier(&config(
+        &dir,
+        p.io_threads,
+        capacity,
+        true,
+        p.io_timeout_ms,
+    )?)?;
     let stored = primary
         .stream(Kind::Store, &key_bytes, &src, JOB_BLOCKS, WINDOW)
         .run(&tier, &mut ids, |_| {})?;

@@ -31,10 +31,12 @@
 //! directory holds at most the sum of the processes' capacities; another
 //! process that still lists a deleted block gets NOT_FOUND on load and drops it.
 
-// Files: `format` (the block file format and its checksum), `io` (the system
-// calls), `layout` (where a key's file lives), `read` (the verified load),
+// Files: `format` (the block file format and its checksum), `hang` (a test
+// seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
 // `recover` (reopening a directory); this file: opening, storing, deleting.
 mod format;
+#[cfg(feature = "test-hooks")]
+pub(crate) mod hang;
 mod io;
 mod layout;
 mod read;
@@ -116,6 +118,9 @@ pub(crate) struct DiskBackend {
     /// Test seam for a full device where no small file system can be mounted.
     #[cfg(feature = "test-hooks")]
     simulate_full: AtomicBool,
+    /// Test seam: storage calls that hang until a test lets them go.
+    #[cfg(feature = "test-hooks")]
+    seam: hang::HangSeam,
     /// Holds the directory lock for the tier's lifetime.
     lock: Fd,
 }
@@ -176,6 +181,8 @@ impl DiskBackend {
             tmp_counter: AtomicU64::new(0),
             #[cfg(feature = "test-hooks")]
             simulate_full: AtomicBool::new(false),
+            #[cfg(feature = "test-hooks")]
+            seam: hang::HangSeam::default(),
             lock,
         })
     }
@@ -364,8 +371,15 @@ impl DiskBackend {
     }
 }
 
-impl Backend for DiskBackend {
-    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
+impl DiskBackend {
+    /// Stores a block: writes a temporary file and publishes it by rename,
+    /// unless `abandoned()` says the job was reported failed meanwhile (a
+    /// storage call missed its deadline). The check and the rename are under
+    /// the key's stripe lock; a rename that was already under way when the
+    /// job was reported is withdrawn when it returns (the file removed if the
+    /// path still names it, never a file published since), so the index
+    /// never lists it and no later store is overwritten.
+    fn store_checked(&self, key: &[u8], block: &[u8], abandoned: &dyn Fn() -> bool) -> Result<u64> {
         let path = self.path_of(key);
         // Another process may have published this key already.
         if self.shared && self.published(&path, key) {
@@ -376,9 +390,26 @@ impl Backend for DiskBackend {
         tmp.push(format!(".{}-{n}{}", std::process::id(), layout::TMP_EXT));
         let tmp = PathBuf::from(tmp);
         let written = self.write_tmp(&tmp, key, block);
+        #[cfg(feature = "test-hooks")]
+        self.seam.pause(hang::HangPoint::Write);
+        let mut withdrawn = false;
         let published = written.and_then(|nonce| {
             let _guard = self.stripe(key).lock();
+            if abandoned() {
+                withdrawn = true;
+                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+            }
+            let ours = io::lstat(&tmp)?;
             std::fs::rename(&tmp, &path)?;
+            #[cfg(feature = "test-hooks")]
+            self.seam.pause(hang::HangPoint::Publish);
+            if abandoned() {
+                withdrawn = true;
+                if io::lstat(&path).is_ok_and(|now| now.same_file(&ours)) {
+                    let _ = std::fs::remove_file(&path);
+                }
+                return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
+            }
             if let Some(nonce) = nonce {
                 self.ledger.record(key, nonce);
             }
@@ -386,6 +417,13 @@ impl Backend for DiskBackend {
         });
         if let Err(e) = published {
             let _ = std::fs::remove_file(&tmp);
+            if withdrawn {
+                bail!(
+                    Io,
+                    "{}: not published: the job was reported failed at its I/O deadline",
+                    path.display()
+                );
+            }
             if e.kind() == std::io::ErrorKind::OutOfMemory {
                 bail!(Alloc, "cannot store {}: {e}", path.display());
             }
@@ -403,12 +441,35 @@ impl Backend for DiskBackend {
         }
         Ok(self.block_bytes as u64)
     }
+}
+
+impl Backend for DiskBackend {
+    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
+        self.store_checked(key, block, &|| false)
+    }
+
+    fn store_unless(
+        &self,
+        _slot: u32,
+        key: &[u8],
+        block: &[u8],
+        abandoned: &dyn Fn() -> bool,
+    ) -> Result<u64> {
+        self.store_checked(key, block, abandoned)
+    }
+
+    fn needs_watchdog(&self) -> bool {
+        true
+    }
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
-        match &self.seal {
+        let loaded = match &self.seal {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
             None => self.read_verified(&self.path_of(key), key, dst),
-        }
+        };
+        #[cfg(feature = "test-hooks")]
+        self.seam.pause(hang::HangPoint::Read);
+        loaded
     }
 
     fn wants_discards(&self) -> bool {
@@ -448,6 +509,11 @@ impl Backend for DiskBackend {
     #[cfg(feature = "test-hooks")]
     fn simulate_full_device(&self, full: bool) {
         self.simulate_full.store(full, Ordering::Relaxed);
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn hang_seam(&self) -> Option<&hang::HangSeam> {
+        Some(&self.seam)
     }
 
     fn release_in_forked_child(&self) {

@@ -149,6 +149,7 @@ impl RedisBackend {
         block_bytes: usize,
         io_threads: usize,
         seal: Option<Sealer>,
+        io_timeout_ms: u32,
     ) -> Result<RedisBackend> {
         if cfg.urls.is_empty() {
             bail!(
@@ -156,7 +157,13 @@ impl RedisBackend {
                 "url: the redis backend needs a server (set \"url\" to redis://host:port)"
             );
         }
-        let timeout = Duration::from_millis(cfg.io_timeout_ms);
+        if io_timeout_ms == 0 {
+            bail!(
+                Config,
+                "io_timeout_ms: the redis backend needs a deadline (1..=600000); 0 turns off only the disk's"
+            );
+        }
+        let timeout = Duration::from_millis(io_timeout_ms as u64);
         let mut seeds = Vec::new();
         for url in &cfg.urls {
             let info = match url.as_str().into_connection_info() {

@@ -1,0 +1,287 @@
+//! Who is working and who is stuck: the worker threads' accounting, and the
+//! deadlines of the storage calls they make.
+//!
+//! A worker announces each storage call it makes ([`Worker::watch`]); the
+//! watchdog (see `pool`) marks a call past the deadline as expired, counts its
+//! thread as stuck and has the engine report the job on time. A stuck thread
+//! cannot be interrupted (a `pread` on a hung mount sleeps in the kernel), so
+//! a replacement takes its place, up to a bound; when the call returns, the
+//! thread finishes its task and leaves if the crew has enough threads again.
+
+use crate::engine::jobs::Job;
+use crate::sync::Mutex;
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// A storage call in progress on one worker.
+pub(crate) struct Watch {
+    /// The job it copies for (None: background work, a probe or a discard).
+    pub job: Option<Arc<Job>>,
+    /// The index of the item it copies, in the job's items.
+    pub item: usize,
+    since: Instant,
+    expired: bool,
+}
+
+#[derive(Default)]
+struct Headcount {
+    /// Threads running (serving or stuck).
+    alive: usize,
+    /// Threads in a storage call past its deadline.
+    stuck: usize,
+    /// Worker ids free for a new thread.
+    free_ids: Vec<usize>,
+}
+
+/// The worker threads of one tier: how many, which are stuck, their handles.
+pub(crate) struct Crew {
+    /// Threads that serve the queue when nothing is stuck.
+    target: usize,
+    /// Most threads alive at once: `target` plus as many replacements.
+    limit: usize,
+    timeout: Option<Duration>,
+    /// Indexed by worker id.
+    watches: Vec<Mutex<Option<Watch>>>,
+    heads: Mutex<Headcount>,
+    handles: Mutex<Vec<JoinHandle<()>>>,
+    /// The watchdog's sleep, on std's futex-based primitives: parking_lot
+    /// parks sleepers in a process-wide table, and a thread waking there
+    /// several times a second could hold one of its locks at a `fork()`,
+    /// which the child (whose tiers use that table too) would then wait on
+    /// forever.
+    stopping: std::sync::Mutex<bool>,
+    stop: std::sync::Condvar,
+    expired_total: AtomicU64,
+}
+
+impl Crew {
+    /// A crew of `target` threads; `timeout` is the deadline of one storage
+    /// call (None: no deadline, no watchdog, no replacements).
+    pub(crate) fn new(target: usize, timeout: Option<Duration>) -> Crew {
+        let limit = if timeout.is_some() {
+            2 * target
+        } else {
+            target
+        };
+        Crew {
+            target,
+            limit,
+            timeout,
+            watches: (0..limit).map(|_| Mutex::new(None)).collect(),
+            heads: Mutex::new(Headcount {
+                free_ids: (0..limit).rev().collect(),
+                ..Headcount::default()
+            }),
+            handles: Mutex::new(Vec::new()),
+            stopping: std::sync::Mutex::new(false),
+            stop: std::sync::Condvar::new(),
+            expired_total: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// Most threads that may be alive at once (the bound on replacements).
+    pub(crate) fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Threads stuck in a storage call past its deadline right now.
+    pub(crate) fn stuck(&self) -> usize {
+        self.heads.lock().stuck
+    }
+
+    /// Threads alive (serving or stuck).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn alive(&self) -> usize {
+        self.heads.lock().alive
+    }
+
+    /// Storage calls that missed their deadline since the tier opened.
+    pub(crate) fn expired_total(&self) -> u64 {
+        self.expired_total.load(Ordering::Relaxed)
+    }
+
+    /// True when threads were started and every one of them is stuck, with
+    /// no replacement left to start: work queued now would wait for the
+    /// device to recover.
+    pub(crate) fn all_stuck(&self) -> bool {
+        let h = self.heads.lock();
+        h.alive > 0 && h.alive == h.stuck && h.alive >= self.limit
+    }
+
+    /// Claims a worker id for a new thread, if fewer than `target` threads
+    /// serve and the bound allows one more.
+    pub(crate) fn enlist(&self) -> Option<usize> {
+        let mut h = self.heads.lock();
+        if h.alive >= self.limit || h.alive - h.stuck >= self.target {
+            return None;
+        }
+        let id = h.free_ids.pop()?;
+        h.alive += 1;
+        Some(id)
+    }
+
+    /// Gives back an id whose thread could not be started.
+    pub(crate) fn discharge(&self, id: usize) {
+        let mut h = self.heads.lock();
+        h.alive -= 1;
+        h.free_ids.push(id);
+    }
+
+    pub(crate) fn add_handle(&self, handle: JoinHandle<()>) {
+        let mut handles = self.handles.lock();
+        // Threads that left after a stuck call are gone: forget their handles
+        // so that repeated hangs do not grow this list.
+        handles.retain(|h| !h.is_finished());
+        handles.push(handle);
+    }
+
+    /// After a task: a thread that came back from a stuck call leaves if the
+    /// crew has enough serving threads without it. True if it must leave.
+    pub(crate) fn retire_if_surplus(&self, id: usize) -> bool {
+        let mut h = self.heads.lock();
+        if h.alive - h.stuck > self.target {
+            h.alive -= 1;
+            h.free_ids.push(id);
+            return true;
+        }
+        false
+    }
+
+    /// Marks the calls past their deadline as expired (each once) and counts
+    /// their threads as stuck; returns them for the engine to report.
+    pub(crate) fn collect_expired(&self) -> Vec<(Option<Arc<Job>>, usize)> {
+        let Some(timeout) = self.timeout else {
+            return Vec::new();
+        };
+        let mut expired = Vec::new();
+        for watch in &self.watches {
+            let mut watch = watch.lock();
+            let Some(w) = watch.as_mut() else { continue };
+            if w.expired || w.since.elapsed() < timeout {
+                continue;
+            }
+            w.expired = true;
+            // Counted under the watch's lock: the worker, taking its watch
+            // back under the same lock, sees `expired` only once its thread
+            // is counted stuck, so it can never uncount it first.
+            self.heads.lock().stuck += 1;
+            self.expired_total.fetch_add(1, Ordering::Relaxed);
+            expired.push((w.job.clone(), w.item));
+        }
+        expired
+    }
+
+    /// Sleeps up to `tick`; true once the crew is stopping.
+    pub(crate) fn wait_stop(&self, tick: Duration) -> bool {
+        // Poisoning cannot happen (nothing panics under this lock); if it
+        // did, the flag is still right.
+        let stopping = self.stopping.lock().unwrap_or_else(|e| e.into_inner());
+        if *stopping {
+            return true;
+        }
+        let (stopping, _) = self
+            .stop
+            .wait_timeout(stopping, tick)
+            .unwrap_or_else(|e| e.into_inner());
+        *stopping
+    }
+
+    /// Ends the watchdog and waits for every thread (the queue must be shut
+    /// down first). A thread stuck in a storage call is waited for: a store's
+    /// call may still read the caller's primary buffer.
+    pub(crate) fn join(&self) {
+        *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) = true;
+        self.stop.notify_all();
+        loop {
+            let handles = std::mem::take(&mut *self.handles.lock());
+            if handles.is_empty() {
+                break;
+            }
+            for handle in handles {
+                let _ = handle.join();
+            }
+        }
+    }
+
+    /// True if no thread was ever started (a tier stepped by hand in tests).
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn is_empty(&self) -> bool {
+        self.handles.lock().is_empty()
+    }
+}
+
+/// One worker thread's view of its crew, handed to the executor with each
+/// piece of work.
+pub(crate) struct Worker<'a> {
+    crew: &'a Crew,
+    id: usize,
+    /// Where a load's block lands before it is copied to the caller's row
+    /// (see [`Worker::bounce`]).
+    bounce: RefCell<Vec<u8>>,
+}
+
+impl<'a> Worker<'a> {
+    pub(crate) fn new(crew: &'a Crew, id: usize) -> Worker<'a> {
+        Worker {
+            crew,
+            id,
+            bounce: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Whether this worker's storage calls have a deadline.
+    pub(crate) fn has_deadline(&self) -> bool {
+        self.crew.timeout.is_some()
+    }
+
+    /// Runs the storage call `call` under the crew's deadline: if it takes
+    /// longer, the watchdog reports `job` failed on time and starts a
+    /// replacement; this thread resumes here when the call returns.
+    pub(crate) fn watch<R>(
+        &self,
+        job: Option<&Arc<Job>>,
+        item: usize,
+        call: impl FnOnce() -> R,
+    ) -> R {
+        if self.crew.timeout.is_none() {
+            return call();
+        }
+        *self.crew.watches[self.id].lock() = Some(Watch {
+            job: job.cloned(),
+            item,
+            since: Instant::now(),
+            expired: false,
+        });
+        let outcome = call();
+        let watch = self.crew.watches[self.id].lock().take();
+        if watch.is_some_and(|w| w.expired) {
+            self.crew.heads.lock().stuck -= 1;
+        }
+        outcome
+    }
+
+    /// Runs `f` on this worker's bounce buffer of `len` bytes, page-aligned
+    /// (so that O_DIRECT reads into it in place), or returns None if there is
+    /// no memory for it.
+    pub(crate) fn bounce<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
+        const PAGE: usize = 4096;
+        let mut buf = self.bounce.borrow_mut();
+        if buf.len() < len + PAGE {
+            buf.clear();
+            buf.shrink_to_fit();
+            if buf.try_reserve_exact(len + PAGE).is_err() {
+                return None;
+            }
+            buf.resize(len + PAGE, 0);
+        }
+        let start = buf.as_ptr().align_offset(PAGE);
+        Some(f(&mut buf[start..start + len]))
+    }
+}

@@ -1,0 +1,598 @@
+//! The disk backend's I/O deadline (`io_timeout_ms`): a storage call that
+//! hangs fails its job with TIER_ERR_IO on time, its thread is replaced (up to
+//! a bound), the late call's outcome is discarded, and the tier works normally
+//! once the device recovers.
+//!
+//! The hangs come from a test seam in the disk backend (calls that block at a
+//! chosen point until the test lets them go), which gives the exact
+//! interleavings: a read that completes after its job was reported, a write
+//! that completes late, a rename under way when the deadline fires.
+//! "On time" is checked with generous slack: it is a correctness property
+//! (the result does not wait for the call), not a speed claim.
+
+mod common;
+
+use common::*;
+use kvtier::{ErrorKind, HangPoint, LookupState::*, TierConfig};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const BB: usize = 4096;
+const TIMEOUT_MS: u64 = 200;
+/// How late a result may come and still count as on time: the watchdog's
+/// tick plus a loaded machine's scheduling delays.
+const SLACK: Duration = Duration::from_secs(3);
+/// How long a test waits for something that should happen soon.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+fn config(io_threads: usize) -> TierConfig {
+    let mut c = disk_config(64, BB);
+    c.io_threads = Some(io_threads);
+    c.io_timeout_ms = Some(TIMEOUT_MS as u32);
+    c
+}
+
+fn dir_of(h: &Harness) -> PathBuf {
+    h.scratch_dir.clone().expect("scratch dir")
+}
+
+/// Every file under `dir` whose name ends with `ext`.
+fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(files(&p, ext));
+        } else if p.to_string_lossy().ends_with(ext) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Submits a load and waits for its result, checking it came on time.
+fn timed(h: &Harness, submit: impl FnOnce(), job: u64) -> (kvtier::JobResult, Duration) {
+    let start = Instant::now();
+    submit();
+    let r = h.result_of(job);
+    (r, start.elapsed())
+}
+
+fn assert_on_time(r: &kvtier::JobResult, took: Duration) {
+    let deadline = Duration::from_millis(TIMEOUT_MS);
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        took >= deadline,
+        "reported after {took:?}, before its deadline"
+    );
+    assert!(
+        took < deadline + SLACK,
+        "reported after {took:?}: the deadline is {deadline:?}"
+    );
+}
+
+/// Waits until `f` holds, up to PATIENCE.
+fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let end = Instant::now() + PATIENCE;
+    while !f() {
+        assert!(Instant::now() < end, "never: {what}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_load_past_its_deadline_is_reported_on_time_and_never_writes_its_row() {
+    let h = Harness::new(&config(2), 16, BB);
+    h.store_all(1, &[1, 2]);
+    let tier = h.tier();
+    let sentinel = vec![0xeeu8; BB];
+    h.write_row(5, &sentinel);
+    tier.hang_disk_io(HangPoint::Read, 0, 1);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(2, &keys(&[1]), KEY_LEN, &[5]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(r.num_done, 0, "no block reached the row");
+    assert_eq!(tier.wait_disk_io_hung(1, PATIENCE), 1);
+    let stats = tier.stats();
+    assert_eq!(stats.io_deadlines_missed, 1);
+    assert_eq!(stats.io_threads_stuck, 1);
+    assert_eq!(stats.loads_failed, 1);
+    // A replacement serves the queue while the call hangs.
+    h.fill(6, 3);
+    assert!(h.store(3, &[3], &[6]).is_ok());
+    let r = h.load(4, &[2], &[7]);
+    assert!(r.is_ok() && h.row_holds(7, 2), "{r:?}");
+    assert_eq!(h.lookup(&[1, 2, 3]), vec![Hit, Hit, Hit]);
+
+    // The device recovers: the late read's bytes never reach the row, the
+    // job is not reported again, the extra thread leaves.
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    eventually("the crew is back to io_threads", || {
+        tier.io_threads_alive() == 2
+    });
+    assert_eq!(h.row(5), &sentinel[..], "the reported load wrote its row");
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    let r = h.load(5, &[1], &[5]);
+    assert!(r.is_ok() && h.row_holds(5, 1), "{r:?}");
+    assert_eq!(tier.stats().jobs_in_flight, 0);
+}
+
+#[test]
+fn a_load_reports_the_blocks_it_delivered_before_its_deadline() {
+    // One thread copies the job's blocks in order: the first arrives, the
+    // second hangs. The result says one block was copied; the rows of the
+    // stuck block and of the one after it are never written.
+    let h = Harness::new(&config(1), 16, BB);
+    h.store_all(1, &[1, 2, 3]);
+    let tier = h.tier();
+    let sentinel = vec![0xeeu8; BB];
+    for row in 10..13 {
+        h.write_row(row, &sentinel);
+    }
+    tier.hang_disk_io(HangPoint::Read, 1, 1);
+    let (r, took) = timed(
+        &h,
+        || {
+            tier.submit_load(2, &keys(&[1, 2, 3]), KEY_LEN, &[10, 11, 12])
+                .unwrap()
+        },
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(r.num_done, 1, "{r:?}");
+    assert!(h.row_holds(10, 1));
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    assert_eq!(h.row(11), &sentinel[..], "the late block was copied");
+    assert_eq!(
+        h.row(12),
+        &sentinel[..],
+        "a block after the stuck one was copied"
+    );
+    assert!(tier.poll(8).is_empty());
+    // The blocks stay stored.
+    assert_eq!(h.lookup(&[1, 2, 3]), vec![Hit, Hit, Hit]);
+}
+
+#[test]
+fn a_store_past_its_deadline_never_publishes_its_block() {
+    let h = Harness::new(&config(2), 16, BB);
+    let tier = h.tier();
+    let dir = dir_of(&h);
+    tier.hang_disk_io(HangPoint::Write, 0, 1);
+    h.fill(0, 7);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_store(1, &keys(&[7]), KEY_LEN, &[0]).unwrap(),
+        1,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(r.num_done, 0);
+    // At once a miss, not pending: nobody waits for the hung write.
+    assert_eq!(h.lookup(&[7]), vec![Miss]);
+    let r = h.load(2, &[7], &[3]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    assert!(
+        files(&dir, ".kvb").is_empty(),
+        "the late write was published"
+    );
+    eventually("the late write's temporary file is removed", || {
+        files(&dir, ".tmp").is_empty()
+    });
+    assert_eq!(h.lookup(&[7]), vec![Miss]);
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    // The key stores normally now.
+    assert!(h.store(3, &[7], &[0]).is_ok());
+    let r = h.load(4, &[7], &[4]);
+    assert!(r.is_ok() && h.row_holds(4, 7), "{r:?}");
+}
+
+#[test]
+fn a_late_write_never_replaces_a_newer_store_of_its_key() {
+    let h = Harness::new(&config(2), 16, BB);
+    let tier = h.tier();
+    tier.hang_disk_io(HangPoint::Write, 0, 1);
+    h.fill(0, 7);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_store(1, &keys(&[7]), KEY_LEN, &[0]).unwrap(),
+        1,
+    );
+    assert_on_time(&r, took);
+    // A newer store of the same key, with other bytes, while the first
+    // write still hangs.
+    let newer = pattern(777, BB);
+    h.write_row(1, &newer);
+    assert!(h.store(2, &[7], &[1]).is_ok());
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    let r = h.load(3, &[7], &[2]);
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        h.row(2),
+        &newer[..],
+        "the late write replaced the newer block"
+    );
+}
+
+#[test]
+fn a_rename_under_way_at_the_deadline_is_withdrawn() {
+    let h = Harness::new(&config(2), 16, BB);
+    let tier = h.tier();
+    let dir = dir_of(&h);
+    h.store_all(1, &[1]);
+    tier.hang_disk_io(HangPoint::Publish, 0, 1);
+    h.fill(0, 8);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_store(2, &keys(&[8]), KEY_LEN, &[0]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(h.lookup(&[8]), vec![Miss]);
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    eventually("the withdrawn file is gone", || {
+        files(&dir, ".kvb").len() == 1
+    });
+    assert_eq!(h.lookup(&[1, 8]), vec![Hit, Miss]);
+    // Reopened, the directory holds only the block stored on time.
+    let cfg = {
+        let mut c = config(2);
+        c.disk.path = Some(dir.clone());
+        c
+    };
+    let mut h = h;
+    h.scratch_dir = None; // the next harness removes it
+    drop(h);
+    let h = Harness::new(&cfg, 16, BB);
+    assert_eq!(h.lookup(&[1, 8]), vec![Hit, Miss]);
+}
+
+#[test]
+fn a_load_waiting_on_a_stuck_store_fails_on_time_too() {
+    let h = Harness::new(&config(2), 16, BB);
+    let tier = h.tier();
+    tier.hang_disk_io(HangPoint::Write, 0, 1);
+    h.fill(0, 9);
+    let start = Instant::now();
+    tier.submit_store(1, &keys(&[9]), KEY_LEN, &[0]).unwrap();
+    assert_eq!(tier.wait_disk_io_hung(1, PATIENCE), 1);
+    tier.submit_load(2, &keys(&[9]), KEY_LEN, &[3]).unwrap();
+    let mut results = Vec::new();
+    while results.len() < 2 {
+        assert!(start.elapsed() < Duration::from_millis(TIMEOUT_MS) + SLACK);
+        results.extend(tier.poll(2));
+        tier.wait(Duration::from_millis(10));
+    }
+    results.sort_by_key(|r| r.job_id);
+    assert_eq!(results[0].error, Some(ErrorKind::Io), "{results:?}");
+    assert_eq!(results[1].error, Some(ErrorKind::NotFound), "{results:?}");
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    assert!(tier.poll(8).is_empty());
+}
+
+#[test]
+fn when_every_thread_is_stuck_new_jobs_fail_fast_and_lookups_answer() {
+    // One thread and one replacement: two hung reads take both.
+    let h = Harness::new(&config(1), 16, BB);
+    h.store_all(1, &[1, 2, 3]);
+    let tier = h.tier();
+    tier.hang_disk_io(HangPoint::Read, 0, 2);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(2, &keys(&[1]), KEY_LEN, &[5]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(3, &keys(&[2]), KEY_LEN, &[6]).unwrap(),
+        3,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(tier.stats().io_threads_stuck, 2);
+    assert_eq!(
+        tier.io_threads_alive(),
+        2,
+        "no more than io_threads replacements"
+    );
+    // No thread is left: a new job fails at once instead of queueing.
+    let start = Instant::now();
+    tier.submit_load(4, &keys(&[3]), KEY_LEN, &[7]).unwrap();
+    h.fill(8, 4);
+    tier.submit_store(5, &keys(&[4]), KEY_LEN, &[8]).unwrap();
+    let mut results = Vec::new();
+    while results.len() < 2 {
+        results.extend(tier.poll(2));
+        tier.wait(Duration::from_millis(5));
+        assert!(start.elapsed() < SLACK, "{results:?}");
+    }
+    assert!(
+        start.elapsed() < Duration::from_millis(TIMEOUT_MS),
+        "queued instead of failing fast: {:?}",
+        start.elapsed()
+    );
+    assert!(
+        results.iter().all(|r| r.error == Some(ErrorKind::Io)),
+        "{results:?}"
+    );
+    // Lookups never wait on storage.
+    assert_eq!(h.lookup(&[1, 2, 3, 4]), vec![Hit, Hit, Hit, Miss]);
+
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the crew is back to io_threads", || {
+        tier.io_threads_alive() == 1 && tier.stats().io_threads_stuck == 0
+    });
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    h.fill(8, 4);
+    assert!(h.store(6, &[4], &[8]).is_ok());
+    let r = h.load(7, &[1, 2, 3, 4], &[9, 10, 11, 12]);
+    assert!(
+        r.is_ok() && h.row_holds(9, 1) && h.row_holds(12, 4),
+        "{r:?}"
+    );
+}
+
+#[test]
+fn repeated_hangs_leak_no_threads_beyond_the_bound() {
+    let h = Harness::new(&config(2), 16, BB);
+    let tier = h.tier();
+    for round in 0..6u64 {
+        let key = 100 + round;
+        h.store_all(10 * round + 1, &[key]);
+        tier.hang_disk_io(HangPoint::Read, 0, 1);
+        let job = 10 * round + 2;
+        let (r, took) = timed(
+            &h,
+            || tier.submit_load(job, &keys(&[key]), KEY_LEN, &[5]).unwrap(),
+            job,
+        );
+        assert_on_time(&r, took);
+        assert!(tier.io_threads_alive() <= 4);
+        tier.release_disk_io();
+        assert!(tier.wait_disk_io_released(PATIENCE));
+        eventually("the crew is back to io_threads", || {
+            tier.io_threads_alive() == 2 && tier.stats().io_threads_stuck == 0
+        });
+    }
+    assert_eq!(tier.stats().io_deadlines_missed, 6);
+    let named = kvtier_threads();
+    // Other tests of this binary run tiers too (at most a few threads each).
+    assert!(named <= 40, "{named} kvtier threads");
+}
+
+#[test]
+fn a_block_that_hangs_every_time_is_dropped_after_a_few_tries() {
+    let h = Harness::new(&config(2), 16, BB);
+    h.store_all(1, &[1]);
+    let tier = h.tier();
+    for attempt in 0..kvtier::MAX_TRANSIENT_LOAD_FAILURES as u64 {
+        assert_eq!(h.lookup(&[1]), vec![Hit]);
+        tier.hang_disk_io(HangPoint::Read, 0, 1);
+        let job = 10 + attempt;
+        let (r, took) = timed(
+            &h,
+            || tier.submit_load(job, &keys(&[1]), KEY_LEN, &[5]).unwrap(),
+            job,
+        );
+        assert_on_time(&r, took);
+        tier.release_disk_io();
+        assert!(tier.wait_disk_io_released(PATIENCE));
+        eventually("the stuck thread is back", || {
+            tier.stats().io_threads_stuck == 0
+        });
+    }
+    // The engine is not told HIT for it forever (vLLM's livelock on one bad
+    // block file).
+    eventually("the key is dropped", || h.lookup(&[1]) == vec![Miss]);
+}
+
+/// Threads of this process named by kvtier.
+fn kvtier_threads() -> usize {
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .flatten()
+        .filter(|t| {
+            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.starts_with("kvtier"))
+        })
+        .count()
+}
+
+#[test]
+fn the_deadline_shows_in_describe_and_0_turns_it_off() {
+    let h = Harness::new(&config(2), 16, BB);
+    let line = h.tier().describe();
+    assert!(line.contains("io_timeout_ms=200"), "{line}");
+    let mut c = config(2);
+    c.io_timeout_ms = Some(0);
+    let off = Harness::new(&c, 16, BB);
+    let line = off.tier().describe();
+    assert!(!line.contains("io_timeout_ms"), "{line}");
+    // Without a deadline the tier still works (in-place I/O, no watchdog).
+    off.store_all(1, &[1]);
+    let r = off.load(2, &[1], &[5]);
+    assert!(r.is_ok() && off.row_holds(5, 1));
+    let mut c = disk_config(16, BB);
+    c.io_timeout_ms = None;
+    let default = Harness::new(&c, 16, BB);
+    let line = default.tier().describe();
+    assert!(
+        line.contains(&format!(
+            "io_timeout_ms={}",
+            kvtier::DEFAULT_DISK_IO_TIMEOUT_MS
+        )),
+        "{line}"
+    );
+}
+
+// ---- a real hung mount ----
+
+/// A FUSE mount whose server never answers: every call that reaches it
+/// (a lookup of a name under it, an open, a stat) sleeps in the kernel, as
+/// on a hung NFS or Lustre mount, until the connection is aborted by
+/// closing the device ([`HungMount::recover`]). Needs root and /dev/fuse.
+struct HungMount {
+    at: PathBuf,
+    device: Option<std::fs::File>,
+}
+
+impl HungMount {
+    fn mount(at: &Path) -> Result<HungMount, String> {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let device = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open("/dev/fuse")
+            .map_err(|e| format!("/dev/fuse: {e}"))?;
+        let target = std::ffi::CString::new(at.as_os_str().as_bytes()).unwrap();
+        let data = std::ffi::CString::new(format!(
+            "fd={},rootmode=40000,user_id=0,group_id=0",
+            device.as_raw_fd()
+        ))
+        .unwrap();
+        // SAFETY: NUL-terminated strings that outlive the call.
+        let rc = unsafe {
+            libc::mount(
+                c"kvtier-hung".as_ptr(),
+                target.as_ptr(),
+                c"fuse".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                data.as_ptr() as *const libc::c_void,
+            )
+        };
+        if rc != 0 {
+            return Err(format!("mount: {}", std::io::Error::last_os_error()));
+        }
+        // The kernel's INIT request is never read, let alone answered: the
+        // connection never initializes, and every request waits for it.
+        Ok(HungMount {
+            at: at.to_path_buf(),
+            device: Some(device),
+        })
+    }
+
+    /// The device recovers: the connection is aborted (calls under the
+    /// mount return ENOTCONN) and the mount is detached.
+    fn recover(&mut self) {
+        self.device.take();
+        let target = std::ffi::CString::new(self.at.as_os_str().to_str().unwrap()).unwrap();
+        // SAFETY: a NUL-terminated path.
+        unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+    }
+}
+
+impl Drop for HungMount {
+    fn drop(&mut self) {
+        self.recover();
+    }
+}
+
+/// A key (by id) whose block lands in fan-out directory `fan`, and one that
+/// does not.
+fn keys_in_and_out_of(dir: &Path, fan: &Path) -> (u64, u64) {
+    let path_of = |i: u64| {
+        let name = format!(
+            "{}.kvb",
+            key(i)
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
+        files(dir, ".kvb")
+            .into_iter()
+            .find(|p| p.file_name().unwrap().to_str() == Some(&name))
+    };
+    let inside = (1..64).find(|&i| path_of(i).is_some_and(|p| p.parent() == Some(fan)));
+    let outside = (1..64).find(|&i| path_of(i).is_some_and(|p| p.parent() != Some(fan)));
+    (inside.unwrap(), outside.unwrap())
+}
+
+#[test]
+fn a_hung_mount_fails_its_own_blocks_on_time_and_nothing_else() {
+    let h = Harness::new(&config(2), 64, BB);
+    let tier = h.tier();
+    let dir = dir_of(&h);
+    let ids: Vec<u64> = (1..64).collect();
+    h.store_all(1, &ids);
+    // The fan-out directory of block 1 goes to a hung device: its files are
+    // hidden under a mount whose server never answers.
+    let fan = files(&dir, ".kvb")
+        .into_iter()
+        .find(|p| {
+            p.file_name().unwrap().to_str()
+                == Some(&format!(
+                    "{}.kvb",
+                    key(1)
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect::<String>()
+                ))
+        })
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (hung, healthy) = keys_in_and_out_of(&dir, &fan);
+    let mut mount = match HungMount::mount(&fan) {
+        Ok(m) => m,
+        Err(why) => {
+            eprintln!(
+                "skipped: cannot mount a FUSE file system here (needs root and /dev/fuse): {why}"
+            );
+            return;
+        }
+    };
+    let sentinel = vec![0xeeu8; BB];
+    h.write_row(40, &sentinel);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(2, &keys(&[hung]), KEY_LEN, &[40]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(tier.stats().io_threads_stuck, 1);
+    // Blocks elsewhere load, lookups answer.
+    let r = h.load(3, &[healthy], &[41]);
+    assert!(r.is_ok() && h.row_holds(41, healthy), "{r:?}");
+    assert_eq!(h.lookup(&[hung, healthy]), vec![Hit, Hit]);
+
+    // The device recovers: the stuck open returns an error, which is
+    // discarded; the row was never written; the tier works normally.
+    mount.recover();
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0 && tier.io_threads_alive() == 2
+    });
+    assert_eq!(h.row(40), &sentinel[..]);
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    let r = h.load(4, &[hung], &[40]);
+    assert!(r.is_ok() && h.row_holds(40, hung), "{r:?}");
+}
