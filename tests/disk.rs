@@ -33,20 +33,6 @@ fn ns_dir(root: &Path) -> PathBuf {
     dirs.pop().unwrap()
 }
 
-/// Every file under `dir` whose name ends with `ext`.
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap().flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            out.extend(files(&p, ext));
-        } else if p.to_string_lossy().ends_with(ext) {
-            out.push(p);
-        }
-    }
-    out
-}
-
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -36,20 +36,6 @@ fn dir_of(h: &Harness) -> PathBuf {
     h.scratch_dir.clone().expect("scratch dir")
 }
 
-/// Every file under `dir` whose name ends with `ext`.
-fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let p = entry.path();
-        if p.is_dir() {
-            out.extend(files(&p, ext));
-        } else if p.to_string_lossy().ends_with(ext) {
-            out.push(p);
-        }
-    }
-    out
-}
-
 /// Submits a load and waits for its result, checking it came on time.
 fn timed(h: &Harness, submit: impl FnOnce(), job: u64) -> (kvtier::JobResult, Duration) {
     let start = Instant::now();

@@ -1077,41 +1077,6 @@ def test_shared_disk_mirror_knows_only_what_it_has_seen(make, tmp_path):
     assert r.success
 
 
-@pytest.fixture
-def redis_url(tmp_path):
-    import shutil
-    import socket
-    import subprocess
-
-    if shutil.which("redis-server") is None:
-        pytest.skip("needs redis-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}"
-    finally:
-        server.kill()
-        server.wait()
-
-
 def test_redis_backend_is_a_remote_store_with_network_backpressure(redis_url):
     from vllm.v1.kv_offload.tiering.backpressure import EMABackpressureDetector as EMA
 

@@ -8,6 +8,7 @@ pub mod redis;
 
 use kvtier::{EventKind, JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};
 use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::path::{Path, PathBuf};
 
 pub const KEY_LEN: usize = 36;
 
@@ -350,4 +351,20 @@ pub fn test_child(name: &str) -> std::process::Command {
         "--test-threads=1",
     ]);
     cmd
+}
+
+/// Every file under `dir` (recursively) whose name ends with `ext`, sorted;
+/// none if `dir` does not exist.
+pub fn files(dir: &Path, ext: &str) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let p = entry.path();
+        if p.is_dir() {
+            out.extend(files(&p, ext));
+        } else if p.to_string_lossy().ends_with(ext) {
+            out.push(p);
+        }
+    }
+    out.sort();
+    out
 }
