@@ -1,7 +1,8 @@
 //! Redis backend, bandwidth at one block size: repetitions, each of which
 //! measures the server's bound (redis-benchmark) and then alternates the
-//! client crate's passes and the tier's (ABBA) on the same server, every byte
-//! the tier loads verified after each repetition; and how those figures are
+//! client crate's passes and the tier's (ABBA) on the same server, both
+//! storing new keys, every byte the tier loads verified after each
+//! repetition; and how those figures are
 //! reported. The ratios to the server are paired per repetition: on a shared
 //! machine the bound drifts as much as the tier does.
 
@@ -59,7 +60,6 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     let dst = primary.destinations(n);
     let key_bytes = keys(NS_BANDWIDTH ^ block as u64, 0, n);
     let client_prefix = format!("{}-client-b{block}", p.prefix);
-    let names = client::names(&client_prefix, n);
     let capacity = (n as u64 + 64) * block as u64;
     let mut ids = JobIds::default();
     let mut progress = Progress::new(
@@ -88,7 +88,12 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         if server.started_here().is_some() {
             let rps = benchmark::fresh_set_rps(server, block + HEADER, n, p.window, p.job_blocks)?;
             r.fresh_set_gbps.push(rps * block as f64 / 1e9);
-            server.delete_prefix("key:")?;
+            let keys = server.delete_prefix("key:")?;
+            if keys < (n as u64 * 9).div_ceil(10) {
+                return Err(format!(
+                    "redis-benchmark -r left {keys} keys after {n} SETs: not a new key per SET"
+                ));
+            }
         }
         progress.add(shapes.len() as u64);
         // A new tier (and key prefix) per repetition: a tier skips stores of
@@ -97,6 +102,12 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         let tier = primary.tier(&p.config(server, &prefix, capacity)?)?;
         r.describe = tier.describe();
         let client_first = rep % 2 == 0;
+        // The client's keys are new each repetition too: SETs that overwrite
+        // keys let the server reuse the old values' memory, while new keys
+        // make it fault fresh memory in (at 64 KiB, most of its time), so a
+        // client overwriting while the tier stores new keys is no pairing.
+        let rep_client_prefix = format!("{client_prefix}-r{rep}");
+        let names = client::names(&rep_client_prefix, n);
         let directions = [
             (
                 Kind::Store,
@@ -130,6 +141,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         // Untimed: the repetition's keys go, so the server holds one
         // repetition's data at a time.
         server.delete_prefix(&prefix)?;
+        server.delete_prefix(&rep_client_prefix)?;
     }
     server.delete_prefix(&client_prefix)?;
     progress.finish();

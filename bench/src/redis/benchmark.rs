@@ -108,10 +108,17 @@ pub fn run(
     })
 }
 
+/// Keys `fresh_set_rps` draws from. redis-benchmark parses `-r` with `atoi`
+/// into an `int`: the 10^12 used before wrapped negative, which it reads as
+/// "no random keys", so every SET overwrote one key (the best case this
+/// bound exists to avoid). 10^9 fits; n keys drawn from it rarely collide.
+pub const FRESH_KEYSPACE: u64 = 1_000_000_000;
+
 /// SET requests/s with every request on its own key (`-r`: keys drawn from
-/// 10^12, so practically never repeated), at `clients` x `pipeline`: what
+/// 10^9, so practically never repeated), at `clients` x `pipeline`: what
 /// storing new blocks costs the server (fresh memory), which the best-case
-/// bound above (one key overwritten) never pays. Leaves `key:*` keys behind.
+/// bound above (one key overwritten) never pays. Leaves `key:*` keys behind
+/// (the caller deletes them, and checks that there were about `requests`).
 pub fn fresh_set_rps(
     server: &Server,
     value_bytes: usize,
@@ -122,7 +129,7 @@ pub fn fresh_set_rps(
     let out = Command::new("redis-benchmark")
         .args(["-h", &server.host, "-p", &server.port.to_string()])
         .args(["-t", "set", "-d", &value_bytes.to_string()])
-        .args(["-r", "1000000000000"])
+        .args(["-r", &FRESH_KEYSPACE.to_string()])
         .args(["-n", &requests.to_string()])
         .args(["-P", &pipeline.to_string()])
         .args(["-c", &clients.to_string()])
