@@ -341,6 +341,89 @@ pub(crate) fn is_full(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
 }
 
+/// A directory opened for `*at` calls relative to it (no symlink followed).
+pub(crate) fn open_dir(path: &Path) -> io::Result<Fd> {
+    open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
+}
+
+/// What recovery needs of a directory entry: its type, size and
+/// modification time.
+pub(crate) struct EntryStat {
+    pub(crate) mode: u32,
+    pub(crate) len: u64,
+    pub(crate) modified: std::time::SystemTime,
+}
+
+impl EntryStat {
+    pub(crate) fn is_regular(&self) -> bool {
+        self.mode & libc::S_IFMT == libc::S_IFREG
+    }
+}
+
+fn time(secs: i64, nanos: u32) -> std::time::SystemTime {
+    use std::time::{Duration, UNIX_EPOCH};
+    let since = Duration::new(secs.unsigned_abs(), nanos.min(999_999_999));
+    if secs >= 0 {
+        UNIX_EPOCH + since
+    } else {
+        UNIX_EPOCH - since
+    }
+}
+
+/// The entry `name` of `dir`, a symlink not followed. `statx` asks only for
+/// type, size and mtime, relative to the directory's descriptor (no path walk
+/// from the root per file) and without forcing a sync with a network file
+/// system's server; kernels or sandboxes without `statx` get `fstatat`.
+pub(crate) fn stat_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<EntryStat> {
+    // SAFETY: a valid descriptor, a NUL-terminated name and a zeroed
+    // out-parameter of the right type; the result is checked.
+    let mut stx: libc::statx = unsafe { std::mem::zeroed() };
+    let rc = unsafe {
+        libc::statx(
+            dir.raw(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_MTIME,
+            &mut stx,
+        )
+    };
+    if rc == 0 {
+        let modified = if stx.stx_mask & libc::STATX_MTIME != 0 {
+            time(stx.stx_mtime.tv_sec, stx.stx_mtime.tv_nsec)
+        } else {
+            std::time::UNIX_EPOCH
+        };
+        return Ok(EntryStat {
+            mode: stx.stx_mode as u32,
+            len: stx.stx_size,
+            modified,
+        });
+    }
+    let err = io::Error::last_os_error();
+    if !matches!(err.raw_os_error(), Some(libc::ENOSYS | libc::EPERM)) {
+        return Err(err);
+    }
+    // SAFETY: as above, for fstatat's out-parameter.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    if unsafe { libc::fstatat(dir.raw(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(EntryStat {
+        mode: st.st_mode,
+        len: st.st_size as u64,
+        modified: time(st.st_mtime, st.st_mtime_nsec as u32),
+    })
+}
+
+/// `unlinkat(2)` of a file entry of `dir`.
+pub(crate) fn unlink_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<()> {
+    // SAFETY: a valid descriptor and NUL-terminated name.
+    if unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
