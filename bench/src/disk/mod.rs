@@ -81,6 +81,12 @@ pub fn run(s: &Settings) -> Result<Report, String> {
 
 fn run_in(s: &Settings, p: &Params) -> Result<Report, String> {
     let mut report = Report::start("disk", s.quick);
+    let source = if s.io_threads.is_some() {
+        "--io-threads"
+    } else {
+        "disk default"
+    };
+    report.io_threads(p.io_threads, source, source);
     if s.recovery_only {
         let recovery = recovery::run(p)?;
         recovery.report(&mut report);
@@ -96,12 +102,6 @@ fn run_in(s: &Settings, p: &Params) -> Result<Report, String> {
     let latency = latency::run(p)?;
     let small = small::run(p)?;
     let recovery = recovery::run(p)?;
-    let source = if s.io_threads.is_some() {
-        "--io-threads"
-    } else {
-        "disk default"
-    };
-    report.io_threads(p.io_threads, source, source);
     bandwidth.report(p, &mut report);
     latency.report(&mut report);
     small.report(&mut report);
