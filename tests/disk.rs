@@ -215,6 +215,61 @@ fn reopening_with_less_capacity_keeps_the_newest_blocks() {
     );
 }
 
+/// Recovery scans the fan-out directories on several threads: the order of
+/// the blocks is still their files' modification times across every
+/// directory, and a misplaced or upper-case name (a key decodes from it, but
+/// no lookup would find it there) is deleted while its rightful copy stays.
+#[test]
+fn recovery_orders_blocks_by_mtime_across_all_fan_out_directories() {
+    let dir = scratch_dir();
+    let n = 256u64;
+    {
+        let mut h = Harness::new(&config(&dir, n as usize), 64, BB);
+        for job in 0..n / 64 {
+            h.store_all(job, &(job * 64..job * 64 + 64).collect::<Vec<_>>());
+        }
+        h.scratch_dir = None;
+    }
+    // Ages unrelated to key order or directory: block i is rank (i * 97) % n
+    // seconds newer than the oldest.
+    let base = std::time::SystemTime::now() - Duration::from_secs(3600);
+    let rank = |i: u64| (i * 97) % n;
+    for i in 0..n {
+        let f = std::fs::File::options()
+            .write(true)
+            .open(block_file(&dir, i))
+            .unwrap();
+        f.set_modified(base + Duration::from_secs(rank(i))).unwrap();
+    }
+    let ns = ns_dir(&dir);
+    let newest_key = (0..n).find(|&i| rank(i) == n - 1).unwrap();
+    let original = block_file(&dir, newest_key);
+    let fan = original
+        .parent()
+        .unwrap()
+        .file_name()
+        .unwrap()
+        .to_str()
+        .unwrap()
+        .to_string();
+    let other_fan = ns.join(if fan == "000" { "001" } else { "000" });
+    std::fs::create_dir_all(&other_fan).unwrap();
+    let misplaced = other_fan.join(original.file_name().unwrap());
+    std::fs::copy(&original, &misplaced).unwrap();
+    let upper = original.with_file_name(format!("{}.kvb", hex(&key(newest_key)).to_uppercase()));
+    std::fs::copy(&original, &upper).unwrap();
+
+    // Half the capacity: the newer half of the blocks stays, by rank.
+    let h = Harness::new(&config(&dir, n as usize / 2), 64, BB);
+    let mut newest: Vec<u64> = (0..n).filter(|&i| rank(i) >= n / 2).collect();
+    newest.sort_unstable();
+    assert_eq!(h.present(&(0..n).collect::<Vec<_>>()), newest);
+    assert!(!misplaced.exists(), "a misplaced copy is deleted");
+    assert!(!upper.exists(), "an upper-case name is deleted");
+    assert!(original.exists(), "the block's own file stays");
+    assert_eq!(wait_for_files(&ns, n as usize / 2), n as usize / 2);
+}
+
 #[test]
 fn other_namespaces_and_block_sizes_are_never_mixed() {
     let dir = scratch_dir();

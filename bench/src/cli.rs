@@ -52,6 +52,14 @@ struct Cli {
     /// disk: blocks stored before the timed reopen [default: 100000]
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     recovery_blocks: Option<usize>,
+    /// disk: keep the recovery phase's blocks in this directory and reuse them
+    /// in later runs with the same --recovery-blocks (filling 1,000,000 blocks
+    /// takes minutes; deleting them too); it is never deleted
+    #[arg(long, value_name = "PATH")]
+    recovery_dir: Option<PathBuf>,
+    /// disk: run only the restart recovery phase
+    #[arg(long)]
+    recovery_only: bool,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
     /// the library default, min(cores, 4), for memory; 32 for disk; 8 for redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
@@ -148,6 +156,8 @@ pub struct Settings {
     pub url: Option<String>,
     pub connections: Option<usize>,
     pub recovery_blocks: usize,
+    pub recovery_dir: Option<PathBuf>,
+    pub recovery_only: bool,
     pub io_timeout_ms: Option<u32>,
     pub quick: bool,
     pub json: bool,
@@ -202,6 +212,8 @@ impl From<Cli> for Settings {
             url: c.url,
             connections: c.connections,
             recovery_blocks: pick(c.recovery_blocks, 2_000, 100_000),
+            recovery_dir: c.recovery_dir,
+            recovery_only: c.recovery_only,
             io_timeout_ms: c.io_timeout_ms,
             quick,
             json: c.json,

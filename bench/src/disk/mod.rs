@@ -38,6 +38,9 @@ pub struct Params {
     pub latency_iters: usize,
     pub small_blocks: usize,
     pub recovery_blocks: usize,
+    /// A directory the recovery phase keeps and reuses (None: under `dir`,
+    /// deleted).
+    pub recovery_dir: Option<PathBuf>,
     /// The tier's io_timeout_ms (None: the library's default).
     pub io_timeout_ms: Option<u32>,
     pub progress: bool,
@@ -61,6 +64,7 @@ impl Params {
             latency_iters: s.latency_iters.min(5_000),
             small_blocks: if s.quick { 512 } else { 4096 },
             recovery_blocks: s.recovery_blocks,
+            recovery_dir: s.recovery_dir.clone(),
             io_timeout_ms: s.io_timeout_ms,
             progress: s.progress,
         }
@@ -77,16 +81,27 @@ pub fn run(s: &Settings) -> Result<Report, String> {
 
 fn run_in(s: &Settings, p: &Params) -> Result<Report, String> {
     let mut report = Report::start("disk", s.quick);
-    let bandwidth = bandwidth::run(p)?;
-    let latency = latency::run(p)?;
-    let small = small::run(p)?;
-    let recovery = recovery::run(p)?;
     let source = if s.io_threads.is_some() {
         "--io-threads"
     } else {
         "disk default"
     };
     report.io_threads(p.io_threads, source, source);
+    if s.recovery_only {
+        let recovery = recovery::run(p)?;
+        recovery.report(&mut report);
+        report.field("verified_bytes", recovery.verified_bytes);
+        report.verified(format!(
+            "{} loaded back (1 in 64 recovered blocks)",
+            gib(recovery.verified_bytes)
+        ));
+        report.finish();
+        return Ok(report);
+    }
+    let bandwidth = bandwidth::run(p)?;
+    let latency = latency::run(p)?;
+    let small = small::run(p)?;
+    let recovery = recovery::run(p)?;
     bandwidth.report(p, &mut report);
     latency.report(&mut report);
     small.report(&mut report);

@@ -97,6 +97,26 @@ pub(crate) fn is_hashed_name(name: &str) -> bool {
     name.starts_with('h') && name.ends_with(BLOCK_EXT)
 }
 
+const HEX: &[u8; 16] = b"0123456789abcdef";
+
+/// Whether `<fan>/<name>` is where [`block_path`] puts `key`'s block, for a
+/// key with a hex name; the same answer as comparing with `block_path` but
+/// without formatting a path, since recovery asks it of every file.
+pub(crate) fn is_hex_block_path(fan: &str, name: &str, key: &[u8]) -> bool {
+    let Some(stem) = name.strip_suffix(BLOCK_EXT) else {
+        return false;
+    };
+    let fan_index = (xxh64(key, 0) >> 52) as usize;
+    let fan_digits = [fan_index >> 8, (fan_index >> 4) & 15, fan_index & 15].map(|d| HEX[d]);
+    key.len() <= LONG_KEY
+        && stem.len() == 2 * key.len()
+        && stem
+            .bytes()
+            .zip(key.iter().flat_map(|b| [b >> 4, b & 15]))
+            .all(|(c, d)| c == HEX[d as usize])
+        && fan.as_bytes() == fan_digits
+}
+
 /// A block file's path under the namespace directory.
 pub(crate) fn block_path(ns_dir: &Path, key: &[u8]) -> PathBuf {
     let mut p = ns_dir.join(fan_dir(key));
@@ -131,6 +151,41 @@ mod tests {
         // Slashes and dots in a key never reach the path.
         let evil = b"../../etc/passwd".to_vec();
         assert!(!file_name(&evil).contains('/'));
+    }
+
+    #[test]
+    fn hex_block_path_agrees_with_block_path() {
+        let ns = Path::new("/ns");
+        for key in [
+            vec![0u8],
+            (0..36).collect::<Vec<u8>>(),
+            vec![0xab; LONG_KEY],
+            vec![0xcd; LONG_KEY + 1],
+            b"key".to_vec(),
+        ] {
+            let path = block_path(ns, &key);
+            let fan = path
+                .parent()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_str()
+                .unwrap();
+            let name = path.file_name().unwrap().to_str().unwrap();
+            assert_eq!(is_hex_block_path(fan, name, &key), key.len() <= LONG_KEY);
+            // Another fan-out directory, case or extension is not the place.
+            assert!(!is_hex_block_path("fff", name, &key) || fan == "fff");
+            assert!(!is_hex_block_path(fan, &name.to_uppercase(), &key));
+            assert!(
+                !is_hex_block_path(&fan.to_uppercase(), name, &key)
+                    || !fan.bytes().any(|c| c.is_ascii_alphabetic())
+            );
+            assert!(!is_hex_block_path(fan, &format!("{name}.tmp"), &key));
+        }
+        // Uppercase hex decodes to the key but is not where its block lives.
+        let key = key_from_name("ABCD.kvb").unwrap();
+        assert!(!is_hex_block_path(&fan_dir(&key), "ABCD.kvb", &key));
+        assert!(is_hex_block_path(&fan_dir(&key), "abcd.kvb", &key));
     }
 
     #[test]

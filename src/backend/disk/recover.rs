@@ -5,8 +5,17 @@
 use super::format::{file_len, Header, HEADER_LEN};
 use super::{io, layout, DiskBackend, SHARED_TMP_GRACE};
 use crate::error::{bail, Result};
+use std::ffi::{CStr, OsStr};
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
+
+/// Threads scanning fan-out directories at once (the opening thread is one).
+/// With a cold page cache every file's size and mtime cost an inode-table
+/// read: one thread keeps one read in flight, which leaves a device's queue
+/// idle; with the cache warm the scan is CPU work and the extra threads only
+/// take turns on the cores.
+const SCAN_THREADS: usize = 16;
 
 /// A block found on disk when the tier opens.
 pub(crate) struct Recovered {
@@ -14,93 +23,159 @@ pub(crate) struct Recovered {
     pub modified: SystemTime,
 }
 
+/// What every fan-out directory's scan compares against.
+struct Want {
+    len: u64,
+    ext: &'static str,
+    now: SystemTime,
+}
+
 impl DiskBackend {
     /// Blocks on disk from earlier runs, oldest first, deleting temporary files
     /// (in shared mode only stale ones) and files of the wrong size.
     pub(crate) fn scan(&self) -> Result<Vec<Recovered>> {
-        let mut found = Vec::new();
         let fans = match std::fs::read_dir(&self.ns_dir) {
             Ok(d) => d,
             Err(e) => bail!(Io, "cannot scan {}: {e}", self.ns_dir.display()),
         };
-        let want_len = file_len(self.block_bytes) as u64;
-        let now = SystemTime::now();
-        for fan in fans.flatten() {
-            if !fan.file_type().is_ok_and(|t| t.is_dir()) {
-                continue;
+        let fans: Vec<_> = fans
+            .flatten()
+            .filter(|fan| fan.file_type().is_ok_and(|t| t.is_dir()))
+            .map(|fan| fan.file_name())
+            .collect();
+        let want = Want {
+            len: file_len(self.block_bytes) as u64,
+            // Sealed and unsealed tiers leave each other's files alone.
+            ext: if self.seal.is_some() {
+                layout::SEALED_EXT
+            } else {
+                layout::BLOCK_EXT
+            },
+            now: SystemTime::now(),
+        };
+        let next = AtomicUsize::new(0);
+        let work = || {
+            let mut found = Vec::new();
+            while let Some(fan) = fans.get(next.fetch_add(1, Ordering::Relaxed)) {
+                self.scan_fan(fan, &want, &mut found);
             }
-            let Ok(files) = std::fs::read_dir(fan.path()) else {
+            found
+        };
+        let mut found = std::thread::scope(|s| {
+            // A helper that cannot be started leaves its share to the others.
+            let helpers: Vec<_> = (1..SCAN_THREADS.min(fans.len()))
+                .map_while(|_| {
+                    std::thread::Builder::new()
+                        .name("kvtier-scan".into())
+                        .spawn_scoped(s, work)
+                        .ok()
+                })
+                .collect();
+            let mut found = work();
+            for helper in helpers {
+                match helper.join() {
+                    Ok(mut more) => found.append(&mut more),
+                    Err(panic) => std::panic::resume_unwind(panic),
+                }
+            }
+            found
+        });
+        // The key breaks ties between equal mtimes, so the order does not
+        // depend on which thread scanned what.
+        found.sort_unstable_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.key.cmp(&b.key)));
+        Ok(found)
+    }
+
+    /// One fan-out directory's blocks into `found`, deleting debris and
+    /// files proved bad. Entries are examined in inode order: a cold scan
+    /// then reads each inode-table block once, in order, instead of
+    /// seeking back and forth in name-hash order (measured at 100,000
+    /// blocks, one thread: 2.2 s in name order, 1.4-1.6 s in inode order).
+    fn scan_fan(&self, fan: &OsStr, want: &Want, found: &mut Vec<Recovered>) {
+        let fan_path = self.ns_dir.join(fan);
+        let Ok(dir) = io::open_dir(&fan_path) else {
+            return;
+        };
+        let Ok(io::DirNames {
+            names,
+            entries: mut files,
+        }) = io::read_names(&dir)
+        else {
+            return;
+        };
+        files.sort_unstable_by_key(|f| f.0);
+        // Not a fan-out directory's name: none of its files is in its place.
+        let fan = fan.to_str().unwrap_or("");
+        for (_, at) in files {
+            let Ok(cname) = CStr::from_bytes_until_nul(&names[at..]) else {
                 continue;
             };
-            for file in files.flatten() {
-                let name = file.file_name();
-                let Some(name) = name.to_str() else { continue };
-                let Ok(meta) = file.metadata() else { continue };
-                let modified = meta.modified().unwrap_or(SystemTime::UNIX_EPOCH);
-                if name.ends_with(layout::TMP_EXT) {
-                    let stale = now.duration_since(modified).unwrap_or_default() > SHARED_TMP_GRACE;
-                    if !self.shared || stale {
-                        let _ = std::fs::remove_file(file.path());
-                    }
-                    continue;
+            let Ok(name) = cname.to_str() else { continue };
+            let Ok(meta) = io::stat_at(&dir, cname) else {
+                continue;
+            };
+            let modified = meta.modified;
+            if name.ends_with(layout::TMP_EXT) {
+                let stale =
+                    want.now.duration_since(modified).unwrap_or_default() > SHARED_TMP_GRACE;
+                if !self.shared || stale {
+                    let _ = io::unlink_at(&dir, cname);
                 }
-                // Sealed and unsealed tiers leave each other's files alone.
-                let own_ext = if self.seal.is_some() {
-                    layout::SEALED_EXT
-                } else {
-                    layout::BLOCK_EXT
-                };
-                if !name.ends_with(own_ext) || !meta.is_file() {
-                    continue;
+                continue;
+            }
+            if !name.ends_with(want.ext) || !meta.is_regular() {
+                continue;
+            }
+            if meta.len != want.len {
+                let _ = io::unlink_at(&dir, cname);
+                continue;
+            }
+            let mut sealed_nonce = None;
+            let hashed = self.seal.is_some() || layout::is_hashed_name(name);
+            let key = if let Some(seal) = &self.seal {
+                match self.read_sealed_header(seal, &fan_path.join(name)) {
+                    Ok(Ok(opened)) => {
+                        sealed_nonce = Some(opened.nonce);
+                        Some(opened.key().to_vec())
+                    }
+                    // Another tenant's block, perhaps: not ours to delete.
+                    Ok(Err(_)) if self.shared => continue,
+                    Ok(Err(_)) => None,
+                    Err(_) => continue,
                 }
-                if meta.len() != want_len {
-                    let _ = std::fs::remove_file(file.path());
-                    continue;
+            } else if hashed {
+                match self.read_key(&fan_path.join(name)) {
+                    Ok(key) => key,
+                    // Not read (descriptors, permissions, I/O): nothing is
+                    // proved about the block, so it stays on disk,
+                    // unindexed until an open that can read it.
+                    Err(_) => continue,
                 }
-                let mut sealed_nonce = None;
-                let key = if let Some(seal) = &self.seal {
-                    match self.read_sealed_header(seal, &file.path()) {
-                        Ok(Ok(opened)) => {
-                            sealed_nonce = Some(opened.nonce);
-                            Some(opened.key().to_vec())
-                        }
-                        // Another tenant's block, perhaps: not ours to delete.
-                        Ok(Err(_)) if self.shared => continue,
-                        Ok(Err(_)) => None,
-                        Err(_) => continue,
+            } else {
+                layout::key_from_name(name)
+            };
+            match key {
+                Some(key)
+                    if !key.is_empty()
+                        && key.len() <= crate::MAX_KEY_LEN
+                        && if hashed {
+                            self.path_of(&key) == fan_path.join(name)
+                        } else {
+                            layout::is_hex_block_path(fan, name, &key)
+                        } =>
+                {
+                    if let Some(nonce) = sealed_nonce {
+                        self.ledger.record(&key, nonce);
                     }
-                } else if layout::is_hashed_name(name) {
-                    match self.read_key(&file.path()) {
-                        Ok(key) => key,
-                        // Not read (descriptors, permissions, I/O): nothing is
-                        // proved about the block, so it stays on disk,
-                        // unindexed until an open that can read it.
-                        Err(_) => continue,
-                    }
-                } else {
-                    layout::key_from_name(name)
-                };
-                match key {
-                    Some(key)
-                        if !key.is_empty()
-                            && key.len() <= crate::MAX_KEY_LEN
-                            && self.path_of(&key) == file.path() =>
-                    {
-                        if let Some(nonce) = sealed_nonce {
-                            self.ledger.record(&key, nonce);
-                        }
-                        found.push(Recovered { key, modified })
-                    }
-                    // Read and found misplaced or not a block header: no
-                    // lookup would ever find it.
-                    _ => {
-                        let _ = std::fs::remove_file(file.path());
-                    }
+                    found.push(Recovered { key, modified })
+                }
+                // Read and found misplaced or not a block header: no
+                // lookup would ever find it.
+                _ => {
+                    let _ = io::unlink_at(&dir, cname);
                 }
             }
         }
-        found.sort_by_key(|r| r.modified);
-        Ok(found)
     }
 
     /// The key in a block file's header: `Ok(None)` when the header was read
