@@ -55,30 +55,15 @@ pub fn run(
 ) -> Result<Bound, String> {
     let mut runs = Vec::new();
     for &(clients, pipeline) in settings {
-        let mut cmd = Command::new("redis-benchmark");
-        if server.url.contains('@') {
-            // A password: redis-benchmark takes the URI as is.
-            cmd.args(["-u", &server.url]);
-        } else {
-            cmd.args(["-h", &server.host, "-p", &server.port.to_string()]);
-        }
-        let out = cmd
-            .args(["-t", "set,get", "-d", &value_bytes.to_string()])
-            .args(["-n", &requests.to_string()])
-            .args(["-P", &pipeline.to_string()])
-            .args(["-c", &clients.to_string()])
-            .args(["-q", "--csv"])
-            .output()
-            .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        if !out.status.success() {
-            return Err(format!(
-                "redis-benchmark -c {clients} -P {pipeline} -d {value_bytes} failed ({}): {}{}",
-                out.status,
-                text.trim(),
-                String::from_utf8_lossy(&out.stderr).trim()
-            ));
-        }
+        let text = redis_benchmark(
+            server,
+            "set,get",
+            None,
+            value_bytes,
+            requests,
+            clients,
+            pipeline,
+        )?;
         let (set_rps, set_p50_ms) = parse_csv(&text, "SET")?;
         let (get_rps, get_p50_ms) = parse_csv(&text, "GET")?;
         runs.push(Run {
@@ -126,25 +111,57 @@ pub fn fresh_set_rps(
     clients: usize,
     pipeline: usize,
 ) -> Result<f64, String> {
-    let out = Command::new("redis-benchmark")
-        .args(["-h", &server.host, "-p", &server.port.to_string()])
-        .args(["-t", "set", "-d", &value_bytes.to_string()])
-        .args(["-r", &FRESH_KEYSPACE.to_string()])
+    let text = redis_benchmark(
+        server,
+        "set",
+        Some(FRESH_KEYSPACE),
+        value_bytes,
+        requests,
+        clients,
+        pipeline,
+    )?;
+    Ok(parse_csv(&text, "SET")?.0)
+}
+
+/// Runs `redis-benchmark -t tests -d value_bytes [-r keyspace] -n requests
+/// -P pipeline -c clients -q --csv` against `server`; its CSV output.
+fn redis_benchmark(
+    server: &Server,
+    tests: &str,
+    keyspace: Option<u64>,
+    value_bytes: usize,
+    requests: usize,
+    clients: usize,
+    pipeline: usize,
+) -> Result<String, String> {
+    let mut cmd = Command::new("redis-benchmark");
+    if server.url.contains('@') {
+        // A password: redis-benchmark takes the URI as is.
+        cmd.args(["-u", &server.url]);
+    } else {
+        cmd.args(["-h", &server.host, "-p", &server.port.to_string()]);
+    }
+    cmd.args(["-t", tests, "-d", &value_bytes.to_string()]);
+    if let Some(keyspace) = keyspace {
+        cmd.args(["-r", &keyspace.to_string()]);
+    }
+    let out = cmd
         .args(["-n", &requests.to_string()])
         .args(["-P", &pipeline.to_string()])
         .args(["-c", &clients.to_string()])
         .args(["-q", "--csv"])
         .output()
         .map_err(|e| format!("cannot run redis-benchmark: {e}"))?;
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
     if !out.status.success() {
         return Err(format!(
-            "redis-benchmark -r -c {clients} -P {pipeline} failed ({}): {}",
+            "redis-benchmark -t {tests} -c {clients} -P {pipeline} -d {value_bytes} failed ({}): {}{}",
             out.status,
-            text.trim()
+            text.trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    Ok(parse_csv(&text, "SET")?.0)
+    Ok(text)
 }
 
 /// Requests/s and p50 latency (ms) of `test` in redis-benchmark's CSV
