@@ -65,6 +65,9 @@ pub struct Policy {
     pub populate: Vec<f64>,
     /// Seconds of `MADV_COLLAPSE` per GiB (collapse policy only).
     pub collapse_s_per_gib: Vec<f64>,
+    /// Repetitions where `MADV_COLLAPSE` refused with EAGAIN (no free huge
+    /// pages to collapse into); the memcpy pass then ran on 4 KiB pages.
+    pub collapse_refused: usize,
     pub memcpy: Vec<f64>,
 }
 
@@ -93,6 +96,7 @@ pub fn run(p: &Settings, s: &Setup) -> Result<Results, String> {
                 name,
                 populate: Vec::new(),
                 collapse_s_per_gib: Vec::new(),
+                collapse_refused: 0,
                 memcpy: Vec::new(),
             })
             .collect(),
@@ -145,8 +149,10 @@ pub fn run(p: &Settings, s: &Setup) -> Result<Results, String> {
             let policy = &mut r.policies[i];
             policy.populate.push(populate);
             policy.memcpy.push(memcpy);
-            if let Some(c) = collapse {
-                policy.collapse_s_per_gib.push(c);
+            match collapse {
+                Some(Collapse::Done(c)) => policy.collapse_s_per_gib.push(c),
+                Some(Collapse::Refused) => policy.collapse_refused += 1,
+                None => {}
             }
             bar.add(2 * bytes);
         }
@@ -234,15 +240,37 @@ fn populate_region(s: &Setup, advice: Advice) -> Result<(f64, Region), String> {
     Ok((region.len as f64 / secs / 1e9, region))
 }
 
-/// (populate GB/s, collapse s/GiB for that policy, memcpy GB/s into the pages).
-fn policy_pass(s: &Setup, advice: Advice) -> Result<(f64, Option<f64>, f64), String> {
+/// What `MADV_COLLAPSE` did to a populated region.
+enum Collapse {
+    /// Seconds per GiB.
+    Done(f64),
+    /// EAGAIN: the kernel found no free huge pages (or could not compact
+    /// enough in time); the region stays on 4 KiB pages. A fact about the
+    /// machine at that moment, reported rather than fatal.
+    Refused,
+}
+
+/// (populate GB/s, what collapse did for that policy, memcpy GB/s into the pages).
+fn policy_pass(s: &Setup, advice: Advice) -> Result<(f64, Option<Collapse>, f64), String> {
     let (populate, region) = populate_region(s, advice)?;
     let collapse = match advice {
         Advice::Collapse => {
             let start = Instant::now();
-            region.advise(0, region.len, libc::MADV_COLLAPSE)?;
-            let secs = start.elapsed().as_secs_f64();
-            Some(secs / (region.len as f64 / (1u64 << 30) as f64))
+            match region.advise_raw(0, region.len, libc::MADV_COLLAPSE) {
+                Ok(()) => {
+                    let secs = start.elapsed().as_secs_f64();
+                    Some(Collapse::Done(
+                        secs / (region.len as f64 / (1u64 << 30) as f64),
+                    ))
+                }
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => Some(Collapse::Refused),
+                Err(e) => {
+                    return Err(format!(
+                        "madvise(MADV_COLLAPSE) of {} bytes: {e}",
+                        region.len
+                    ))
+                }
+            }
         }
         _ => None,
     };
@@ -302,14 +330,16 @@ impl Region {
     }
 
     fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> Result<(), String> {
+        self.advise_raw(offset, len, advice)
+            .map_err(|e| format!("madvise({advice}) of {len} bytes: {e}"))
+    }
+
+    fn advise_raw(&self, offset: usize, len: usize, advice: libc::c_int) -> std::io::Result<()> {
         assert!(offset + len <= self.len);
         // SAFETY: advice on our own mapping.
         let rc = unsafe { libc::madvise(self.ptr.add(offset) as *mut libc::c_void, len, advice) };
         if rc != 0 {
-            return Err(format!(
-                "madvise({advice}) of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(std::io::Error::last_os_error());
         }
         Ok(())
     }
@@ -443,6 +473,12 @@ impl Results {
                     num(median(&p.collapse_s_per_gib))
                 ));
             }
+            if p.collapse_refused > 0 {
+                detail.push_str(&format!(
+                    "; MADV_COLLAPSE refused (EAGAIN, no free huge pages) in {} of {reps}",
+                    p.collapse_refused
+                ));
+            }
             out.row(
                 format!("page policy: populate, {}", p.name),
                 median(&p.populate),
@@ -471,6 +507,7 @@ impl Results {
                     "policy": p.name,
                     "populate": dist(&p.populate),
                     "collapse_seconds_per_gib": dist(&p.collapse_s_per_gib),
+                    "collapse_refused_eagain": p.collapse_refused,
                     "memcpy_into": dist(&p.memcpy),
                 })).collect::<Vec<_>>(),
                 "verified_bytes": self.verified_bytes,
