@@ -403,21 +403,28 @@ impl Results {
                 spread(&self.cold_store)
             ),
         );
+        // A cold store can outrun neither the kernel's page population nor
+        // memcpy. Where faults are slow (4 KiB pages, memory to compact, a
+        // busy host) population is the bound; with huge pages free it runs
+        // faster than memcpy here, and memcpy is. The target is against the
+        // slower of the two, both measured in this run.
         let background = median(&self.background_store_first);
+        let cold_bound = bound.min(memcpy);
         out.row(
             "store, first pass, prefault=background (default)",
             background,
             "GB/s",
             format!(
-                "from tier_new; {}x fault bound, {}x memcpy; {}",
+                "from tier_new; {}x min(fault bound, memcpy): {}x fault bound, {}x memcpy; {}",
+                num(background / cold_bound),
                 num(background / bound),
                 num(background / memcpy),
                 spread(&self.background_store_first)
             ),
         )
         .target(
-            "cold fill (defaults) >= 0.9x population bound",
-            background / bound,
+            "cold fill (defaults) >= 0.9x min(population bound, memcpy)",
+            background / cold_bound,
             Cmp::AtLeast,
             0.9,
         );
@@ -498,6 +505,8 @@ impl Results {
                 "store_prefault_off": dist(&self.cold_store),
                 "store_prefault_off_over_bound": cold / bound,
                 "store_prefault_background_over_bound": background / bound,
+                "cold_fill_bound": cold_bound,
+                "store_prefault_background_over_cold_fill_bound": background / cold_bound,
                 "prefault_full_seconds_per_gib": dist(&self.full_populate_s_per_gib),
                 "store_prefault_full_after_population": dist(&self.full_store_after),
                 "store_prefault_full_after_population_over_memcpy": after / memcpy,

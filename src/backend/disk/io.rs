@@ -2,7 +2,7 @@
 //! descriptors that close themselves, aligned buffers, vectored positional I/O
 //! that finishes short transfers, and errno classification.
 
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -23,26 +23,38 @@ impl Drop for Fd {
     }
 }
 
-pub(crate) fn cpath(path: &Path) -> io::Result<CString> {
-    CString::new(path.as_os_str().as_bytes())
-        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))
+/// Runs `f` with `path` as a NUL-terminated C string, built on the stack
+/// when it fits (every block path does), as std does for its own file
+/// calls: block I/O allocates nothing for it.
+pub(crate) fn with_cpath<T>(path: &Path, f: impl FnOnce(&CStr) -> io::Result<T>) -> io::Result<T> {
+    const STACK: usize = 512;
+    let bytes = path.as_os_str().as_bytes();
+    let invalid = || io::Error::from(io::ErrorKind::InvalidInput);
+    if bytes.len() < STACK {
+        let mut buf = [0u8; STACK];
+        buf[..bytes.len()].copy_from_slice(bytes);
+        f(CStr::from_bytes_with_nul(&buf[..=bytes.len()]).map_err(|_| invalid())?)
+    } else {
+        f(&CString::new(bytes).map_err(|_| invalid())?)
+    }
 }
 
 /// `open(2)` with close-on-exec and without following a final symlink.
 pub(crate) fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<Fd> {
-    let c = cpath(path)?;
-    // SAFETY: a valid NUL-terminated path; the result is checked.
-    let fd = unsafe {
-        libc::open(
-            c.as_ptr(),
-            flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
-            mode as libc::c_uint,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(Fd(fd))
+    with_cpath(path, |c| {
+        // SAFETY: a valid NUL-terminated path; the result is checked.
+        let fd = unsafe {
+            libc::open(
+                c.as_ptr(),
+                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                mode as libc::c_uint,
+            )
+        };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Fd(fd))
+    })
 }
 
 /// A new file that must not exist yet (no symlink is followed), for writing.
@@ -123,24 +135,43 @@ pub(crate) fn fstat(fd: &Fd) -> io::Result<FileId> {
 
 /// `lstat(2)`: the path's own entry, a symlink not followed.
 pub(crate) fn lstat(path: &Path) -> io::Result<FileId> {
-    let c = cpath(path)?;
-    // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(FileId::from_stat(&st))
+    with_cpath(path, |c| {
+        // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(FileId::from_stat(&st))
+    })
 }
 
-fn iovecs(parts: &[&[u8]]) -> Vec<libc::iovec> {
-    parts
-        .iter()
-        .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec {
-            iov_base: p.as_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect()
+/// The most parts one vectored call takes (a header and a row, today): the
+/// iovecs live on the stack, so block I/O allocates nothing for them.
+const MAX_PARTS: usize = 4;
+
+/// Non-empty `(pointer, length)` parts as iovecs on the stack, and how many.
+fn iovecs(
+    parts: impl Iterator<Item = (*mut u8, usize)>,
+) -> io::Result<([libc::iovec; MAX_PARTS], usize)> {
+    let mut iov = [libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 0,
+    }; MAX_PARTS];
+    let mut n = 0;
+    for (base, len) in parts.filter(|&(_, len)| len > 0) {
+        let Some(slot) = iov.get_mut(n) else {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("more than {MAX_PARTS} parts in one vectored I/O"),
+            ));
+        };
+        *slot = libc::iovec {
+            iov_base: base as *mut libc::c_void,
+            iov_len: len,
+        };
+        n += 1;
+    }
+    Ok((iov, n))
 }
 
 type VectoredIo =
@@ -155,7 +186,7 @@ type VectoredIo =
 /// The iovecs must describe live buffers, writable ones for preadv.
 unsafe fn transfer(
     fd: &Fd,
-    mut iov: Vec<libc::iovec>,
+    iov: &mut [libc::iovec],
     mut offset: u64,
     call: VectoredIo,
 ) -> io::Result<usize> {
@@ -179,17 +210,18 @@ unsafe fn transfer(
         }
         offset += n as u64;
         total += n as usize;
-        first = advance(&mut iov, first, n as usize);
+        first = advance(iov, first, n as usize);
     }
     Ok(total)
 }
 
 /// Writes all of `parts` at `offset`, retrying short writes and EINTR.
 pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<()> {
-    let iov = iovecs(parts);
-    let want: usize = iov.iter().map(|v| v.iov_len).sum();
-    // SAFETY: the iovecs describe slices borrowed for this call.
-    if unsafe { transfer(fd, iov, offset, libc::pwritev)? } < want {
+    let (mut iov, n) = iovecs(parts.iter().map(|p| (p.as_ptr() as *mut u8, p.len())))?;
+    let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+    // SAFETY: the iovecs describe slices borrowed for this call (pwritev
+    // only reads through them).
+    if unsafe { transfer(fd, &mut iov[..n], offset, libc::pwritev)? } < want {
         return Err(io::Error::from(io::ErrorKind::WriteZero));
     }
     Ok(())
@@ -198,16 +230,9 @@ pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<
 /// Reads into all of `parts` from `offset`; returns the bytes read, which is
 /// less than requested only at end of file.
 pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], offset: u64) -> io::Result<usize> {
-    let iov = parts
-        .iter_mut()
-        .filter(|p| !p.is_empty())
-        .map(|p| libc::iovec {
-            iov_base: p.as_mut_ptr() as *mut libc::c_void,
-            iov_len: p.len(),
-        })
-        .collect();
+    let (mut iov, n) = iovecs(parts.iter_mut().map(|p| (p.as_mut_ptr(), p.len())))?;
     // SAFETY: the iovecs describe slices exclusively borrowed for this call.
-    unsafe { transfer(fd, iov, offset, libc::preadv) }
+    unsafe { transfer(fd, &mut iov[..n], offset, libc::preadv) }
 }
 
 /// Drops `n` transferred bytes from the front of `iov[first..]`.
@@ -261,12 +286,13 @@ pub(crate) fn try_flock(fd: &Fd, exclusive: bool) -> io::Result<()> {
 
 /// Creates one directory with owner-only permissions.
 pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
-    let c = cpath(path)?;
-    // SAFETY: a valid NUL-terminated path.
-    if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
+    with_cpath(path, |c| {
+        // SAFETY: a valid NUL-terminated path.
+        if unsafe { libc::mkdir(c.as_ptr(), 0o700) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    })
 }
 
 /// A 4096-byte-aligned, zero-initialized heap buffer.

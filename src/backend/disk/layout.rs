@@ -18,6 +18,7 @@
 //! other's files for their own (or for debris).
 
 use crate::backend::xxh64::xxh64;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
 const LONG_KEY: usize = 100;
@@ -51,8 +52,15 @@ pub(crate) fn namespace_dir(namespace: &str, block_bytes: usize) -> String {
 
 pub(crate) use crate::backend::xxh64::namespace_fingerprint;
 
+/// The reference forms [`block_path`] and [`sealed_block_path`] are tested against.
+#[cfg(test)]
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut s = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        s.push(HEX[(b >> 4) as usize] as char);
+        s.push(HEX[(b & 15) as usize] as char);
+    }
+    s
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
@@ -69,6 +77,7 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 pub(crate) const FAN_DIRS: usize = 4096;
 
 /// The fan-out directory of a key, relative to the namespace directory.
+#[cfg(test)]
 pub(crate) fn fan_dir(key: &[u8]) -> String {
     fan_name((xxh64(key, 0) >> 52) as usize)
 }
@@ -79,6 +88,7 @@ pub(crate) fn fan_name(i: usize) -> String {
 }
 
 /// The file name of a key's block.
+#[cfg(test)]
 pub(crate) fn file_name(key: &[u8]) -> String {
     if key.len() <= LONG_KEY {
         format!("{}{BLOCK_EXT}", hex(key))
@@ -118,18 +128,72 @@ pub(crate) fn is_hex_block_path(fan: &str, name: &str, key: &[u8]) -> bool {
 }
 
 /// A block file's path under the namespace directory.
+/// Every block I/O builds one, so it is one allocation: the same path as
+/// `ns_dir.join(fan_dir(key)).join(file_name(key))`.
 pub(crate) fn block_path(ns_dir: &Path, key: &[u8]) -> PathBuf {
-    let mut p = ns_dir.join(fan_dir(key));
-    p.push(file_name(key));
-    p
+    let mut p = PathBytes::new(ns_dir, 3 + 1 + 2 * LONG_KEY + BLOCK_EXT.len());
+    p.fan((xxh64(key, 0) >> 52) as usize);
+    if key.len() <= LONG_KEY {
+        p.hex(key);
+    } else {
+        p.0.push(b'h');
+        p.hex(&xxh64(key, 0).to_be_bytes());
+        p.hex(&xxh64(key, 1).to_be_bytes());
+    }
+    p.0.extend_from_slice(BLOCK_EXT.as_bytes());
+    p.finish()
 }
 
-/// A sealed block file's path under the namespace directory.
+/// A sealed block file's path under the namespace directory (one allocation,
+/// as [`block_path`]): `<first 3 hex digits>/<hex tag>.kvs`.
 pub(crate) fn sealed_block_path(ns_dir: &Path, tag: &crate::seal::NameTag) -> PathBuf {
-    let name = hex(tag);
-    let mut p = ns_dir.join(&name[..3]);
-    p.push(format!("{name}{SEALED_EXT}"));
-    p
+    let mut p = PathBytes::new(ns_dir, 3 + 1 + 2 * tag.len() + SEALED_EXT.len());
+    p.fan(((tag[0] as usize) << 4) | (tag[1] >> 4) as usize);
+    p.hex(tag);
+    p.0.extend_from_slice(SEALED_EXT.as_bytes());
+    p.finish()
+}
+
+/// The temporary file a store writes before renaming it to `path`:
+/// `<path>.<pid>-<n>.tmp`, in one allocation.
+pub(crate) fn tmp_path(path: &Path, pid: u32, n: u64) -> PathBuf {
+    use std::io::Write;
+    let path = path.as_os_str().as_bytes();
+    let mut v = Vec::with_capacity(path.len() + 1 + 10 + 1 + 20 + TMP_EXT.len());
+    v.extend_from_slice(path);
+    let _ = write!(v, ".{pid}-{n}{TMP_EXT}");
+    PathBuf::from(std::ffi::OsString::from_vec(v))
+}
+
+/// A path under a namespace directory, built in one buffer sized up front.
+struct PathBytes(Vec<u8>);
+
+impl PathBytes {
+    fn new(dir: &Path, rest: usize) -> PathBytes {
+        let dir = dir.as_os_str().as_bytes();
+        let mut v = Vec::with_capacity(dir.len() + 1 + rest);
+        v.extend_from_slice(dir);
+        v.push(b'/');
+        PathBytes(v)
+    }
+
+    /// Fan-out directory `i` (three hex digits, as [`fan_name`]) and a slash.
+    fn fan(&mut self, i: usize) {
+        self.0
+            .extend([i >> 8, (i >> 4) & 15, i & 15].map(|d| HEX[d]));
+        self.0.push(b'/');
+    }
+
+    fn hex(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.0.push(HEX[(b >> 4) as usize]);
+            self.0.push(HEX[(b & 15) as usize]);
+        }
+    }
+
+    fn finish(self) -> PathBuf {
+        PathBuf::from(std::ffi::OsString::from_vec(self.0))
+    }
 }
 
 #[cfg(test)]
@@ -151,6 +215,34 @@ mod tests {
         // Slashes and dots in a key never reach the path.
         let evil = b"../../etc/passwd".to_vec();
         assert!(!file_name(&evil).contains('/'));
+    }
+
+    #[test]
+    fn paths_are_fan_dir_then_file_name() {
+        let ns = Path::new("/data/ns-1");
+        for key in [
+            vec![0u8],
+            (0..36).collect::<Vec<u8>>(),
+            vec![0xff; LONG_KEY],
+            vec![0xcd; LONG_KEY + 1],
+            b"../../etc/passwd".to_vec(),
+        ] {
+            assert_eq!(
+                block_path(ns, &key),
+                ns.join(fan_dir(&key)).join(file_name(&key)),
+                "{key:?}"
+            );
+        }
+        assert_eq!(
+            tmp_path(Path::new("/d/abc/00ff.kvb"), 42, 7),
+            Path::new(&format!("/d/abc/00ff.kvb.42-7{TMP_EXT}"))
+        );
+        let tag: crate::seal::NameTag = std::array::from_fn(|i| (i * 37 + 11) as u8);
+        let name = hex(&tag);
+        assert_eq!(
+            sealed_block_path(ns, &tag),
+            ns.join(&name[..3]).join(format!("{name}{SEALED_EXT}"))
+        );
     }
 
     #[test]

@@ -386,9 +386,7 @@ impl DiskBackend {
             return Ok(0);
         }
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let mut tmp = path.clone().into_os_string();
-        tmp.push(format!(".{}-{n}{}", std::process::id(), layout::TMP_EXT));
-        let tmp = PathBuf::from(tmp);
+        let tmp = layout::tmp_path(&path, std::process::id(), n);
         let written = self.write_tmp(&tmp, key, block);
         #[cfg(feature = "test-hooks")]
         self.seam.pause(hang::HangPoint::Write);
