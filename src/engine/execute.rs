@@ -89,8 +89,13 @@ impl Shared {
         match work {
             Work::Copy(task) => self.run_task(task, worker),
             Work::Discard(keys) => {
-                for (_, key) in keys {
-                    watched(&mut || self.backend.discard(&key, &|k| self.is_live(k)));
+                let is_live = |k: &[u8]| self.is_live(k);
+                if self.backend.discards_in_batches() {
+                    watched(&mut || self.backend.discard_batch(&keys, &is_live));
+                } else {
+                    for (_, key) in &keys {
+                        watched(&mut || self.backend.discard(key, &is_live));
+                    }
                 }
             }
             Work::Probe(key) => {

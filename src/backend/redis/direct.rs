@@ -241,6 +241,29 @@ pub(super) fn get_pipeline(
     Ok(())
 }
 
+/// `DEL <name>` for each key, as one pipeline, written into the
+/// connection's reusable buffer (nothing allocated per key). The replies
+/// (how many keys went) are read and dropped: a delete is best effort.
+pub(super) fn del_pipeline(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> io::Result<()> {
+    conn.out.clear();
+    for key in keys {
+        frame_command(&mut conn.out, 2);
+        frame_bulk(&mut conn.out, b"DEL");
+        frame_bulk_len(&mut conn.out, layout.name_len(key));
+        layout.write_name(&mut conn.out, key);
+        conn.out.extend_from_slice(b"\r\n");
+    }
+    conn.begin();
+    conn.send_out()?;
+    for _ in keys {
+        match conn.read_head()? {
+            Head::Int(_) | Head::Error(_) => {}
+            other => return Err(conn.unexpected(format!("{other:?} in reply to DEL"))),
+        }
+    }
+    Ok(())
+}
+
 /// A GET's bulk reply of `len` bytes for `key`: into `dst` when its length
 /// is a block's, else read and judged by its first bytes.
 fn read_block(

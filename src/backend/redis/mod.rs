@@ -760,6 +760,45 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn discards_in_batches(&self) -> bool {
+        true
+    }
+
+    /// One pipeline of `DEL`s (per node in a cluster) for the released keys
+    /// not stored again meanwhile, under their stripe locks, so that no store
+    /// of the same key runs between the liveness check and the delete.
+    fn discard_batch(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
+        let mut stripes: Vec<usize> = released
+            .iter()
+            .map(|(_, key)| xxh64(key, 2) as usize % STRIPES)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        // Taken in one order, as store_batch does, so they never deadlock.
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+        let dead: Vec<&[u8]> = released
+            .iter()
+            .map(|(_, key)| key.as_slice())
+            .filter(|key| !is_live(key))
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        // Best effort, like a single DEL: a block left behind is found again
+        // by the next open's adoption scan or expires with `ttl_s`.
+        let _ = self.pool.with_conn("DEL pipeline", |conn| {
+            if let Conn::Direct(c) = conn {
+                direct::del_pipeline(c, &self.layout(), &dead)?;
+                return Ok(());
+            }
+            let del = |i: usize| redis::cmd("DEL").arg(self.name(dead[i])).take();
+            pipelined::<redis::Value>(conn, dead.len(), del).map(drop)
+        });
+        for key in dead {
+            self.ledger.forget(key);
+        }
+    }
+
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         match self.sharing {
             Sharing::Owned => self.scan_keys(),

@@ -1,0 +1,180 @@
+//! Memory: in steady state a job allocates a bounded number of times, not
+//! once per block (issue 9: "no per-block allocation in steady state beyond
+//! the index"). A counting global allocator measures a full tier that keeps
+//! storing new keys (each store evicts) and loading resident ones, with jobs
+//! of 1 and of 32 blocks: the allocations per job may differ by a constant,
+//! not by a multiple of the 31 extra blocks.
+//!
+//! One test in this binary, so no other test's threads allocate meanwhile.
+//! Redis skips (with a printed reason) without redis-server, unless
+//! KVTIER_REQUIRE_REDIS=1.
+
+mod common;
+
+use common::redis::{redis_available, redis_config_at, RedisServer};
+use common::{disk_config, memory_config, Harness};
+use kvtier::TierConfig;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc_zeroed(layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const BLOCK: usize = 16 << 10;
+const CAPACITY_BLOCKS: usize = 1024;
+const BIG_JOB: usize = 32;
+const ROWS: usize = BIG_JOB;
+/// Timed jobs per size and direction (all of a pass stays resident).
+const JOBS: u64 = 16;
+
+/// Allocations per job of `blocks` blocks: `JOBS` stores of new keys (each
+/// evicting old blocks once the tier is full, the evictions' storage
+/// released in the background: the count waits for it), then `JOBS` loads
+/// of the keys just stored (resident).
+fn per_job(
+    h: &Harness,
+    stored: &dyn Fn() -> usize,
+    next_key: &mut u64,
+    next_job: &mut u64,
+    blocks: usize,
+) -> (f64, f64) {
+    let rows: Vec<i64> = (0..blocks as i64).collect();
+    for r in 0..blocks {
+        h.fill(r, r as u64);
+    }
+    let first_key = *next_key;
+    let jobs: Vec<(u64, Vec<u8>)> = (0..JOBS)
+        .map(|j| {
+            let ids: Vec<u64> = (0..blocks as u64)
+                .map(|i| first_key + j * blocks as u64 + i)
+                .collect();
+            (*next_job + j, common::keys(&ids))
+        })
+        .collect();
+    *next_key += JOBS * blocks as u64;
+    *next_job += JOBS;
+    let mut results = Vec::with_capacity(2 * JOBS as usize);
+
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for (job, keys) in &jobs {
+        h.tier()
+            .submit_store(*job, keys, common::KEY_LEN, &rows)
+            .unwrap();
+        results.push(h.result_of(*job));
+    }
+    settle(h);
+    let stores = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    let left = stored();
+    assert!(
+        left <= CAPACITY_BLOCKS,
+        "{left} blocks in storage for a capacity of {CAPACITY_BLOCKS}: the evicted \
+         blocks' deletes had not finished, so the count above is short"
+    );
+
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for (job, keys) in &jobs {
+        let job = job + JOBS;
+        h.tier()
+            .submit_load(job, keys, common::KEY_LEN, &rows)
+            .unwrap();
+        results.push(h.result_of(job));
+    }
+    settle(h);
+    let loads = ALLOCATIONS.load(Ordering::Relaxed) - before;
+    *next_job += JOBS;
+
+    for r in &results {
+        assert!(r.is_ok(), "{r:?}");
+    }
+    (stores as f64 / JOBS as f64, loads as f64 / JOBS as f64)
+}
+
+/// Gives background work (the evicted blocks' deletes) time to finish; the
+/// caller checks afterwards, outside the count, that it did.
+fn settle(_h: &Harness) {
+    std::thread::sleep(std::time::Duration::from_millis(100));
+}
+
+/// (kind, allowed allocations per block): memory and Redis none beyond the
+/// index's (a store's eviction copies the evicted key out of the index, so
+/// the backend can delete it: one per evicted block); disk pays a path per
+/// file operation and the header's key on a load — a few per block, far below
+/// the cost of the open, write, rename and fsync they name.
+/// `stored` counts the blocks in the backend's storage (not the index).
+fn check(
+    name: &str,
+    config: &TierConfig,
+    stored: &dyn Fn() -> usize,
+    (store_limit, load_limit): (f64, f64),
+    failures: &mut Vec<String>,
+) {
+    let h = Harness::new(config, ROWS, BLOCK);
+    let (mut next_key, mut next_job) = (1u64, 1u64);
+    // Fill past capacity twice so every later store evicts, and let every
+    // lazily grown buffer (connections, staging, queues) reach its size.
+    while next_key < (3 * CAPACITY_BLOCKS) as u64 {
+        per_job(&h, stored, &mut next_key, &mut next_job, BIG_JOB);
+    }
+    let (small_store, small_load) = per_job(&h, stored, &mut next_key, &mut next_job, 1);
+    let (big_store, big_load) = per_job(&h, stored, &mut next_key, &mut next_job, BIG_JOB);
+    let extra = (BIG_JOB - 1) as f64;
+    let store_per_block = (big_store - small_store) / extra;
+    let load_per_block = (big_load - small_load) / extra;
+    eprintln!(
+        "{name}: allocations per job, 1 / {BIG_JOB} blocks: store {small_store:.1} / \
+         {big_store:.1} ({store_per_block:.2} per extra block), load {small_load:.1} / \
+         {big_load:.1} ({load_per_block:.2} per extra block)"
+    );
+    if store_per_block > store_limit {
+        failures.push(format!(
+            "{name}: stores allocate {store_per_block:.2} times per block, over {store_limit} \
+             ({small_store:.1} per 1-block job, {big_store:.1} per {BIG_JOB}-block job)"
+        ));
+    }
+    if load_per_block > load_limit {
+        failures.push(format!(
+            "{name}: loads allocate {load_per_block:.2} times per block, over {load_limit} \
+             ({small_load:.1} per 1-block job, {big_load:.1} per {BIG_JOB}-block job)"
+        ));
+    }
+}
+
+#[test]
+fn steady_state_jobs_allocate_per_job_not_per_block() {
+    let mut failures = Vec::new();
+    let memory = memory_config(CAPACITY_BLOCKS, BLOCK);
+    check("memory", &memory, &|| 0, (1.2, 0.2), &mut failures);
+    let disk = disk_config(CAPACITY_BLOCKS, BLOCK);
+    let dir = disk.disk.path.clone().unwrap();
+    let files = || common::files(&dir, ".kvb").len();
+    check("disk", &disk, &files, (6.0, 3.0), &mut failures);
+    if redis_available() {
+        let server = RedisServer::start().expect("redis-server starts");
+        let config = redis_config_at(&server.url(), CAPACITY_BLOCKS, BLOCK);
+        let keys = || server.cli(&["DBSIZE"]).trim().parse::<usize>().unwrap();
+        check("redis", &config, &keys, (1.2, 0.2), &mut failures);
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
