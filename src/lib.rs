@@ -53,7 +53,7 @@ pub use config::{
 };
 pub use engine::jobs::{JobKind, JobResult};
 #[cfg(feature = "test-hooks")]
-pub use engine::HangPoint;
+pub use engine::{DiskIoSeam, HangPoint};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{

@@ -98,6 +98,17 @@ impl PrimaryBuffer {
         f(slice)
     }
 
+    /// Row `row` as an address and length, without borrowing it: for a store
+    /// that may outlive the buffer (see `Backend::store_unless`). Panics if
+    /// `row` is out of range.
+    pub(crate) fn row_unborrowed(&self, row: usize) -> crate::backend::Row {
+        assert!(row < self.rows, "row {row} out of range");
+        // In bounds (checked above, len validated at construction): `add`
+        // stays inside the buffer's allocation, and nothing is read.
+        let ptr = unsafe { self.base.as_ptr().add(row * self.block_bytes) };
+        crate::backend::Row::new(ptr, self.block_bytes)
+    }
+
     /// Row `row`, read-only, for a store that reads several rows at once (a
     /// pipelined batch). Panics if `row` is out of range.
     pub(crate) fn row(&self, row: usize) -> &[u8] {

@@ -582,3 +582,322 @@ fn a_hung_mount_fails_its_own_blocks_on_time_and_nothing_else() {
     let r = h.load(4, &[hung], &[40]);
     assert!(r.is_ok() && h.row_holds(40, hung), "{r:?}");
 }
+
+// ---- tier_free with calls stuck on the device ----
+//
+// Each runs in a child process (this binary again, one ignored test): it
+// counts the process's kvtier threads, which other tests would add to, and
+// unmaps the primary buffer after `tier_free`, so a late touch of it kills
+// that process only.
+
+/// Set for a child process run by [`run_in_child`].
+const CHILD_ENV: &str = "KVTIER_DEADLINE_CHILD";
+/// How long `tier_free` may take with calls stuck: the healthy threads'
+/// drain (nothing here) on a loaded machine, not the stuck call.
+const FREE_BOUND: Duration = Duration::from_secs(2);
+
+/// Runs the ignored test `name` of this binary in a new process and checks
+/// that it passed (and exited: a leftover thread stuck forever would not stop
+/// it, but a hung `tier_free` would, and is killed after a while).
+fn run_in_child(name: &str) {
+    let child = test_child(name)
+        .env(CHILD_ENV, "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(Duration::from_secs(120)) {
+        Ok(out) => out.unwrap(),
+        Err(_) => {
+            // SAFETY: a plain signal to our own child.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+            panic!("{name} never ended");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("1 passed"),
+        "{name} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    if let Some(line) = stdout.lines().find(|l| l.starts_with("skipped:")) {
+        eprintln!("{line}");
+    }
+}
+
+/// A primary buffer of its own pages, which the test unmaps after
+/// `tier_free`: the library touching it afterwards faults.
+struct Mapped {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapped {
+    fn new(len: usize) -> Mapped {
+        // SAFETY: an anonymous private mapping; the result is checked.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED);
+        Mapped {
+            ptr: ptr as *mut u8,
+            len,
+        }
+    }
+
+    fn primary(&self) -> kvtier::PrimaryBuffer {
+        // SAFETY: mapped until `unmap`, which the tests call only after the
+        // tier is freed.
+        unsafe { kvtier::PrimaryBuffer::new(self.ptr, self.len, BB) }.unwrap()
+    }
+
+    fn fill(&self, row: usize, i: u64) {
+        let bytes = pattern(i, BB);
+        assert!((row + 1) * BB <= self.len);
+        // SAFETY: in bounds; no job uses the row meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), self.ptr.add(row * BB), BB) };
+    }
+
+    fn unmap(self) {
+        // SAFETY: our own mapping, unmapped once.
+        assert_eq!(
+            unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) },
+            0
+        );
+    }
+}
+
+fn result_of(tier: &kvtier::Tier, job: u64) -> kvtier::JobResult {
+    let end = Instant::now() + PATIENCE;
+    loop {
+        if let Some(r) = tier.poll(1).first() {
+            assert_eq!(r.job_id, job, "unexpected result {r:?}");
+            return *r;
+        }
+        assert!(Instant::now() < end, "job {job} never finished");
+        tier.wait(Duration::from_millis(10));
+    }
+}
+
+/// Frees `tier` and returns how long that took; fails if it takes longer
+/// than [`FREE_BOUND`] (after letting the device recover, so the process can
+/// end).
+fn free_promptly(tier: kvtier::Tier, recover: impl FnOnce()) -> Duration {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let start = Instant::now();
+    std::thread::spawn(move || {
+        drop(tier);
+        let _ = tx.send(());
+    });
+    match rx.recv_timeout(FREE_BOUND) {
+        Ok(()) => start.elapsed(),
+        Err(_) => {
+            recover();
+            panic!("tier_free waited more than {FREE_BOUND:?}: it waits for the stuck call");
+        }
+    }
+}
+
+/// Opens a tier on `cfg`'s directory again, as soon as the freed tier lets
+/// go of it.
+fn reopen(cfg: &TierConfig, primary: &Mapped) -> kvtier::Tier {
+    let end = Instant::now() + PATIENCE;
+    loop {
+        match kvtier::Tier::new(cfg, primary.primary()) {
+            Ok(tier) => return tier,
+            Err(e) => assert!(
+                Instant::now() < end,
+                "the directory never came back: {}",
+                e.message()
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The reopen of a directory a freed tier still holds fails, saying why.
+fn assert_held_by_freed_tier(cfg: &TierConfig, calls: &str) {
+    let other = Mapped::new(16 * BB);
+    let e = kvtier::Tier::new(cfg, other.primary()).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Io, "{}", e.message());
+    assert!(
+        e.message().contains(&format!("freed while {calls} stuck")),
+        "{}",
+        e.message()
+    );
+    other.unmap();
+}
+
+fn assert_no_kvtier_thread_left() {
+    eventually("every kvtier thread has ended", || kvtier_threads() == 0);
+}
+
+/// One call hangs at `point` (a store's for Create, Write and Publish, a
+/// load's for Read) and the tier is freed meanwhile.
+fn free_while_stuck_at(point: HangPoint) {
+    let dir = scratch_dir();
+    let mut cfg = config(2);
+    cfg.disk.path = Some(dir.clone());
+    let mem = Mapped::new(16 * BB);
+    let tier = kvtier::Tier::new(&cfg, mem.primary()).unwrap();
+    mem.fill(0, 1);
+    tier.submit_store(1, &keys(&[1]), KEY_LEN, &[0]).unwrap();
+    assert!(result_of(&tier, 1).is_ok());
+    mem.fill(0, 7);
+    let seam = tier.disk_io_seam();
+    tier.hang_disk_io(point, 0, 1);
+    let start = Instant::now();
+    match point {
+        HangPoint::Read => tier.submit_load(2, &keys(&[1]), KEY_LEN, &[5]),
+        _ => tier.submit_store(2, &keys(&[7]), KEY_LEN, &[0]),
+    }
+    .unwrap();
+    let r = result_of(&tier, 2);
+    assert_on_time(&r, start.elapsed());
+    assert_eq!(tier.wait_disk_io_hung(1, PATIENCE), 1);
+    assert_eq!(tier.stats().io_threads_stuck, 1);
+
+    // Freed while the call hangs: it returns without waiting for it.
+    let took = free_promptly(tier, || seam.release());
+    println!("{point:?}: tier_free took {took:?} with a call stuck");
+    // The caller takes its buffer back; the stuck thread touching it now
+    // would kill this process.
+    mem.unmap();
+    // The freed tier's call may still write in the directory: it keeps it.
+    assert_held_by_freed_tier(&cfg, "1 I/O call was");
+
+    // The device recovers: the late call finds its job reported, publishes
+    // nothing, removes its temporary file, and its thread ends, letting go
+    // of the directory.
+    seam.release();
+    let mem = Mapped::new(16 * BB);
+    let tier = reopen(&cfg, &mem);
+    assert!(files(&dir, ".tmp").is_empty(), "{:?}", files(&dir, ".tmp"));
+    assert_eq!(files(&dir, ".kvb").len(), 1, "the late store was published");
+    assert_eq!(
+        tier.lookup(&keys(&[1, 7]), KEY_LEN).unwrap(),
+        vec![Hit, Miss]
+    );
+    tier.submit_load(3, &keys(&[1]), KEY_LEN, &[2]).unwrap();
+    assert!(result_of(&tier, 3).is_ok());
+    drop(tier);
+    mem.unmap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn tier_free_leaves_stuck_calls_behind_and_they_clean_up_when_they_return() {
+    run_in_child("child_free_while_stuck");
+}
+
+#[test]
+#[ignore]
+fn child_free_while_stuck() {
+    if std::env::var(CHILD_ENV).is_err() {
+        return;
+    }
+    for point in [
+        HangPoint::Create,
+        HangPoint::Write,
+        HangPoint::Publish,
+        HangPoint::Read,
+    ] {
+        free_while_stuck_at(point);
+    }
+    assert_no_kvtier_thread_left();
+}
+
+#[test]
+fn tier_free_on_a_hung_mount_returns_at_once_and_the_process_ends_cleanly() {
+    run_in_child("child_free_on_a_hung_mount");
+}
+
+#[test]
+#[ignore]
+fn child_free_on_a_hung_mount() {
+    if std::env::var(CHILD_ENV).is_err() {
+        return;
+    }
+    let dir = scratch_dir();
+    let mut cfg = config(2);
+    cfg.disk.path = Some(dir.clone());
+    let mem = Mapped::new(64 * BB);
+    let tier = kvtier::Tier::new(&cfg, mem.primary()).unwrap();
+    mem.fill(0, 1);
+    tier.submit_store(1, &keys(&[1]), KEY_LEN, &[0]).unwrap();
+    assert!(result_of(&tier, 1).is_ok());
+    // Block 1's fan-out directory goes to a hung device, and so does the
+    // file a store of block `new` would create there.
+    let fan = tier
+        .disk_block_path(&key(1))
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let new = (1000..1_000_000)
+        .find(|&i| tier.disk_block_path(&key(i)).parent() == Some(fan.as_path()))
+        .unwrap();
+    let mut mount = match HungMount::mount(&fan) {
+        Ok(m) => m,
+        Err(why) => {
+            println!(
+                "skipped: cannot mount a FUSE file system here (needs root and /dev/fuse): {why}"
+            );
+            return;
+        }
+    };
+    let start = Instant::now();
+    tier.submit_load(2, &keys(&[1]), KEY_LEN, &[5]).unwrap();
+    mem.fill(6, new);
+    tier.submit_store(3, &keys(&[new]), KEY_LEN, &[6]).unwrap();
+    let mut results = Vec::new();
+    while results.len() < 2 {
+        assert!(start.elapsed() < PATIENCE, "{results:?}");
+        results.extend(tier.poll(2));
+        tier.wait(Duration::from_millis(10));
+    }
+    results.sort_by_key(|r| r.job_id);
+    assert_eq!(results[0].job_id, 2);
+    for r in &results {
+        assert_on_time(r, start.elapsed());
+    }
+    assert_eq!(tier.stats().io_threads_stuck, 2);
+
+    // Freed with both calls asleep in the kernel.
+    let took = free_promptly(tier, || mount.recover());
+    println!("tier_free took {took:?} with 2 calls stuck on a hung mount");
+    mem.unmap();
+    assert_held_by_freed_tier(&cfg, "2 I/O calls were");
+    // The threads left behind are the stuck ones (and nothing more).
+    assert!(kvtier_threads() <= 2, "{} kvtier threads", kvtier_threads());
+
+    // The device recovers: the stuck calls fail (ENOTCONN), their threads
+    // clean up and end, and the directory is free again.
+    mount.recover();
+    let mem = Mapped::new(64 * BB);
+    let tier = reopen(&cfg, &mem);
+    assert_eq!(
+        tier.lookup(&keys(&[1, new]), KEY_LEN).unwrap(),
+        vec![Hit, Miss]
+    );
+    tier.submit_load(4, &keys(&[1]), KEY_LEN, &[5]).unwrap();
+    assert!(result_of(&tier, 4).is_ok());
+    assert!(files(&dir, ".tmp").is_empty(), "{:?}", files(&dir, ".tmp"));
+    drop(tier);
+    mem.unmap();
+    assert_no_kvtier_thread_left();
+    drop(mount);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -13,6 +13,74 @@ pub(crate) mod xxh64;
 
 use crate::error::Result;
 
+/// A caller's row handed to a store under a deadline: an address and a
+/// length, not a borrow, because the call may outlive the row (see
+/// [`Backend::store_unless`]). Read it through [`StoreJob::read_row`].
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Row {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl Row {
+    /// The row at `ptr`, `len` bytes (nothing is read here).
+    pub(crate) fn new(ptr: *const u8, len: usize) -> Row {
+        Row { ptr, len }
+    }
+
+    /// A row that is a plain borrowed slice (backends' own tests, stores
+    /// without a deadline).
+    pub(crate) fn of(slice: &[u8]) -> Row {
+        Row::new(slice.as_ptr(), slice.len())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The address, for alignment checks and for the kernel (a write system
+    /// call given an address no longer mapped fails with EFAULT; it never
+    /// faults in user space).
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The row's bytes.
+    ///
+    /// # Safety
+    /// The row must be valid for reads for as long as the slice lives: inside
+    /// [`StoreJob::read_row`], or where the row is known to outlive the call.
+    pub(crate) unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        std::slice::from_raw_parts(self.ptr, self.len)
+    }
+}
+
+/// What a store under a deadline ([`Backend::store_unless`]) may ask of its
+/// job.
+pub(crate) trait StoreJob {
+    /// True once the job was reported (failed at a deadline).
+    fn abandoned(&self) -> bool;
+    /// Runs `read` over the bytes of `row` (the job's row) unless the job was
+    /// reported; false if it was. The job cannot be reported while `read`
+    /// runs, so it must be short and must not wait for storage.
+    fn read_row(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool;
+}
+
+/// A store whose row outlives the call (no deadline, so `tier_free` waits
+/// for it; or a test's buffer): never abandoned, the row always readable.
+pub(crate) struct Unwatched;
+
+impl StoreJob for Unwatched {
+    fn abandoned(&self) -> bool {
+        false
+    }
+    fn read_row(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool {
+        // SAFETY: by this type's contract, the row outlives the call.
+        read(unsafe { row.bytes() });
+        true
+    }
+}
+
 /// One block's storage operations. `slot` is the block's slot number in the
 /// index (unique among live blocks, reused after release); `key` is its key.
 pub(crate) trait Backend: Send + Sync {
@@ -20,19 +88,28 @@ pub(crate) trait Backend: Send + Sync {
     /// the bytes written (0 if the storage already held the block).
     fn store(&self, slot: u32, key: &[u8], block: &[u8]) -> Result<u64>;
 
-    /// [`Backend::store`] under a deadline: once `abandoned()` says true (the
-    /// job was reported failed because a storage call missed its deadline),
-    /// the block must never become readable. A backend that publishes blocks
-    /// (disk) checks before publishing and withdraws a publication that
-    /// raced with the report.
-    fn store_unless(
-        &self,
-        slot: u32,
-        key: &[u8],
-        block: &[u8],
-        _abandoned: &dyn Fn() -> bool,
-    ) -> Result<u64> {
-        self.store(slot, key, block)
+    /// [`Backend::store`] under a deadline: once `job.abandoned()` says true
+    /// (the job was reported failed because a storage call missed its
+    /// deadline), the block must never become readable. A backend that
+    /// publishes blocks (disk) checks before publishing and withdraws a
+    /// publication that raced with the report.
+    ///
+    /// `block` is the caller's row, not borrowed: once the job is reported
+    /// the caller may reuse it, and once the tier is freed unmap it, while
+    /// this call still runs (a thread stuck on a hung device is left behind).
+    /// So the backend reads it (a copy, a checksum) only inside
+    /// [`StoreJob::read_row`], which refuses once the job is reported and
+    /// holds the report off while it runs. (The default does the whole store
+    /// there: right for a backend whose calls cannot hang.)
+    fn store_unless(&self, slot: u32, key: &[u8], block: Row, job: &dyn StoreJob) -> Result<u64> {
+        let mut stored = None;
+        if !job.read_row(block, &mut |row| stored = Some(self.store(slot, key, row))) {
+            return Err(crate::error::Error::new(
+                crate::error::ErrorKind::Io,
+                "not stored: the job was reported failed at its I/O deadline",
+            ));
+        }
+        stored.expect("read_row ran it")
     }
 
     /// Whether storage calls may hang (a device, a network file system), so
@@ -157,13 +234,25 @@ pub(crate) trait Backend: Send + Sync {
         4 << 20
     }
 
+    /// The tier was freed while `calls` storage calls were stuck past their
+    /// deadline: this backend lives on (in those threads) until they return.
+    /// A backend holding a lock others can see says so when they ask (the
+    /// disk directory's lock).
+    fn left_behind(&self, _calls: usize) {}
+
     /// Test seam: while set, writes fail as if the device were full.
     #[cfg(feature = "test-hooks")]
     fn simulate_full_device(&self, _full: bool) {}
 
+    /// Test seam: where the block of `key` is stored (disk only).
+    #[cfg(feature = "test-hooks")]
+    fn block_path(&self, _key: &[u8]) -> Option<std::path::PathBuf> {
+        None
+    }
+
     /// Test seam: storage calls that hang where a test says (disk only).
     #[cfg(feature = "test-hooks")]
-    fn hang_seam(&self) -> Option<&disk::hang::HangSeam> {
+    fn hang_seam(&self) -> Option<&std::sync::Arc<disk::hang::HangSeam>> {
         None
     }
 

@@ -117,6 +117,18 @@ impl Completions {
         }
     }
 
+    /// At `tier_free`, when the results outlive the tier (see
+    /// [`EventFd::retire`]): the caller's eventfd is gone. Nobody polls any
+    /// more; a result queued after this (not a stuck call's job, which was
+    /// reported, but perhaps a load it unblocks when it returns) signals
+    /// /dev/null, harmlessly.
+    pub(crate) fn retire_fd(&self) {
+        let _s = self.state.lock();
+        if let Some(fd) = self.fd.get() {
+            fd.retire();
+        }
+    }
+
     /// Hands up to `max` results to `f`, oldest first, and frees their ids.
     pub(crate) fn poll(&self, max: usize, mut f: impl FnMut(JobResult)) -> usize {
         let mut s = self.state.lock();

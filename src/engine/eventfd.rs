@@ -51,6 +51,19 @@ impl EventFd {
     /// taken (closing it would let a later open in the child reuse a number
     /// the tier still names). Takes no lock.
     pub(crate) fn detach_in_forked_child(&self) {
+        self.point_at_dev_null();
+    }
+
+    /// At `tier_free` with threads left stuck on the device (which keep the
+    /// tier's state, this descriptor's owner, alive until their calls
+    /// return): the caller's eventfd goes now, as `tier_completion_fd`
+    /// promises, while the number stays taken until then, so that nothing
+    /// could ever write to a descriptor the caller opened since under it.
+    pub(crate) fn retire(&self) {
+        self.point_at_dev_null();
+    }
+
+    fn point_at_dev_null(&self) {
         // SAFETY: plain descriptor calls on a NUL-terminated path and on our
         // own descriptor.
         unsafe {

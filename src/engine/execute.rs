@@ -59,6 +59,25 @@ impl Shared {
         }
     }
 
+    /// At the tier's drop, with threads left stuck on the device: the queued
+    /// discards would hang the caller there, so a detached thread runs them
+    /// (owning `shared`, like the stuck threads). Without a thread for them
+    /// they are dropped, and the blocks come back at the next open, as after
+    /// a crash.
+    pub(super) fn discard_detached(shared: &Arc<Shared>, discards: Vec<Work>) {
+        if discards.is_empty() {
+            return;
+        }
+        let owned = Arc::clone(shared);
+        let _ = std::thread::Builder::new()
+            .name("kvtier-discard".into())
+            .spawn(move || {
+                for work in discards {
+                    owned.run(work, None);
+                }
+            });
+    }
+
     /// Queues a touch for storage that keeps its own recency. Best effort:
     /// without memory to copy the keys or queue the work, it is skipped.
     pub(super) fn forward_touch(&self, keys: &[u8], key_len: usize) {
@@ -187,17 +206,24 @@ impl Shared {
 
     /// Stores item `i` of a store job. Under a deadline the backend is told
     /// how to see that the job was reported meanwhile, so a late write is not
-    /// published.
+    /// published, and reads the row only while the job is not reported (see
+    /// `StoreJob`): the call may outlive the tier.
     fn store_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<u64> {
         let item = job.items[i];
         let key = job.key(item.pos);
-        self.primary.with_row(item.row, |block| match worker {
-            Some(w) if w.has_deadline() => w.watch(Some(job), i, || {
-                self.backend
-                    .store_unless(item.slot, key, block, &|| job.is_reported())
-            }),
-            _ => self.backend.store(item.slot, key, block),
-        })
+        match worker {
+            Some(w) if w.has_deadline() => {
+                // No borrow of the row is held across the call: the backend
+                // reads it only through the job (see `StoreJob`).
+                let row = self.primary.row_unborrowed(item.row);
+                w.watch(Some(job), i, || {
+                    self.backend.store_unless(item.slot, key, row, job.as_ref())
+                })
+            }
+            _ => self
+                .primary
+                .with_row(item.row, |block| self.backend.store(item.slot, key, block)),
+        }
     }
 
     /// Loads item `i` of a load job; `Ok(false)` if the job was reported

@@ -80,15 +80,45 @@ impl Tier {
         self.seam().wait_released(timeout)
     }
 
+    /// Where a disk tier stores the block of `key` (it need not exist).
+    pub fn disk_block_path(&self, key: &[u8]) -> std::path::PathBuf {
+        self.shared
+            .backend
+            .block_path(key)
+            .expect("disk_block_path is for the disk backend")
+    }
+
+    /// A handle on the disk seam that outlives the tier: a test frees the
+    /// tier while calls hang there, then lets them go.
+    pub fn disk_io_seam(&self) -> DiskIoSeam {
+        DiskIoSeam(std::sync::Arc::clone(self.seam()))
+    }
+
     /// Worker threads alive now (serving or stuck past the deadline).
     pub fn io_threads_alive(&self) -> usize {
         self.shared.crew.alive()
     }
 
-    fn seam(&self) -> &crate::backend::disk::hang::HangSeam {
+    fn seam(&self) -> &std::sync::Arc<crate::backend::disk::hang::HangSeam> {
         self.shared
             .backend
             .hang_seam()
             .expect("hang_disk_io is for the disk backend")
+    }
+}
+
+/// The disk backend's hang seam, held apart from its tier (see
+/// [`Tier::disk_io_seam`]).
+pub struct DiskIoSeam(std::sync::Arc<crate::backend::disk::hang::HangSeam>);
+
+impl DiskIoSeam {
+    /// Lets every storage call hanging at the seam go.
+    pub fn release(&self) {
+        self.0.release();
+    }
+
+    /// Waits up to `timeout` until no storage call hangs at the seam.
+    pub fn wait_released(&self, timeout: Duration) -> bool {
+        self.0.wait_released(timeout)
     }
 }

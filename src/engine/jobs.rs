@@ -1,5 +1,6 @@
 //! Jobs and the tasks workers run for them.
 
+use crate::backend::{Row, StoreJob};
 use crate::error::{try_vec, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
@@ -89,9 +90,11 @@ pub(crate) struct Job {
     io_ended_ns: AtomicU64,
     /// True once the result is reported: by the last task, or by the
     /// watchdog when a storage call missed its deadline. A worker copies a
-    /// loaded block into the caller's row only under the read side, while it
-    /// is false; reporting takes the write side, so no row is written after
-    /// its job was reported.
+    /// loaded block into the caller's row, or a store's backend reads its
+    /// row, only under the read side, while it is false; reporting takes the
+    /// write side, so no row is touched after its job was reported (nor,
+    /// since a reported job's stuck thread may outlive the tier, after
+    /// `tier_free`).
     reported: RwLock<bool>,
     /// Load: items whose block reached the caller's row through a worker's
     /// bounce buffer (under a deadline), so a report at the deadline knows
@@ -238,6 +241,22 @@ impl Job {
         true
     }
 
+    /// Store: runs `read` over `row` (a backend reading the caller's row)
+    /// unless the job was reported; see [`StoreJob`].
+    fn read_row_unless_reported(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool {
+        let reported = self.reported.read();
+        if *reported {
+            return false;
+        }
+        // SAFETY: `row` is one of this job's rows of the primary buffer,
+        // which lives as long as the tier. The tier is not freed yet: the job
+        // is not reported, and `tier_free` returns only once the job of every
+        // call it leaves behind is (see `Crew::stop`), while this read side
+        // holds the report off until the slice is gone.
+        read(unsafe { row.bytes() });
+        true
+    }
+
     /// The storage call for item `item` missed its deadline: claims the
     /// report and fails the job with `Io` there (a load: at its first block
     /// not yet in the caller's row, as the result counts leading blocks
@@ -325,6 +344,22 @@ impl Job {
                     .saturating_sub(started),
             },
         }
+    }
+}
+
+/// A store job as its backend sees it under a deadline: after the job is
+/// reported, its rows are the caller's again (and after `tier_free` perhaps
+/// unmapped), so the backend reads a row only under the read side of
+/// `reported`, as a load writes one (`Job::deliver`). The watchdog's report
+/// (`Job::claim_late_report`) takes the write side: it waits for a read in
+/// progress, and every later one is refused.
+impl StoreJob for Job {
+    fn abandoned(&self) -> bool {
+        self.is_reported()
+    }
+
+    fn read_row(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool {
+        self.read_row_unless_reported(row, read)
     }
 }
 

@@ -24,7 +24,7 @@ mod execute;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 #[cfg(feature = "test-hooks")]
-pub use self::hooks::HangPoint;
+pub use self::hooks::{DiskIoSeam, HangPoint};
 mod inherited;
 pub(crate) mod jobs;
 mod open;
@@ -101,6 +101,8 @@ struct Shared {
 /// Every method may be called from any thread, concurrently. Dropping the tier
 /// stops the workers after their current block copy; jobs still queued are
 /// abandoned, and the primary buffer is never touched again once `drop` returns.
+/// A worker stuck in a storage call past `io_timeout_ms` is not waited for: it
+/// is left behind and cleans up when its call returns (see `Crew::stop`).
 ///
 /// A tier belongs to the process that built it. In a child made by `fork()`
 /// (which has none of its worker threads) it is inert: fallible methods fail
@@ -516,11 +518,23 @@ impl Drop for Tier {
             return;
         }
         let discards = self.shared.queue.shut_down();
-        self.shared.crew.join();
-        // Evicted blocks' storage is still released: otherwise a disk tier
-        // would find them again on its next open.
-        for work in discards {
-            self.shared.run(work, None);
+        let left_behind = self.shared.crew.stop();
+        if left_behind == 0 {
+            // Evicted blocks' storage is still released: otherwise a disk tier
+            // would find them again on its next open.
+            for work in discards {
+                self.shared.run(work, None);
+            }
+            return;
         }
+        // Threads are stuck in storage calls past their deadline (a hung
+        // device): they were detached, and each keeps `shared` alive until
+        // its call returns. The caller's descriptor goes now (nothing signals
+        // it any more: every job of a stuck call was reported); the backend
+        // keeps its storage (the disk directory's lock) until the last of
+        // them returns, since they may still write there.
+        self.shared.done.retire_fd();
+        self.shared.backend.left_behind(left_behind);
+        Shared::discard_detached(&self.shared, discards);
     }
 }

@@ -202,6 +202,12 @@ pub unsafe extern "C" fn tier_new(
 /// abandons queued jobs (they are not reported), and frees everything.
 ///
 /// When it returns, the library never touches the primary buffer again.
+/// A disk storage call stuck past io_timeout_ms (a hung device) is not waited
+/// for: its thread is left behind and ends when the call returns (its job was
+/// reported already; it publishes nothing). Only the kernel may still read a
+/// row such a stuck write was given (O_DIRECT from an aligned row): unmapped,
+/// that write fails with EFAULT. Until those calls return, the disk
+/// directory stays locked (a new tier on it fails with TIER_ERR_IO).
 /// Ownership: takes `tier`; it must not be used afterwards.
 /// NULL: a no-op.
 /// Threads: must be the last call on `tier`, with no call on it in progress.

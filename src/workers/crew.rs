@@ -7,9 +7,15 @@
 //! cannot be interrupted (a `pread` on a hung mount sleeps in the kernel), so
 //! a replacement takes its place, up to a bound; when the call returns, the
 //! thread finishes its task and leaves if the crew has enough threads again.
+//!
+//! At `tier_free` ([`Crew::stop`]) the threads that serve are waited for; the
+//! ones stuck past their deadline are left behind, detached: each owns an
+//! `Arc` of the engine, so what it still touches lives until its call
+//! returns, and it then leaves like any other.
 
 use crate::engine::jobs::Job;
-use crate::sync::Mutex;
+use crate::sync::MutexGuard;
+use crate::sync::{Condvar, Mutex};
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -46,7 +52,15 @@ pub(crate) struct Crew {
     /// Indexed by worker id.
     watches: Vec<Mutex<Option<Watch>>>,
     heads: Mutex<Headcount>,
+    /// Signalled when a thread leaves or is counted stuck (for [`Crew::stop`]).
+    heads_changed: Condvar,
+    /// Held by the watchdog for each of its rounds (marking calls expired,
+    /// then reporting their jobs): [`Crew::stop`] looks at the headcount
+    /// under it, so every thread it counts stuck has had its job reported.
+    round: Mutex<()>,
+    /// The worker threads' handles.
     handles: Mutex<Vec<JoinHandle<()>>>,
+    watchdog: Mutex<Option<JoinHandle<()>>>,
     /// The watchdog's sleep, on std's futex-based primitives: parking_lot
     /// parks sleepers in a process-wide table, and a thread waking there
     /// several times a second could hold one of its locks at a `fork()`,
@@ -75,7 +89,10 @@ impl Crew {
                 free_ids: (0..limit).rev().collect(),
                 ..Headcount::default()
             }),
+            heads_changed: Condvar::new(),
+            round: Mutex::new(()),
             handles: Mutex::new(Vec::new()),
+            watchdog: Mutex::new(None),
             stopping: std::sync::Mutex::new(false),
             stop: std::sync::Condvar::new(),
             expired_total: AtomicU64::new(0),
@@ -142,6 +159,10 @@ impl Crew {
         handles.push(handle);
     }
 
+    pub(crate) fn set_watchdog(&self, handle: JoinHandle<()>) {
+        *self.watchdog.lock() = Some(handle);
+    }
+
     /// After a task: a thread that came back from a stuck call leaves if the
     /// crew has enough serving threads without it. True if it must leave.
     pub(crate) fn retire_if_surplus(&self, id: usize) -> bool {
@@ -152,6 +173,14 @@ impl Crew {
             return true;
         }
         false
+    }
+
+    /// A thread leaves because the queue shut down (or it panicked).
+    pub(crate) fn leave(&self, id: usize) {
+        let mut h = self.heads.lock();
+        h.alive -= 1;
+        h.free_ids.push(id);
+        self.heads_changed.notify_all();
     }
 
     /// Marks the calls past their deadline as expired (each once) and counts
@@ -172,6 +201,7 @@ impl Crew {
             // back under the same lock, sees `expired` only once its thread
             // is counted stuck, so it can never uncount it first.
             self.heads.lock().stuck += 1;
+            self.heads_changed.notify_all();
             self.expired_total.fetch_add(1, Ordering::Relaxed);
             expired.push((w.job.clone(), w.item));
         }
@@ -193,21 +223,63 @@ impl Crew {
         *stopping
     }
 
-    /// Ends the watchdog and waits for every thread (the queue must be shut
-    /// down first). A thread stuck in a storage call is waited for: a store's
-    /// call may still read the caller's primary buffer.
-    pub(crate) fn join(&self) {
-        *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) = true;
-        self.stop.notify_all();
+    /// Holds off [`Crew::stop`] while the watchdog reports the calls it
+    /// found expired (see `round`). None once the crew is stopping: the
+    /// watchdog must end.
+    pub(crate) fn begin_round(&self) -> Option<MutexGuard<'_, ()>> {
+        let round = self.round.lock();
+        if *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) {
+            return None;
+        }
+        Some(round)
+    }
+
+    /// Ends the crew (the queue must be shut down first, so no thread takes
+    /// new work): waits until every thread has left or is stuck in a storage
+    /// call past its deadline, ends the watchdog, joins the threads that left
+    /// and detaches the stuck ones. Returns how many were left behind.
+    ///
+    /// The wait is the drain of healthy work: a call still within its
+    /// deadline is waited for (at worst until the deadline, when the watchdog,
+    /// which runs until then, declares it stuck); a call past it is not.
+    ///
+    /// Why a stuck thread may be left running once the tier is freed: its
+    /// job was reported before this returns (each thread is counted stuck
+    /// here only under the watchdog's `round`, which reports the job of every
+    /// call it marks expired before it lets go), and a worker touches the
+    /// caller's rows only under its job's report lock while the job is not
+    /// reported (`Job::deliver` for loads, the store guard for stores). The
+    /// thread owns an `Arc` of everything else it may touch (backend, index,
+    /// results), which is dropped on that thread when the last call returns.
+    pub(crate) fn stop(&self) -> usize {
         loop {
-            let handles = std::mem::take(&mut *self.handles.lock());
-            if handles.is_empty() {
+            let round = self.round.lock();
+            let mut h = self.heads.lock();
+            if h.alive == h.stuck {
+                // Still under `round`: no new round can mark a call expired
+                // (and count it stuck) between this look and the stop.
+                *self.stopping.lock().unwrap_or_else(|e| e.into_inner()) = true;
+                self.stop.notify_all();
                 break;
             }
-            for handle in handles {
+            drop(round);
+            // Woken when a thread leaves or is counted stuck; the timeout only
+            // guards against a missed notification.
+            self.heads_changed
+                .wait_for(&mut h, Duration::from_millis(50));
+        }
+        if let Some(watchdog) = self.watchdog.lock().take() {
+            let _ = watchdog.join();
+        }
+        let left = self.heads.lock().alive;
+        let handles = std::mem::take(&mut *self.handles.lock());
+        for handle in handles {
+            if left == 0 || handle.is_finished() {
                 let _ = handle.join();
             }
+            // Else dropped: a stuck thread (or one on its way out) detaches.
         }
+        left
     }
 
     /// True if no thread was ever started (a tier stepped by hand in tests).

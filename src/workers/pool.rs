@@ -32,7 +32,7 @@ impl Pool {
     /// Starts the crew's threads, named `kvtier-io-N`, and its watchdog if
     /// storage calls have a deadline. An idle thread polls the queue for
     /// `spin` before sleeping (see [`WorkQueue::next`]). On failure the
-    /// threads already started keep running: [`Crew::join`] stops them.
+    /// threads already started keep running: [`Crew::stop`] stops them.
     pub(crate) fn start<E: Executor>(executor: &Arc<E>, spin: Duration) -> Result<()> {
         while let Some(id) = executor.crew().enlist() {
             if let Err(e) = spawn_worker(executor, id, spin) {
@@ -45,7 +45,7 @@ impl Pool {
                 .name("kvtier-watchdog".into())
                 .spawn(move || watchdog(&watched, timeout, spin));
             match watchdog {
-                Ok(handle) => executor.crew().add_handle(handle),
+                Ok(handle) => executor.crew().set_watchdog(handle),
                 Err(e) => bail!(Alloc, "could not start the I/O watchdog thread: {e}"),
             }
         }
@@ -58,10 +58,18 @@ fn spawn_worker<E: Executor>(executor: &Arc<E>, id: usize, spin: Duration) -> st
     let thread = std::thread::Builder::new()
         .name(format!("kvtier-io-{id}"))
         .spawn(move || {
+            // Counts the thread out however it ends (a panic included), so
+            // that `Crew::stop` never waits for a thread that is gone.
+            let mut leaving = Leaving {
+                crew: owned.crew(),
+                id,
+                counted: true,
+            };
             let worker = Worker::new(owned.crew(), id);
             while let Some(work) = owned.queue().next(spin) {
                 owned.execute(work, &worker);
                 if owned.crew().retire_if_surplus(id) {
+                    leaving.counted = false;
                     // Work queued while this thread was busy may have been
                     // left for it to find (see `WorkQueue::push_all`).
                     owned.queue().hand_over();
@@ -81,12 +89,33 @@ fn spawn_worker<E: Executor>(executor: &Arc<E>, id: usize, spin: Duration) -> st
     }
 }
 
+/// A worker thread on its way out: still counted alive until dropped.
+struct Leaving<'a> {
+    crew: &'a Crew,
+    id: usize,
+    /// False once the thread was counted out (`Crew::retire_if_surplus`).
+    counted: bool,
+}
+
+impl Drop for Leaving<'_> {
+    fn drop(&mut self) {
+        if self.counted {
+            self.crew.leave(self.id);
+        }
+    }
+}
+
 /// Checks the deadlines a few times per timeout: a call is reported at most
 /// an eighth of the timeout (and never more than 100 ms) late.
 fn watchdog<E: Executor>(executor: &Arc<E>, timeout: Duration, spin: Duration) {
     let tick = (timeout / 8).clamp(Duration::from_millis(1), Duration::from_millis(100));
     let crew = executor.crew();
     while !crew.wait_stop(tick) {
+        // A round marks calls expired and reports their jobs as one step for
+        // `Crew::stop` (see `Crew::begin_round`).
+        let Some(_round) = crew.begin_round() else {
+            break;
+        };
         for (job, item) in crew.collect_expired() {
             if let Some(job) = job {
                 executor.expire(&job, item);

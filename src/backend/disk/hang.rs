@@ -9,6 +9,9 @@ use std::time::{Duration, Instant};
 /// Where a storage call hangs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HangPoint {
+    /// A store, after it created its temporary file and before it read a byte
+    /// of its row: an `open` that completes late.
+    Create,
     /// A load, after its read returned the block's bytes: a `pread` that
     /// completes late.
     Read,

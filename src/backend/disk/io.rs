@@ -227,6 +227,33 @@ pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<
     Ok(())
 }
 
+/// Writes `header` and then `len` bytes at `row` at `offset`, like
+/// [`write_all_at`], for a row the caller may unmap meanwhile (a store left
+/// behind by `tier_free`, see `Backend::store_unless`): the row's address is
+/// handed to the kernel, never read here. An address no longer mapped fails
+/// the write with EFAULT; one mapped again since is read into the file,
+/// which is then never published and is removed (see `store_checked`).
+pub(crate) fn write_header_and_row(
+    fd: &Fd,
+    header: &[u8],
+    row: *const u8,
+    len: usize,
+    offset: u64,
+) -> io::Result<()> {
+    let parts = [
+        (header.as_ptr() as *mut u8, header.len()),
+        (row as *mut u8, len),
+    ];
+    let (mut iov, n) = iovecs(parts.into_iter())?;
+    let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+    // SAFETY: `header` is borrowed for this call; the row is only read by
+    // the kernel, which checks the address itself.
+    if unsafe { transfer(fd, &mut iov[..n], offset, libc::pwritev)? } < want {
+        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    }
+    Ok(())
+}
+
 /// Reads into all of `parts` from `offset`; returns the bytes read, which is
 /// less than requested only at end of file.
 pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], offset: u64) -> io::Result<usize> {

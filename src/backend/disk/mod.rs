@@ -46,7 +46,7 @@ mod sealed;
 use self::format::{file_len, Header, ALIGN, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
 use super::xxh64::xxh64;
-use super::Backend;
+use super::{Backend, Row, StoreJob, Unwatched};
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{Nonce, NonceLedger, Sealer};
@@ -118,11 +118,37 @@ pub(crate) struct DiskBackend {
     /// Test seam for a full device where no small file system can be mounted.
     #[cfg(feature = "test-hooks")]
     simulate_full: AtomicBool,
-    /// Test seam: storage calls that hang until a test lets them go.
+    /// Test seam: storage calls that hang until a test lets them go (shared
+    /// with the test, which may let them go after the tier was freed).
     #[cfg(feature = "test-hooks")]
-    seam: hang::HangSeam,
-    /// Holds the directory lock for the tier's lifetime.
+    seam: std::sync::Arc<hang::HangSeam>,
+    /// Holds the directory lock for the tier's lifetime, and past it while
+    /// storage calls the freed tier left behind are stuck (see
+    /// `Backend::left_behind`).
     lock: Fd,
+    /// The lock file's identity (device, inode), by which a later open of
+    /// the directory in this process recognises a lock held by a tier it
+    /// freed; None if it could not be read.
+    lock_id: Option<(u64, u64)>,
+    /// Set once the tier was freed with calls stuck: listed in
+    /// [`LEFT_BEHIND`] until this backend drops.
+    listed: std::sync::atomic::AtomicBool,
+}
+
+/// Directory locks (by lock file identity) of disk tiers this process freed
+/// while storage calls were stuck past their deadline, with how many were:
+/// the lock is held until those calls return and the backend drops.
+static LEFT_BEHIND: Mutex<Vec<((u64, u64), usize)>> = Mutex::new(Vec::new());
+
+impl Drop for DiskBackend {
+    fn drop(&mut self) {
+        if self.listed.load(Ordering::Acquire) {
+            let mut list = LEFT_BEHIND.lock();
+            if let Some(at) = list.iter().position(|&(id, _)| Some(id) == self.lock_id) {
+                list.swap_remove(at);
+            }
+        }
+    }
 }
 
 impl DiskBackend {
@@ -182,8 +208,10 @@ impl DiskBackend {
             #[cfg(feature = "test-hooks")]
             simulate_full: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
-            seam: hang::HangSeam::default(),
+            seam: Default::default(),
+            lock_id: io::fstat(&lock).ok().map(|id| (id.dev, id.ino)),
             lock,
+            listed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -200,6 +228,18 @@ impl DiskBackend {
         };
         if let Err(e) = Self::flock_with_grace(&fd, !shared) {
             if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+                if let Some(calls) = Self::held_by_freed_tier(&fd) {
+                    bail!(
+                        Io,
+                        "path: {} is still in use by a kvtier tier this process freed while \
+                         {calls} I/O {} stuck past io_timeout_ms (a hung device): it may \
+                         still write there, so it keeps the directory locked until {} \
+                         return; retry once the device recovers",
+                        ns_dir.display(),
+                        if calls == 1 { "call was" } else { "calls were" },
+                        if calls == 1 { "that call" } else { "they" }
+                    );
+                }
                 bail!(
                     Config,
                     "path: {} is in use by another kvtier tier{}",
@@ -214,6 +254,16 @@ impl DiskBackend {
             bail!(Config, "path: cannot lock {}: {e}", path.display());
         }
         Ok(fd)
+    }
+
+    /// How many calls were stuck when this process freed the tier that holds
+    /// the lock on `fd`'s file, if one did.
+    fn held_by_freed_tier(fd: &Fd) -> Option<usize> {
+        let id = io::fstat(fd).ok()?;
+        let list = LEFT_BEHIND.lock();
+        list.iter()
+            .find(|&&(held, _)| held == (id.dev, id.ino))
+            .map(|&(_, calls)| calls)
     }
 
     /// Takes the directory lock, retrying for [`LOCK_GRACE`] while it is
@@ -318,7 +368,11 @@ impl DiskBackend {
 
     /// O_DIRECT can transfer a row in place only if it is aligned.
     fn in_place(&self, row: &[u8]) -> bool {
-        self.direct && row.as_ptr() as usize % ALIGN == 0 && row.len() % ALIGN == 0
+        self.aligned(row.as_ptr(), row.len())
+    }
+
+    fn aligned(&self, ptr: *const u8, len: usize) -> bool {
+        self.direct && ptr as usize % ALIGN == 0 && len % ALIGN == 0
     }
 
     fn exists_complete(&self, path: &Path) -> bool {
@@ -326,8 +380,25 @@ impl DiskBackend {
             .is_ok_and(|m| m.is_file() && m.len() == file_len(self.block_bytes) as u64)
     }
 
-    /// Writes the block file; for a sealed tier, returns the nonce it sealed with.
-    fn write_tmp(&self, tmp: &Path, key: &[u8], row: &[u8]) -> std::io::Result<Option<Nonce>> {
+    /// Writes the block file; for a sealed tier, returns the nonce it sealed
+    /// with. `Ok(None)` from `job.read_row` means the job was reported
+    /// before the row could be read: nothing was written.
+    ///
+    /// The row is the caller's and this call may outlive the tier (see
+    /// `Backend::store_unless`), so it is read from user space (checksum,
+    /// copy, sealing) only inside `job.read_row`, after the file is created
+    /// (an `open` on a hung mount is where a store waits longest) and into
+    /// this thread's scratch. Only an aligned row under O_DIRECT is written
+    /// from where it is, by the kernel: a write left behind by `tier_free`
+    /// gets EFAULT if the caller unmapped the row (never a fault here), and
+    /// its file is never published and is removed when the call returns.
+    fn write_tmp(
+        &self,
+        tmp: &Path,
+        key: &[u8],
+        row: Row,
+        job: &dyn StoreJob,
+    ) -> std::io::Result<Option<Option<Nonce>>> {
         let fd = match io::create_exclusive(tmp, self.direct) {
             Err(e) if io::is_missing(&e) => {
                 let dir = tmp.parent().expect("fan-out dir");
@@ -339,47 +410,63 @@ impl DiskBackend {
             other => other?,
         };
         #[cfg(feature = "test-hooks")]
+        self.seam.pause(hang::HangPoint::Create);
+        #[cfg(feature = "test-hooks")]
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        if let Some(seal) = &self.seal {
-            let nonce = self.write_sealed(seal, &fd, key, row)?;
-            if self.sync == SyncMode::Data {
-                io::fdatasync(&fd)?;
-            }
-            return Ok(Some(nonce));
-        }
-        let header = self.header(key, row);
-        if self.in_place(row) {
-            with_scratch(HEADER_LEN, |h| {
-                header.encode(h);
-                io::write_all_at(&fd, &[h, row], 0)
-            })?;
+        let in_place = self.seal.is_none() && self.aligned(row.as_ptr(), row.len());
+        let staged_len = if in_place {
+            HEADER_LEN
         } else {
-            with_scratch(file_len(self.block_bytes), |buf| {
-                let (h, payload) = buf.split_at_mut(HEADER_LEN);
-                header.encode(h);
-                payload[..row.len()].copy_from_slice(row);
-                payload[row.len()..].fill(0);
-                io::write_all_at(&fd, &[buf], 0)
-            })?;
-        }
-        if self.sync == SyncMode::Data {
+            file_len(self.block_bytes)
+        };
+        let nonce = with_scratch(staged_len, |buf| {
+            let mut staged = Ok(None);
+            let read = job.read_row(row, &mut |row| {
+                staged = match &self.seal {
+                    Some(seal) => self.seal_into(seal, buf, key, row).map(Some),
+                    None => {
+                        let (h, payload) = buf.split_at_mut(HEADER_LEN);
+                        self.header(key, row).encode(h);
+                        if !in_place {
+                            payload[..row.len()].copy_from_slice(row);
+                            payload[row.len()..].fill(0);
+                        }
+                        Ok(None)
+                    }
+                };
+            });
+            if !read {
+                return Ok(None);
+            }
+            let nonce = staged?;
+            if in_place {
+                io::write_header_and_row(&fd, buf, row.as_ptr(), row.len(), 0)?;
+            } else {
+                io::write_all_at(&fd, &[buf], 0)?;
+            }
+            Ok(Some(nonce))
+        })?;
+        if nonce.is_some() && self.sync == SyncMode::Data {
             io::fdatasync(&fd)?;
         }
-        Ok(None)
+        Ok(nonce)
     }
 }
 
 impl DiskBackend {
     /// Stores a block: writes a temporary file and publishes it by rename,
-    /// unless `abandoned()` says the job was reported failed meanwhile (a
+    /// unless `job.abandoned()` says the job was reported failed meanwhile (a
     /// storage call missed its deadline). The check and the rename are under
     /// the key's stripe lock; a rename that was already under way when the
     /// job was reported is withdrawn when it returns (the file removed if the
     /// path still names it, never a file published since), so the index
-    /// never lists it and no later store is overwritten.
-    fn store_checked(&self, key: &[u8], block: &[u8], abandoned: &dyn Fn() -> bool) -> Result<u64> {
+    /// never lists it and no later store is overwritten. The row is read
+    /// only as `write_tmp` says; a call that returns after `tier_free` reads
+    /// nothing of it, publishes nothing and removes its temporary file (or
+    /// the next open does, if the call never returns).
+    fn store_checked(&self, key: &[u8], block: Row, job: &dyn StoreJob) -> Result<u64> {
         let path = self.path_of(key);
         // Another process may have published this key already.
         if self.shared && self.published(&path, key) {
@@ -387,21 +474,22 @@ impl DiskBackend {
         }
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         let tmp = layout::tmp_path(&path, std::process::id(), n);
-        let written = self.write_tmp(&tmp, key, block);
+        let written = self.write_tmp(&tmp, key, block, job);
         #[cfg(feature = "test-hooks")]
         self.seam.pause(hang::HangPoint::Write);
         let mut withdrawn = false;
         let published = written.and_then(|nonce| {
             let _guard = self.stripe(key).lock();
-            if abandoned() {
+            // `None`: reported before its row was read, nothing written.
+            let Some(nonce) = nonce.filter(|_| !job.abandoned()) else {
                 withdrawn = true;
                 return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
-            }
+            };
             let ours = io::lstat(&tmp)?;
             std::fs::rename(&tmp, &path)?;
             #[cfg(feature = "test-hooks")]
             self.seam.pause(hang::HangPoint::Publish);
-            if abandoned() {
+            if job.abandoned() {
                 withdrawn = true;
                 if io::lstat(&path).is_ok_and(|now| now.same_file(&ours)) {
                     let _ = std::fs::remove_file(&path);
@@ -415,7 +503,7 @@ impl DiskBackend {
         });
         if let Err(e) = published {
             let _ = std::fs::remove_file(&tmp);
-            if withdrawn {
+            if withdrawn || job.abandoned() {
                 bail!(
                     Io,
                     "{}: not published: the job was reported failed at its I/O deadline",
@@ -443,17 +531,11 @@ impl DiskBackend {
 
 impl Backend for DiskBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        self.store_checked(key, block, &|| false)
+        self.store_checked(key, Row::of(block), &Unwatched)
     }
 
-    fn store_unless(
-        &self,
-        _slot: u32,
-        key: &[u8],
-        block: &[u8],
-        abandoned: &dyn Fn() -> bool,
-    ) -> Result<u64> {
-        self.store_checked(key, block, abandoned)
+    fn store_unless(&self, _slot: u32, key: &[u8], block: Row, job: &dyn StoreJob) -> Result<u64> {
+        self.store_checked(key, block, job)
     }
 
     fn needs_watchdog(&self) -> bool {
@@ -510,8 +592,24 @@ impl Backend for DiskBackend {
     }
 
     #[cfg(feature = "test-hooks")]
-    fn hang_seam(&self) -> Option<&hang::HangSeam> {
+    fn block_path(&self, key: &[u8]) -> Option<PathBuf> {
+        Some(self.path_of(key))
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn hang_seam(&self) -> Option<&std::sync::Arc<hang::HangSeam>> {
         Some(&self.seam)
+    }
+
+    fn left_behind(&self, calls: usize) {
+        // The lock stays held: the stuck calls may still write here (a late
+        // write's temporary file, its removal), and a new exclusive tier of
+        // this directory would take their files for debris and delete them,
+        // or have its own blocks deleted by a late discard.
+        if let Some(id) = self.lock_id {
+            LEFT_BEHIND.lock().push((id, calls));
+            self.listed.store(true, Ordering::Release);
+        }
     }
 
     fn release_in_forked_child(&self) {

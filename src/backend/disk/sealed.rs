@@ -12,34 +12,29 @@
 //!   checksum.
 
 use super::format::{file_len, HEADER_LEN};
-use super::io::{self, Fd, FileId};
+use super::io::{self, FileId};
 use super::{io_error, with_scratch, DiskBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{Nonce, OpenedRecord, Sealer, Seen, RECORD_LEN};
 use std::path::Path;
 
 impl DiskBackend {
-    /// Seals `row` into this thread's scratch (header and ciphertext; the
-    /// row itself is never written) and writes the file from there.
-    pub(super) fn write_sealed(
+    /// Seals `row` into `buf` (a whole file: header and ciphertext; the row
+    /// itself is never written), ready to be written from there.
+    pub(super) fn seal_into(
         &self,
         seal: &Sealer,
-        fd: &Fd,
+        buf: &mut [u8],
         key: &[u8],
         row: &[u8],
     ) -> std::io::Result<Nonce> {
-        with_scratch(file_len(self.block_bytes), |buf| {
-            let (header, payload) = buf.split_at_mut(HEADER_LEN);
-            header.fill(0);
-            let (body, padding) = payload.split_at_mut(row.len());
-            body.copy_from_slice(row);
-            padding.fill(0);
-            let nonce = seal
-                .seal(self.ns_fp, key, body, header)
-                .map_err(|e| std::io::Error::other(e.message().to_string()))?;
-            io::write_all_at(fd, &[buf], 0)?;
-            Ok(nonce)
-        })
+        let (header, payload) = buf.split_at_mut(HEADER_LEN);
+        header.fill(0);
+        let (body, padding) = payload.split_at_mut(row.len());
+        body.copy_from_slice(row);
+        padding.fill(0);
+        seal.seal(self.ns_fp, key, body, header)
+            .map_err(|e| std::io::Error::other(e.message().to_string()))
     }
 
     /// The sealed record of a file header, opened: the key and nonce it
