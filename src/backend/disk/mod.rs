@@ -15,7 +15,9 @@
 //!   (descriptors, memory, permissions, device errors) fail the block with
 //!   TIER_ERR_IO and leave the file alone. Nothing is condemned on what was
 //!   seen in the engine's row alone: a private read confirms it first.
-//! - Reopening a directory rebuilds the index from the files (LRU order by
+//! - Reopening a directory after a clean close reads the manifest `tier_free`
+//!   wrote (the index in LRU order, see `manifest`) and deletes it. Without a
+//!   valid one it rebuilds the index from the files (LRU order by
 //!   modification time, oldest first), deleting leftover temporary files and
 //!   files it read and found bad, never a file it could not read.
 //! - Eviction deletes files, on a worker, never a file that a newer store of the
