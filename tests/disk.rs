@@ -166,7 +166,10 @@ fn reopening_rebuilds_the_index_and_loads_byte_exact() {
         assert!(h.result_of(9).is_ok());
         h.scratch_dir = None; // keep the directory
     }
-    // Debris of an interrupted store.
+    // Debris of an interrupted store. Only a crash leaves it, and a crash
+    // leaves no manifest: the open scans (tests/manifest.rs covers the
+    // clean close).
+    std::fs::remove_file(ns_dir(&dir).join(".manifest")).unwrap();
     let fan = files(&ns_dir(&dir), ".kvb")[0]
         .parent()
         .unwrap()
@@ -230,8 +233,10 @@ fn recovery_orders_blocks_by_mtime_across_all_fan_out_directories() {
         }
         h.scratch_dir = None;
     }
-    // Ages unrelated to key order or directory: block i is rank (i * 97) % n
-    // seconds newer than the oldest.
+    // As after a crash (no manifest), the open scans: ages unrelated to key
+    // order or directory: block i is rank (i * 97) % n seconds newer than
+    // the oldest.
+    std::fs::remove_file(ns_dir(&dir).join(".manifest")).unwrap();
     let base = std::time::SystemTime::now() - Duration::from_secs(3600);
     let rank = |i: u64| (i * 97) % n;
     for i in 0..n {
@@ -509,6 +514,10 @@ fn transient_load_failures_keep_the_file_and_drop_the_key_after_a_few() {
     }
     let status = spawn_child("fd-starved-loads", &dir).wait().unwrap();
     assert!(status.success(), "child: {status}");
+    assert!(
+        !ns_dir(&dir).join(".manifest").exists(),
+        "a key dropped while its file stays: no manifest, the next open scans"
+    );
     let h = Harness::new(&config(&dir, 8), 8, BB);
     let r = h.load(1, &[1, 2], &[4, 5]);
     assert!(r.is_ok() && h.row_holds(4, 1) && h.row_holds(5, 2), "{r:?}");

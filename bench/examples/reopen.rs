@@ -1,8 +1,10 @@
 //! Times reopening a disk tier directory that `kvtier-bench --backend disk
 //! --recovery-dir DIR` filled, without filling or dropping anything: a
-//! target for `perf record` and `strace -c` on recovery alone.
+//! target for `perf record` and `strace -c` on recovery alone. Each reopen
+//! after the first reads the manifest the previous one's clean close wrote;
+//! with `scan` the manifest is removed before each open, which then scans.
 //!
-//!     cargo run --release -p kvtier-bench --example reopen -- DIR [TIMES]
+//!     cargo run --release -p kvtier-bench --example reopen -- DIR [TIMES] [scan]
 
 use kvtier::{PrimaryBuffer, Tier, TierConfig};
 use std::time::Instant;
@@ -14,6 +16,7 @@ fn main() {
     let mut args = std::env::args().skip(1);
     let dir = args.next().expect("usage: reopen DIR [TIMES]");
     let times: usize = args.next().map_or(1, |t| t.parse().expect("TIMES"));
+    let scan = args.next().is_some_and(|a| a == "scan");
     let mut rows = vec![0u8; ROWS * B + B];
     let off = rows.as_ptr().align_offset(B);
     // The bench's recovery phase: its namespace, and room for what it stored.
@@ -28,12 +31,22 @@ fn main() {
         cfg.set(k, v).unwrap();
     }
     for _ in 0..times {
+        if scan {
+            for entry in std::fs::read_dir(&dir).unwrap().flatten() {
+                let _ = std::fs::remove_file(entry.path().join(".manifest"));
+            }
+        }
         // SAFETY: the rows outlive the tier, which is dropped in this loop.
         let primary =
             unsafe { PrimaryBuffer::new(rows.as_mut_ptr().add(off), ROWS * B, B) }.unwrap();
         let t = Instant::now();
         let tier = Tier::new(&cfg, primary).unwrap();
         let secs = t.elapsed().as_secs_f64();
-        println!("{} blocks in {secs:.3} s", tier.stats().num_blocks);
+        let line = tier.describe();
+        let how = ["recovered=manifest", "recovered=scan"]
+            .into_iter()
+            .find(|how| line.contains(how))
+            .unwrap_or("recovered=?");
+        println!("{} blocks in {secs:.3} s ({how})", tier.stats().num_blocks);
     }
 }

@@ -81,6 +81,10 @@ impl StoreJob for Unwatched {
     }
 }
 
+/// Walks a tier's readable keys, least recently used first, calling its
+/// argument with each (see [`Backend::save_on_close`]).
+pub(crate) type EachBlock<'a> = dyn FnMut(&mut dyn FnMut(&[u8])) + 'a;
+
 /// One block's storage operations. `slot` is the block's slot number in the
 /// index (unique among live blocks, reused after release); `key` is its key.
 pub(crate) trait Backend: Send + Sync {
@@ -201,6 +205,14 @@ pub(crate) trait Backend: Send + Sync {
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         Ok(Vec::new())
     }
+
+    /// The tier is being freed cleanly: every worker joined, no job left
+    /// unfinished, no storage call past its deadline, and the index lists
+    /// exactly the blocks this tier stored or found. `each_block(f)` calls
+    /// `f` with every readable key, least recently used first. A backend
+    /// that can record them for [`Backend::recover`] does so (disk: the
+    /// manifest); a failure is not reported.
+    fn save_on_close(&self, _each_block: &mut EachBlock<'_>) {}
 
     /// Whether keys absent from the index may exist in storage (written by
     /// another process) and must be probed.

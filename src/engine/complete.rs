@@ -12,6 +12,7 @@ use crate::events::RemovedReason;
 use crate::index::LoadOutcome;
 use crate::stats::Counters;
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl Shared {
@@ -87,6 +88,9 @@ impl Shared {
                         };
                         match give_up {
                             Some(reason) => {
+                                if reason == RemovedReason::Unreadable {
+                                    self.dropped_unreadable.store(true, Ordering::Relaxed);
+                                }
                                 load_failures.remove(key);
                                 LoadOutcome::Forget(reason)
                             }

@@ -49,6 +49,7 @@ use crate::workers::{Crew, WorkQueue};
 use hashlink::LruCache;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -94,6 +95,34 @@ struct Shared {
     namespace: String,
     io_threads: usize,
     probe_ttl: Duration,
+    /// A key was dropped after transient load failures while its block may
+    /// still be in storage: storage holds a block the index does not list.
+    dropped_unreadable: AtomicBool,
+}
+
+impl Shared {
+    /// At a clean close (every thread joined, discards run): lets the
+    /// backend record the index for the next open (see
+    /// [`Backend::save_on_close`]), unless storage may hold something the
+    /// index does not say: a job left unfinished, a storage call that
+    /// missed its deadline (its outcome was set aside; a hung device is not
+    /// trusted either), a block dropped but kept in storage.
+    fn save_on_close(&self) {
+        if self.done.running() > 0
+            || self.crew.expired_total() > 0
+            || self.crew.stuck() > 0
+            || self.dropped_unreadable.load(Ordering::Relaxed)
+        {
+            return;
+        }
+        let st = self.state.lock();
+        // Nothing being stored, nothing unlinked but still held.
+        if st.index.allocated() != st.index.ready() {
+            return;
+        }
+        self.backend
+            .save_on_close(&mut |f| st.index.for_each_lru(f));
+    }
 }
 
 /// A secondary tier over a caller's primary buffer.
@@ -525,6 +554,9 @@ impl Drop for Tier {
             for work in discards {
                 self.shared.run(work, None);
             }
+            // Storage now holds exactly the index: a disk tier may write its
+            // manifest (see `Shared::save_on_close` for when it may not).
+            self.shared.save_on_close();
             return;
         }
         // Threads are stuck in storage calls past their deadline (a hung

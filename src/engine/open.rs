@@ -19,6 +19,7 @@ use crate::sync::Mutex;
 use crate::workers::{Crew, Pool, WorkQueue};
 use hashlink::LruCache;
 use std::collections::HashMap;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -124,6 +125,7 @@ impl Tier {
             namespace: config.namespace.clone(),
             io_threads,
             probe_ttl: Duration::from_millis(config.probe_ttl_ms as u64),
+            dropped_unreadable: AtomicBool::new(false),
         });
         Counters::add(&shared.counters.evictions, evicted_at_open);
         shared.discard(released_at_open);

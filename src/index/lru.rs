@@ -1,9 +1,7 @@
 //! The recency list of readable, linked slots (least recent at the head), kept
 //! apart from the slot records so a touch rewrites 8-byte links only.
 
-#[cfg(test)]
-use super::MAX_KEY_LEN;
-use super::{Index, NIL};
+use super::{Index, MAX_KEY_LEN, NIL};
 
 /// A slot's neighbours in the LRU list (NIL at the ends and when unlisted).
 #[derive(Clone, Copy)]
@@ -53,14 +51,19 @@ impl Index {
     #[cfg(test)]
     pub(crate) fn lru_order(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
+        self.for_each_lru(&mut |key| out.push(key.to_vec()));
+        out
+    }
+
+    /// Calls `f` with every readable key, least recently used first.
+    pub(crate) fn for_each_lru(&self, f: &mut dyn FnMut(&[u8])) {
         let mut s = self.lru_head;
         let mut buf = [0u8; MAX_KEY_LEN];
         while s != NIL {
             let len = self.key_of(s, &mut buf);
-            out.push(buf[..len].to_vec());
+            f(&buf[..len]);
             s = self.links[s as usize].next;
         }
-        out
     }
 
     /// Collects up to `need` eviction victims from the LRU end, skipping pinned

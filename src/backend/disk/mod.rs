@@ -15,7 +15,9 @@
 //!   (descriptors, memory, permissions, device errors) fail the block with
 //!   TIER_ERR_IO and leave the file alone. Nothing is condemned on what was
 //!   seen in the engine's row alone: a private read confirms it first.
-//! - Reopening a directory rebuilds the index from the files (LRU order by
+//! - Reopening a directory after a clean close reads the manifest `tier_free`
+//!   wrote (the index in LRU order, see `manifest`) and deletes it. Without a
+//!   valid one it rebuilds the index from the files (LRU order by
 //!   modification time, oldest first), deleting leftover temporary files and
 //!   files it read and found bad, never a file it could not read.
 //! - Eviction deletes files, on a worker, never a file that a newer store of the
@@ -33,12 +35,14 @@
 
 // Files: `format` (the block file format and its checksum), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
-// `recover` (reopening a directory); this file: opening, storing, deleting.
+// `recover` (reopening a directory), `manifest` (the index written at a clean
+// close, read at the next open); this file: opening, storing, deleting.
 mod format;
 #[cfg(feature = "test-hooks")]
 pub(crate) mod hang;
 mod io;
 mod layout;
+mod manifest;
 mod read;
 mod recover;
 mod sealed;
@@ -53,9 +57,7 @@ use crate::seal::{Nonce, NonceLedger, Sealer};
 use crate::sync::Mutex;
 use std::cell::RefCell;
 use std::path::{Path, PathBuf};
-#[cfg(feature = "test-hooks")]
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long `tier_new` keeps retrying a directory lock that is held (see
@@ -66,6 +68,10 @@ const LOCK_GRACE: Duration = Duration::from_millis(300);
 /// younger one may belong to another process's store in progress.
 const SHARED_TMP_GRACE: Duration = Duration::from_secs(600);
 const STRIPES: usize = 256;
+
+const RECOVERED_NOT_YET: u8 = 0;
+const RECOVERED_BY_SCAN: u8 = 1;
+const RECOVERED_FROM_MANIFEST: u8 = 2;
 
 thread_local! {
     /// Per-worker aligned scratch: header, and a bounce buffer for rows that
@@ -115,6 +121,15 @@ pub(crate) struct DiskBackend {
     /// Serializes publish (rename) and delete of the same key.
     stripes: Vec<Mutex<()>>,
     tmp_counter: AtomicU64,
+    /// One bit per fan-out directory in which this run created, renamed or
+    /// deleted a file: synced before a manifest is written.
+    changed_fans: Vec<AtomicU64>,
+    /// Set when a block file may be on disk that the index does not list
+    /// (one the scan could not read, one a deletion failed to remove): a
+    /// manifest would hide it from every later open, so none is written.
+    unindexed: AtomicBool,
+    /// How the index was rebuilt at open (`RECOVERED_*`), for `describe`.
+    recovered_by: AtomicU8,
     /// Test seam for a full device where no small file system can be mounted.
     #[cfg(feature = "test-hooks")]
     simulate_full: AtomicBool,
@@ -205,6 +220,11 @@ impl DiskBackend {
             ledger: NonceLedger::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             tmp_counter: AtomicU64::new(0),
+            changed_fans: (0..layout::FAN_DIRS / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            unindexed: AtomicBool::new(false),
+            recovered_by: AtomicU8::new(RECOVERED_NOT_YET),
             #[cfg(feature = "test-hooks")]
             simulate_full: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
@@ -332,6 +352,33 @@ impl DiskBackend {
                 format!("o_direct=auto: O_DIRECT refused ({e}); buffered I/O"),
             )),
         }
+    }
+
+    /// Notes that this run changed the fan-out directory holding `path`.
+    fn changed(&self, path: &Path) {
+        if let Some(dir) = path.parent() {
+            self.changed_fan(dir);
+        }
+    }
+
+    /// Notes that this run changed the fan-out directory `dir`.
+    fn changed_fan(&self, dir: &Path) {
+        let fan = dir
+            .file_name()
+            .and_then(|name| name.to_str())
+            .and_then(|name| usize::from_str_radix(name, 16).ok());
+        match fan {
+            Some(fan) if fan < layout::FAN_DIRS && self.changed_fans.len() > fan / 64 => {
+                self.changed_fans[fan / 64].fetch_or(1 << (fan % 64), Ordering::Release);
+            }
+            // Not a fan-out directory of ours: nothing a manifest lists.
+            _ => {}
+        }
+    }
+
+    /// A file the index does not list may stay on disk (see `unindexed`).
+    fn left_unindexed(&self) {
+        self.unindexed.store(true, Ordering::Relaxed);
     }
 
     fn stripe(&self, key: &[u8]) -> &Mutex<()> {
@@ -474,6 +521,7 @@ impl DiskBackend {
         }
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
         let tmp = layout::tmp_path(&path, std::process::id(), n);
+        self.changed(&path);
         let written = self.write_tmp(&tmp, key, block, job);
         #[cfg(feature = "test-hooks")]
         self.seam.pause(hang::HangPoint::Write);
@@ -491,8 +539,10 @@ impl DiskBackend {
             self.seam.pause(hang::HangPoint::Publish);
             if job.abandoned() {
                 withdrawn = true;
-                if io::lstat(&path).is_ok_and(|now| now.same_file(&ours)) {
-                    let _ = std::fs::remove_file(&path);
+                if io::lstat(&path).is_ok_and(|now| now.same_file(&ours))
+                    && std::fs::remove_file(&path).is_err()
+                {
+                    self.left_unindexed();
                 }
                 return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
             }
@@ -502,7 +552,11 @@ impl DiskBackend {
             Ok(())
         });
         if let Err(e) = published {
-            let _ = std::fs::remove_file(&tmp);
+            if let Err(e) = std::fs::remove_file(&tmp) {
+                if !io::is_missing(&e) {
+                    self.left_unindexed();
+                }
+            }
             if withdrawn || job.abandoned() {
                 bail!(
                     Io,
@@ -561,13 +615,42 @@ impl Backend for DiskBackend {
         // A newer store of the key may have published (or be about to publish)
         // the file: then it is not ours to delete.
         if !is_live(key) {
-            let _ = std::fs::remove_file(self.path_of(key));
+            let path = self.path_of(key);
+            self.changed(&path);
+            if let Err(e) = std::fs::remove_file(&path) {
+                if !io::is_missing(&e) {
+                    self.left_unindexed();
+                }
+            }
             self.ledger.forget(key);
         }
     }
 
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
-        Ok(self.scan()?.into_iter().map(|r| r.key).collect())
+        // Whether used or not, the manifest is gone from disk before the
+        // tier accepts a store.
+        if let Some(keys) = self.take_manifest() {
+            self.recovered_by
+                .store(RECOVERED_FROM_MANIFEST, Ordering::Relaxed);
+            return Ok(keys);
+        }
+        let keys = self.scan()?.into_iter().map(|r| r.key).collect();
+        self.recovered_by
+            .store(RECOVERED_BY_SCAN, Ordering::Relaxed);
+        Ok(keys)
+    }
+
+    fn save_on_close(&self, each_block: &mut super::EachBlock<'_>) {
+        if !self.manifest_applies() || self.unindexed.load(Ordering::Relaxed) {
+            return;
+        }
+        // Still this directory's only user (the lock is not lost while the
+        // descriptor is open, but a manifest is worth one more system call).
+        if io::try_flock(&self.lock, true).is_err() {
+            return;
+        }
+        // A failure leaves no manifest: the next open scans.
+        let _ = self.write_manifest(each_block);
     }
 
     fn probes_absent_keys(&self) -> bool {
@@ -635,7 +718,7 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}, sync={}, shared={}{})",
+            "disk: {} ({}, sync={}, shared={}{}{})",
             self.ns_dir.display(),
             self.direct_note,
             match self.sync {
@@ -643,7 +726,12 @@ impl Backend for DiskBackend {
                 SyncMode::Data => "data",
             },
             self.shared,
-            if self.seal.is_some() { ", sealed" } else { "" }
+            if self.seal.is_some() { ", sealed" } else { "" },
+            match self.recovered_by.load(Ordering::Relaxed) {
+                RECOVERED_BY_SCAN => ", recovered=scan",
+                RECOVERED_FROM_MANIFEST => ", recovered=manifest",
+                _ => "",
+            }
         )
     }
 }

@@ -126,9 +126,13 @@ impl DiskBackend {
             let _guard = self.stripe(key).lock();
             match io::lstat(path) {
                 Ok(now) if now.same_file(&examined) && !now.is_dir() => {
+                    self.changed(path);
                     match std::fs::remove_file(path) {
                         Ok(()) => "removed".to_string(),
-                        Err(e) => format!("could not remove it: {e}"),
+                        Err(e) => {
+                            self.left_unindexed();
+                            format!("could not remove it: {e}")
+                        }
                     }
                 }
                 Ok(now) if now.is_dir() => "left in place".to_string(),

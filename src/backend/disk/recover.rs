@@ -38,11 +38,16 @@ impl DiskBackend {
             Ok(d) => d,
             Err(e) => bail!(Io, "cannot scan {}: {e}", self.ns_dir.display()),
         };
-        let fans: Vec<_> = fans
-            .flatten()
-            .filter(|fan| fan.file_type().is_ok_and(|t| t.is_dir()))
-            .map(|fan| fan.file_name())
-            .collect();
+        let mut fans_seen = Vec::new();
+        for fan in fans {
+            match fan.and_then(|fan| Ok((fan.file_type()?, fan))) {
+                Ok((kind, fan)) if kind.is_dir() => fans_seen.push(fan.file_name()),
+                Ok(_) => {}
+                // An entry not read may be a fan-out directory of blocks.
+                Err(_) => self.left_unindexed(),
+            }
+        }
+        let fans = fans_seen;
         let want = Want {
             len: file_len(self.block_bytes) as u64,
             // Sealed and unsealed tiers leave each other's files alone.
@@ -94,6 +99,7 @@ impl DiskBackend {
     fn scan_fan(&self, fan: &OsStr, want: &Want, found: &mut Vec<Recovered>) {
         let fan_path = self.ns_dir.join(fan);
         let Ok(dir) = io::open_dir(&fan_path) else {
+            self.left_unindexed();
             return;
         };
         let Ok(io::DirNames {
@@ -101,6 +107,7 @@ impl DiskBackend {
             entries: mut files,
         }) = io::read_names(&dir)
         else {
+            self.left_unindexed();
             return;
         };
         files.sort_unstable_by_key(|f| f.0);
@@ -111,15 +118,21 @@ impl DiskBackend {
                 continue;
             };
             let Ok(name) = cname.to_str() else { continue };
-            let Ok(meta) = io::stat_at(&dir, cname) else {
-                continue;
+            let meta = match io::stat_at(&dir, cname) {
+                Ok(meta) => meta,
+                Err(e) => {
+                    if !io::is_missing(&e) {
+                        self.left_unindexed();
+                    }
+                    continue;
+                }
             };
             let modified = meta.modified;
             if name.ends_with(layout::TMP_EXT) {
                 let stale =
                     want.now.duration_since(modified).unwrap_or_default() > SHARED_TMP_GRACE;
                 if !self.shared || stale {
-                    let _ = io::unlink_at(&dir, cname);
+                    self.unlink_debris(&dir, &fan_path, cname);
                 }
                 continue;
             }
@@ -127,7 +140,7 @@ impl DiskBackend {
                 continue;
             }
             if meta.len != want.len {
-                let _ = io::unlink_at(&dir, cname);
+                self.unlink_debris(&dir, &fan_path, cname);
                 continue;
             }
             let mut sealed_nonce = None;
@@ -141,15 +154,22 @@ impl DiskBackend {
                     // Another tenant's block, perhaps: not ours to delete.
                     Ok(Err(_)) if self.shared => continue,
                     Ok(Err(_)) => None,
-                    Err(_) => continue,
+                    Err(_) => {
+                        self.left_unindexed();
+                        continue;
+                    }
                 }
             } else if hashed {
                 match self.read_key(&fan_path.join(name)) {
                     Ok(key) => key,
                     // Not read (descriptors, permissions, I/O): nothing is
                     // proved about the block, so it stays on disk,
-                    // unindexed until an open that can read it.
-                    Err(_) => continue,
+                    // unindexed until an open that can read it (a scan:
+                    // no manifest is written while it is there).
+                    Err(_) => {
+                        self.left_unindexed();
+                        continue;
+                    }
                 }
             } else {
                 layout::key_from_name(name)
@@ -171,9 +191,18 @@ impl DiskBackend {
                 }
                 // Read and found misplaced or not a block header: no
                 // lookup would ever find it.
-                _ => {
-                    let _ = io::unlink_at(&dir, cname);
-                }
+                _ => self.unlink_debris(&dir, &fan_path, cname),
+            }
+        }
+    }
+
+    /// Deletes a file the scan proved is no block of this tier's index; one
+    /// that stays (the deletion failed) is on disk unlisted.
+    fn unlink_debris(&self, dir: &io::Fd, fan_path: &Path, name: &CStr) {
+        self.changed_fan(fan_path);
+        if let Err(e) = io::unlink_at(dir, name) {
+            if !io::is_missing(&e) {
+                self.left_unindexed();
             }
         }
     }

@@ -1,0 +1,295 @@
+//! The manifest: the index of a non-shared, unsealed tier written at a clean
+//! close, so that the next open reads one file instead of scanning every
+//! fan-out directory (a million inode reads with a cold page cache).
+//!
+//! ```text
+//! offset  size  field
+//!      0     8  magic "KVTIERM\0"
+//!      8     4  manifest version (1)
+//!     12     4  flags (0: unsealed blocks, `.kvb` files)
+//!     16     8  namespace fingerprint
+//!     24     8  block size in bytes
+//!     32     8  block file length (header + padded payload)
+//!     40     …  entries, least recently used first: key length (1 byte,
+//!               1..=128), key
+//!    end-16  8  number of entries
+//!    end-8   8  checksum: xxh64 chained over 64 KiB chunks of every byte
+//!               before it (each chunk's hash seeds the next)
+//! ```
+//!
+//! Rules (see `DiskBackend::recover` and `Backend::save_on_close`):
+//! - Written only at `tier_free`, after every worker has been joined, when
+//!   the index lists exactly the block files on disk: never in shared mode,
+//!   never for a sealed tier (its keys must not be written anywhere), never
+//!   after a missed I/O deadline, a job left unfinished, or a file the tier
+//!   knows it left unindexed. Temporary file, fsync, rename, fsync of the
+//!   directory, after the fan-out directories this run changed were synced.
+//! - Read at open and deleted (unlink, fsync of the directory) before the
+//!   tier accepts any store, whether it was used or not: a later crash can
+//!   never bring back a stale one. Anything wrong with it (magic, version,
+//!   checksum, namespace, block size, sealing, counts) and the open scans.
+
+use super::format::file_len;
+use super::{io, DiskBackend};
+use crate::backend::xxh64::xxh64;
+use crate::backend::EachBlock;
+use crate::key::MAX_KEY_LEN;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+
+pub(super) const MANIFEST: &str = ".manifest";
+/// Where a manifest is written before it is renamed into place; debris of a
+/// close that died while writing, removed at open.
+pub(super) const MANIFEST_NEW: &str = ".manifest.new";
+const MAGIC: [u8; 8] = *b"KVTIERM\0";
+const VERSION: u32 = 1;
+const HEAD_LEN: usize = 40;
+const TRAILER_LEN: usize = 16;
+const CHUNK: usize = 64 << 10;
+const SEED: u64 = 0x6d61_6e69_6665_7374;
+
+/// The manifest's checksum, fed in pieces: the same value for the same bytes
+/// however they were split.
+struct ChunkSum {
+    sum: u64,
+    pending: Vec<u8>,
+}
+
+impl ChunkSum {
+    fn new() -> ChunkSum {
+        ChunkSum {
+            sum: SEED,
+            pending: Vec::with_capacity(CHUNK),
+        }
+    }
+
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            let take = (CHUNK - self.pending.len()).min(bytes.len());
+            self.pending.extend_from_slice(&bytes[..take]);
+            bytes = &bytes[take..];
+            if self.pending.len() == CHUNK {
+                self.sum = xxh64(&self.pending, self.sum);
+                self.pending.clear();
+            }
+        }
+    }
+
+    fn finish(mut self) -> u64 {
+        if !self.pending.is_empty() {
+            self.sum = xxh64(&self.pending, self.sum);
+        }
+        self.sum
+    }
+}
+
+/// Every byte written goes through the checksum.
+struct Summed<W: Write> {
+    out: W,
+    sum: ChunkSum,
+}
+
+impl<W: Write> Summed<W> {
+    fn put(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        self.sum.feed(bytes);
+        self.out.write_all(bytes)
+    }
+}
+
+impl DiskBackend {
+    fn manifest_path(&self, name: &str) -> PathBuf {
+        self.ns_dir.join(name)
+    }
+
+    /// The head that identifies the block files this tier accepts.
+    fn manifest_head(&self) -> [u8; HEAD_LEN] {
+        let mut head = [0u8; HEAD_LEN];
+        head[0..8].copy_from_slice(&MAGIC);
+        head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+        head[12..16].copy_from_slice(&0u32.to_le_bytes());
+        head[16..24].copy_from_slice(&self.ns_fp.to_le_bytes());
+        head[24..32].copy_from_slice(&(self.block_bytes as u64).to_le_bytes());
+        head[32..40].copy_from_slice(&(file_len(self.block_bytes) as u64).to_le_bytes());
+        head
+    }
+
+    /// Whether this tier may trust a manifest at all (and write one).
+    pub(super) fn manifest_applies(&self) -> bool {
+        !self.shared && self.seal.is_none()
+    }
+
+    /// Takes the manifest a clean close left: the keys it lists, oldest
+    /// first, if it is valid and this tier may use it. Either way it is gone
+    /// from disk (and the directory synced) when this returns `Some`; if it
+    /// cannot be deleted, it is not used.
+    pub(super) fn take_manifest(&self) -> Option<Vec<Vec<u8>>> {
+        let _ = std::fs::remove_file(self.manifest_path(MANIFEST_NEW));
+        let path = self.manifest_path(MANIFEST);
+        let bytes = match Self::read_regular(&path) {
+            Ok(bytes) => Some(bytes),
+            Err(e) if io::is_missing(&e) => return None,
+            Err(_) => None,
+        };
+        let keys = bytes
+            .filter(|_| self.manifest_applies())
+            .and_then(|bytes| self.parse_manifest(&bytes));
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if io::is_missing(&e) => {}
+            Err(_) => return None,
+        }
+        io::sync_dir(&self.ns_dir).ok()?;
+        keys
+    }
+
+    /// A regular file's bytes (no symlink followed, no FIFO waited on).
+    fn read_regular(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
+        let fd = io::open_read(path, false)?;
+        let meta = io::fstat(&fd)?;
+        if !meta.is_regular() {
+            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+        }
+        // SAFETY: `fd` is an open descriptor that this File now owns; `fd`
+        // is forgotten so that it is closed once.
+        let mut file = unsafe {
+            use std::os::fd::FromRawFd;
+            let raw = fd.raw();
+            std::mem::forget(fd);
+            std::fs::File::from_raw_fd(raw)
+        };
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(meta.len as usize)?;
+        file.read_to_end(&mut bytes)?;
+        Ok(bytes)
+    }
+
+    /// The keys of a manifest, or None if anything about it is wrong.
+    fn parse_manifest(&self, bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+        if bytes.len() < HEAD_LEN + TRAILER_LEN || bytes[..HEAD_LEN] != self.manifest_head() {
+            return None;
+        }
+        let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
+        let u64_at = |at: usize| u64::from_le_bytes(trailer[at..at + 8].try_into().expect("8"));
+        let (count, sum) = (u64_at(0), u64_at(8));
+        let mut check = ChunkSum::new();
+        check.feed(body);
+        check.feed(&trailer[..8]);
+        if check.finish() != sum {
+            return None;
+        }
+        // Each entry takes at least two bytes.
+        let entries = &body[HEAD_LEN..];
+        if count > (entries.len() / 2) as u64 {
+            return None;
+        }
+        let mut keys = Vec::new();
+        keys.try_reserve_exact(count as usize).ok()?;
+        let mut at = 0;
+        while at < entries.len() {
+            let len = entries[at] as usize;
+            let key = entries.get(at + 1..at + 1 + len)?;
+            if len == 0 || len > MAX_KEY_LEN {
+                return None;
+            }
+            keys.push(key.to_vec());
+            at += 1 + len;
+        }
+        (keys.len() as u64 == count).then_some(keys)
+    }
+
+    /// Writes the manifest of the blocks `each_block` lists (least recently
+    /// used first). On any failure, no manifest is left.
+    pub(super) fn write_manifest(&self, each_block: &mut EachBlock<'_>) -> std::io::Result<()> {
+        let new = self.manifest_path(MANIFEST_NEW);
+        let done = self.sync_changed_fans().and_then(|()| {
+            let _ = std::fs::remove_file(&new);
+            let fd = io::open(&new, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            // SAFETY: as in `read_regular`: the File takes over the descriptor.
+            let file = unsafe {
+                use std::os::fd::FromRawFd;
+                let raw = fd.raw();
+                std::mem::forget(fd);
+                std::fs::File::from_raw_fd(raw)
+            };
+            let mut out = Summed {
+                out: std::io::BufWriter::with_capacity(CHUNK, file),
+                sum: ChunkSum::new(),
+            };
+            out.put(&self.manifest_head())?;
+            let mut count = 0u64;
+            let mut failed = None;
+            each_block(&mut |key| {
+                if failed.is_some() {
+                    return;
+                }
+                let outcome = if key.is_empty() || key.len() > MAX_KEY_LEN {
+                    Err(std::io::Error::from(std::io::ErrorKind::InvalidData))
+                } else {
+                    out.put(&[key.len() as u8]).and_then(|()| out.put(key))
+                };
+                match outcome {
+                    Ok(()) => count += 1,
+                    Err(e) => failed = Some(e),
+                }
+            });
+            if let Some(e) = failed {
+                return Err(e);
+            }
+            out.put(&count.to_le_bytes())?;
+            let sum = out.sum.finish();
+            let mut file = out.out.into_inner().map_err(|e| e.into_error())?;
+            file.write_all(&sum.to_le_bytes())?;
+            file.sync_all()?;
+            drop(file);
+            std::fs::rename(&new, self.manifest_path(MANIFEST))?;
+            io::sync_dir(&self.ns_dir)
+        });
+        if done.is_err() {
+            let _ = std::fs::remove_file(&new);
+            let _ = std::fs::remove_file(self.manifest_path(MANIFEST));
+        }
+        done
+    }
+
+    /// fsyncs every fan-out directory in which this run created, renamed or
+    /// deleted a file, so that the manifest never describes entries that a
+    /// power loss could undo (a temporary file or an evicted block coming
+    /// back, unlisted and never deleted).
+    fn sync_changed_fans(&self) -> std::io::Result<()> {
+        for (word, bits) in self.changed_fans.iter().enumerate() {
+            let mut bits = bits.load(std::sync::atomic::Ordering::Acquire);
+            while bits != 0 {
+                let fan = word * 64 + bits.trailing_zeros() as usize;
+                bits &= bits - 1;
+                match io::sync_dir(&self.ns_dir.join(super::layout::fan_name(fan))) {
+                    Ok(()) => {}
+                    Err(e) if io::is_missing(&e) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChunkSum;
+    use crate::backend::xxh64::xxh64;
+
+    #[test]
+    fn the_checksum_does_not_depend_on_how_bytes_are_fed() {
+        let data: Vec<u8> = (0..200_000u32).map(|i| (i * 7) as u8).collect();
+        let mut whole = ChunkSum::new();
+        whole.feed(&data);
+        let mut pieces = ChunkSum::new();
+        for piece in data.chunks(37) {
+            pieces.feed(piece);
+        }
+        let expected = data
+            .chunks(super::CHUNK)
+            .fold(super::SEED, |sum, chunk| xxh64(chunk, sum));
+        assert_eq!(whole.finish(), expected);
+        assert_eq!(pieces.finish(), expected);
+    }
+}
