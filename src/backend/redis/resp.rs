@@ -267,10 +267,10 @@ impl RespConn {
         self.check(r)
     }
 
-    /// Writes `out` (the framed commands) within the deadline.
-    pub(super) fn send_out(&mut self) -> io::Result<()> {
+    /// Writes `out[from..to]` (framed commands) within the deadline.
+    pub(super) fn send_out_range(&mut self, from: usize, to: usize) -> io::Result<()> {
         let out = std::mem::take(&mut self.out);
-        let r = self.write_all_vectored(&mut [IoSlice::new(&out)]);
+        let r = self.write_all_vectored(&mut [IoSlice::new(&out[from..to])]);
         self.out = out;
         r
     }
