@@ -105,6 +105,15 @@ pub(crate) trait Backend: Send + Sync {
     /// it is in the index now, in which case its storage must be kept.
     fn discard(&self, _key: &[u8], _is_live: &dyn Fn(&[u8]) -> bool) {}
 
+    /// [`Backend::discard`] for several blocks released together (one job's
+    /// evictions): storage that pays a round trip per call releases them in
+    /// one. The default releases them one by one.
+    fn discard_batch(&self, keys: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
+        for (_, key) in keys {
+            self.discard(key, is_live);
+        }
+    }
+
     /// Keys of blocks already in storage when the tier opens, oldest first.
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         Ok(Vec::new())

@@ -89,9 +89,7 @@ impl Shared {
         match work {
             Work::Copy(task) => self.run_task(task, worker),
             Work::Discard(keys) => {
-                for (_, key) in keys {
-                    watched(&mut || self.backend.discard(&key, &|k| self.is_live(k)));
-                }
+                watched(&mut || self.backend.discard_batch(&keys, &|k| self.is_live(k)))
             }
             Work::Probe(key) => {
                 let mut key = Some(key);

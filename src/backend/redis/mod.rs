@@ -760,6 +760,36 @@ impl Backend for RedisBackend {
         }
     }
 
+    /// One pipeline of `DEL`s (split by node in a cluster) for a job's
+    /// evictions, under their stripe locks, instead of a round trip per key:
+    /// a full tier deletes a block for every block it stores.
+    fn discard_batch(&self, keys: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
+        let mut stripes: Vec<usize> = keys
+            .iter()
+            .map(|(_, key)| xxh64(key, 2) as usize % STRIPES)
+            .collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        // Taken in one order, as store_batch takes them.
+        let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+        let dead: Vec<&[u8]> = keys
+            .iter()
+            .map(|(_, key)| key.as_slice())
+            .filter(|key| !is_live(key))
+            .collect();
+        if dead.is_empty() {
+            return;
+        }
+        let names: Vec<String> = dead.iter().map(|key| self.name(key)).collect();
+        let del = |i: usize| redis::cmd("DEL").arg(&names[i]).take();
+        let _ = self.pool.with_conn("DEL pipeline", |conn| {
+            pipelined::<redis::Value>(conn, names.len(), del)
+        });
+        for key in dead {
+            self.ledger.forget(key);
+        }
+    }
+
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         match self.sharing {
             Sharing::Owned => self.scan_keys(),
