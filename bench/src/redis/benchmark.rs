@@ -123,6 +123,41 @@ pub fn fresh_set_rps(
     Ok(parse_csv(&text, "SET")?.0)
 }
 
+/// GET requests/s over `keys` existing keys (`-r keys`, each request a key
+/// drawn at random), at `clients` x `pipeline`: the server reading values
+/// from as much memory as the tier's loads do, where the best-case bound
+/// reads one value that stays in the CPU's caches. Creates the keys first
+/// (`key:<12 digits>`, as redis-benchmark names them; untimed) and leaves
+/// them (the caller deletes `key:*`).
+pub fn many_keys_get_rps(
+    server: &Server,
+    value_bytes: usize,
+    keys: usize,
+    clients: usize,
+    pipeline: usize,
+) -> Result<f64, String> {
+    let mut c = server.connect()?;
+    let value = vec![0x5au8; value_bytes];
+    for first in (0..keys).step_by(16) {
+        let mut pipe = redis::pipe();
+        for i in first..(first + 16).min(keys) {
+            pipe.cmd("SET").arg(format!("key:{i:012}")).arg(&value);
+        }
+        pipe.query::<()>(&mut c)
+            .map_err(|e| format!("creating redis-benchmark's keys: {e}"))?;
+    }
+    let text = redis_benchmark(
+        server,
+        "get",
+        Some(keys as u64),
+        value_bytes,
+        keys,
+        clients,
+        pipeline,
+    )?;
+    Ok(parse_csv(&text, "GET")?.0)
+}
+
 /// Runs `redis-benchmark -t tests -d value_bytes [-r keyspace] -n requests
 /// -P pipeline -c clients -q --csv` against `server`; its CSV output.
 fn redis_benchmark(
