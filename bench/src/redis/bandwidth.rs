@@ -32,6 +32,9 @@ pub struct Results {
     /// GET GB/s over as many existing keys as the tier loads, at the
     /// repetition's best GET setting (only on a server started here).
     pub many_get_gbps: Vec<f64>,
+    /// SET GB/s replacing values of as many existing keys as the tier
+    /// stores, at the repetition's best SET setting (server started here).
+    pub many_set_gbps: Vec<f64>,
     /// GB/s per repetition; client and tier entries of one index ran side by side.
     pub client_store_gbps: Vec<f64>,
     pub client_load_gbps: Vec<f64>,
@@ -86,6 +89,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         servers: Vec::new(),
         fresh_set_gbps: Vec::new(),
         many_get_gbps: Vec::new(),
+        many_set_gbps: Vec::new(),
         client_store_gbps: Vec::new(),
         client_load_gbps: Vec::new(),
         store_gbps: Vec::new(),
@@ -118,19 +122,23 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
                 ));
             }
             let best = r.servers.last().expect("measured above");
-            let get_best = best
-                .runs
-                .iter()
-                .max_by(|a, b| a.get_rps.total_cmp(&b.get_rps))
-                .expect("at least one setting");
-            let rps = benchmark::many_keys_get_rps(
+            let setting = |rps: fn(&benchmark::Run) -> f64| {
+                let run = best
+                    .runs
+                    .iter()
+                    .max_by(|a, b| rps(a).total_cmp(&rps(b)))
+                    .expect("at least one setting");
+                (run.clients, run.pipeline)
+            };
+            let (set_rps, get_rps) = benchmark::many_keys_rps(
                 server,
                 block + HEADER,
                 n,
-                get_best.clients,
-                get_best.pipeline,
+                setting(|r| r.set_rps),
+                setting(|r| r.get_rps),
             )?;
-            r.many_get_gbps.push(rps * block as f64 / 1e9);
+            r.many_set_gbps.push(set_rps * block as f64 / 1e9);
+            r.many_get_gbps.push(get_rps * block as f64 / 1e9);
             server.delete_prefix("key:")?;
         }
         progress.add(shapes.len() as u64);
@@ -338,6 +346,32 @@ impl Results {
             );
         }
         let k = |key: &str| format!("{key}{suffix}");
+        if !self.many_set_gbps.is_empty() {
+            let steady: Vec<f64> = self.steady.iter().map(|s| s.gbps).collect();
+            out.row(
+                format!("{label} server SET, many keys"),
+                median(&self.many_set_gbps),
+                "GB/s",
+                format!(
+                    "redis-benchmark -r over {} existing keys (values replaced, as a full tier's stores), the repetition's best SET setting: tier steady store {}x of it (paired); min {} max {}",
+                    self.blocks,
+                    if steady.is_empty() {
+                        "-".to_string()
+                    } else {
+                        num(paired_ratio(&self.many_set_gbps, &steady))
+                    },
+                    num(min(&self.many_set_gbps)),
+                    num(max(&self.many_set_gbps))
+                ),
+            );
+            out.field(&k("server_many_keys_set_gbps"), median(&self.many_set_gbps));
+            if !steady.is_empty() {
+                out.field(
+                    &k("steady_store_over_many_keys_set"),
+                    paired_ratio(&self.many_set_gbps, &steady),
+                );
+            }
+        }
         if !self.many_get_gbps.is_empty() {
             out.row(
                 format!("{label} server GET, many keys"),
@@ -405,6 +439,7 @@ impl Results {
                 "server_bounds": self.servers,
                 "server_fresh_set_gbps": self.fresh_set_gbps,
                 "server_many_keys_get_gbps": self.many_get_gbps,
+                "server_many_keys_set_gbps": self.many_set_gbps,
             }),
         );
         if suffix.is_empty() {
@@ -430,6 +465,14 @@ impl Results {
         }
         let gbps: Vec<f64> = self.steady.iter().map(|s| s.gbps).collect();
         let over_server = paired_ratio(server_sets, &gbps);
+        let over_many = if self.many_set_gbps.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {}x many-keys SET",
+                num(paired_ratio(&self.many_set_gbps, &gbps))
+            )
+        };
         let faults: Vec<f64> = self
             .steady
             .iter()
@@ -461,7 +504,7 @@ impl Results {
             median(&gbps),
             "GB/s",
             format!(
-                "{}x server (paired); capacity {} blocks, {} of {} stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
+                "{}x server{over_many} (paired); capacity {} blocks, {} of {} stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
                 num(over_server),
                 self.steady_capacity_blocks,
                 evictions,

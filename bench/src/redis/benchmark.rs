@@ -123,19 +123,22 @@ pub fn fresh_set_rps(
     Ok(parse_csv(&text, "SET")?.0)
 }
 
-/// GET requests/s over `keys` existing keys (`-r keys`, each request a key
-/// drawn at random), at `clients` x `pipeline`: the server reading values
-/// from as much memory as the tier's loads do, where the best-case bound
-/// reads one value that stays in the CPU's caches. Creates the keys first
-/// (`key:<12 digits>`, as redis-benchmark names them; untimed) and leaves
-/// them (the caller deletes `key:*`).
-pub fn many_keys_get_rps(
+/// SET and GET requests/s over `keys` existing keys (`-r keys`, each
+/// request on a key drawn at random), each at its own `(clients, pipeline)`:
+/// the server reading and replacing values all over as much memory as the
+/// tier's passes use, where the best-case bound works on one value that
+/// stays in the CPU's caches. A SET here replaces a value, as a full tier's
+/// stores do (one DEL each), so the server reuses memory instead of
+/// faulting it in. Creates the keys first (`key:<12 digits>`, as
+/// redis-benchmark names them; untimed) and leaves them (the caller deletes
+/// `key:*`).
+pub fn many_keys_rps(
     server: &Server,
     value_bytes: usize,
     keys: usize,
-    clients: usize,
-    pipeline: usize,
-) -> Result<f64, String> {
+    set_setting: (usize, usize),
+    get_setting: (usize, usize),
+) -> Result<(f64, f64), String> {
     let mut c = server.connect()?;
     let value = vec![0x5au8; value_bytes];
     for first in (0..keys).step_by(16) {
@@ -146,16 +149,23 @@ pub fn many_keys_get_rps(
         pipe.query::<()>(&mut c)
             .map_err(|e| format!("creating redis-benchmark's keys: {e}"))?;
     }
-    let text = redis_benchmark(
-        server,
-        "get",
-        Some(keys as u64),
-        value_bytes,
-        keys,
-        clients,
-        pipeline,
-    )?;
-    Ok(parse_csv(&text, "GET")?.0)
+    let mut rps = [0.0; 2];
+    for (out, (test, name, (clients, pipeline))) in rps
+        .iter_mut()
+        .zip([("set", "SET", set_setting), ("get", "GET", get_setting)])
+    {
+        let text = redis_benchmark(
+            server,
+            test,
+            Some(keys as u64),
+            value_bytes,
+            keys,
+            clients,
+            pipeline,
+        )?;
+        *out = parse_csv(&text, name)?.0;
+    }
+    Ok((rps[0], rps[1]))
 }
 
 /// Runs `redis-benchmark -t tests -d value_bytes [-r keyspace] -n requests
