@@ -111,11 +111,26 @@ pub fn verify_all(
     ids: &mut JobIds,
     backend: &str,
 ) -> Result<u64, String> {
-    let rows = primary.rows;
     let n = key_bytes.len() / KEY_LEN;
+    verify_range(tier, primary, key_bytes, 0..n, job_blocks, ids, backend)
+}
+
+/// [`verify_all`] for keys `range` of `key_bytes` only (key `i` was stored
+/// from source row `i % rows`).
+pub fn verify_range(
+    tier: &Tier,
+    primary: &Primary,
+    key_bytes: &[u8],
+    range: std::ops::Range<usize>,
+    job_blocks: usize,
+    ids: &mut JobIds,
+    backend: &str,
+) -> Result<u64, String> {
+    let rows = primary.rows;
+    let n = range.end;
     let per_job = job_blocks.min(rows);
     let mut verified = 0;
-    for first in (0..n).step_by(per_job) {
+    for first in range.step_by(per_job) {
         let end = (first + per_job).min(n);
         let dst: Vec<i64> = (first..end).map(|i| (rows + (i - first)) as i64).collect();
         for &d in &dst {

@@ -123,6 +123,51 @@ pub fn fresh_set_rps(
     Ok(parse_csv(&text, "SET")?.0)
 }
 
+/// SET and GET requests/s over `keys` existing keys (`-r keys`, each
+/// request on a key drawn at random), each at its own `(clients, pipeline)`:
+/// the server reading and replacing values all over as much memory as the
+/// tier's passes use, where the best-case bound works on one value that
+/// stays in the CPU's caches. A SET here replaces a value, as a full tier's
+/// stores do (one DEL each), so the server reuses memory instead of
+/// faulting it in. Creates the keys first (`key:<12 digits>`, as
+/// redis-benchmark names them; untimed) and leaves them (the caller deletes
+/// `key:*`).
+pub fn many_keys_rps(
+    server: &Server,
+    value_bytes: usize,
+    keys: usize,
+    set_setting: (usize, usize),
+    get_setting: (usize, usize),
+) -> Result<(f64, f64), String> {
+    let mut c = server.connect()?;
+    let value = vec![0x5au8; value_bytes];
+    for first in (0..keys).step_by(16) {
+        let mut pipe = redis::pipe();
+        for i in first..(first + 16).min(keys) {
+            pipe.cmd("SET").arg(format!("key:{i:012}")).arg(&value);
+        }
+        pipe.query::<()>(&mut c)
+            .map_err(|e| format!("creating redis-benchmark's keys: {e}"))?;
+    }
+    let mut rps = [0.0; 2];
+    for (out, (test, name, (clients, pipeline))) in rps
+        .iter_mut()
+        .zip([("set", "SET", set_setting), ("get", "GET", get_setting)])
+    {
+        let text = redis_benchmark(
+            server,
+            test,
+            Some(keys as u64),
+            value_bytes,
+            keys,
+            clients,
+            pipeline,
+        )?;
+        *out = parse_csv(&text, name)?.0;
+    }
+    Ok((rps[0], rps[1]))
+}
+
 /// Runs `redis-benchmark -t tests -d value_bytes [-r keyspace] -n requests
 /// -P pipeline -c clients -q --csv` against `server`; its CSV output.
 fn redis_benchmark(

@@ -16,6 +16,7 @@ mod client;
 mod latency;
 mod lookup;
 mod server;
+mod steady;
 
 use crate::capi::Config;
 use crate::cli::Settings;

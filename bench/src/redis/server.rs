@@ -189,6 +189,33 @@ impl Server {
             .unwrap_or(0)
     }
 
+    /// `process_id` from INFO server, if the server answers.
+    pub fn pid(&self) -> Option<u32> {
+        let mut c = self.connect().ok()?;
+        let info: String = redis::cmd("INFO").arg("server").query(&mut c).ok()?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
+    }
+
+    /// Minor page faults of the server process so far (/proc/<pid>/stat),
+    /// when it runs on this machine (a server given with --url may not).
+    pub fn minor_faults(&self, pid: Option<u32>) -> Option<u64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", pid?)).ok()?;
+        // The fields after the command's closing parenthesis: state is the
+        // first, minflt the eighth (field 10 of proc(5)).
+        let (_, rest) = stat.rsplit_once(')')?;
+        rest.split_whitespace().nth(7)?.parse().ok()
+    }
+
+    /// Keys in the server's current database.
+    pub fn dbsize(&self) -> Result<u64, String> {
+        let mut c = self.connect()?;
+        redis::cmd("DBSIZE")
+            .query(&mut c)
+            .map_err(|e| format!("DBSIZE: {e}"))
+    }
+
     /// Deletes every key starting with `prefix` (SCAN + DEL), so a server
     /// given with --url is left as it was found.
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, String> {

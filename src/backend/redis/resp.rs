@@ -21,7 +21,7 @@
 //! error leaves the connection unusable (`is_open` false); the pool drops it.
 
 use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
-use std::io::{self, IoSlice, Read, Write};
+use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
@@ -29,6 +29,13 @@ use std::time::{Duration, Instant};
 /// Read buffer: reply heads, small replies, and whatever part of a payload
 /// arrives with them. Payloads beyond it are read straight into their row.
 const READ_BUF: usize = 64 << 10;
+/// Bytes read into the buffer beyond a payload read straight into its row,
+/// in the same call: the payload's CRLF and the next reply's head, and the
+/// start of its payload (copied once from the buffer). Small, so that a
+/// pipeline of large values is read almost entirely into the rows (64 KiB
+/// values: a whole buffer of each value was copied before), and big enough
+/// that the next head rarely needs a call of its own.
+const READ_AHEAD: usize = 4 << 10;
 /// Longest reply line (status, error, length) accepted: a longer one is a
 /// protocol error, not a reason to grow without bound.
 const MAX_LINE: usize = 16 << 10;
@@ -204,23 +211,7 @@ impl RespConn {
     /// One `read` into `dst` within the deadline; 0 bytes is an error (the
     /// server closed the connection).
     fn read_some(&mut self, dst: &mut [u8]) -> io::Result<usize> {
-        loop {
-            self.arm(true)?;
-            match self.stream.read(dst) {
-                Ok(0) => return Err(closed()),
-                Ok(n) => return Ok(n),
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(timed_out())
-                }
-                Err(e) => return Err(e),
-            }
-        }
+        self.read_some_vectored(dst, &mut [])
     }
 
     /// Reads more into the buffer (compacting it first when needed).
@@ -267,10 +258,10 @@ impl RespConn {
         self.check(r)
     }
 
-    /// Writes `out` (the framed commands) within the deadline.
-    pub(super) fn send_out(&mut self) -> io::Result<()> {
+    /// Writes `out[from..to]` (framed commands) within the deadline.
+    pub(super) fn send_out_range(&mut self, from: usize, to: usize) -> io::Result<()> {
         let out = std::mem::take(&mut self.out);
-        let r = self.write_all_vectored(&mut [IoSlice::new(&out)]);
+        let r = self.write_all_vectored(&mut [IoSlice::new(&out[from..to])]);
         self.out = out;
         r
     }
@@ -332,17 +323,49 @@ impl RespConn {
 
     /// Reads exactly `dst.len()` bytes of a bulk payload into `dst`: what the
     /// buffer holds is copied, the rest is read from the socket straight
-    /// into `dst`.
+    /// into `dst`, with up to READ_AHEAD bytes that follow it into the
+    /// buffer by the same call.
     pub(super) fn read_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
         let buffered = (self.end - self.start).min(dst.len());
         dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
         self.start += buffered;
         let mut at = buffered;
         while at < dst.len() {
-            let r = self.read_some(&mut dst[at..]);
-            at += self.check(r)?;
+            // The buffer is empty here (what it held went into dst).
+            self.start = 0;
+            self.end = 0;
+            let mut buf = std::mem::take(&mut self.buf);
+            let r = self.read_some_vectored(&mut dst[at..], &mut buf[..READ_AHEAD]);
+            self.buf = buf;
+            let got = self.check(r)?;
+            let into_dst = got.min(dst.len() - at);
+            at += into_dst;
+            self.end = got - into_dst;
         }
         Ok(())
+    }
+
+    /// One `readv` into `first`, then `then`, within the deadline; 0 bytes
+    /// is an error (the server closed the connection).
+    fn read_some_vectored(&mut self, first: &mut [u8], then: &mut [u8]) -> io::Result<usize> {
+        loop {
+            self.arm(true)?;
+            let mut slices = [IoSliceMut::new(first), IoSliceMut::new(then)];
+            match (&self.stream).read_vectored(&mut slices) {
+                Ok(0) => return Err(closed()),
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(timed_out())
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Consumes `n` bytes (a payload not wanted).
