@@ -121,6 +121,9 @@ pub(crate) struct DiskBackend {
     /// Serializes publish (rename) and delete of the same key.
     stripes: Vec<Mutex<()>>,
     tmp_counter: AtomicU64,
+    /// This process's id, for temporary file names (a getpid per store
+    /// otherwise; a tier is inert in a forked child, so it never changes).
+    pid: u32,
     /// One bit per fan-out directory in which this run created, renamed or
     /// deleted a file: synced before a manifest is written.
     changed_fans: Vec<AtomicU64>,
@@ -220,6 +223,7 @@ impl DiskBackend {
             ledger: NonceLedger::new(),
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             tmp_counter: AtomicU64::new(0),
+            pid: std::process::id(),
             changed_fans: (0..layout::FAN_DIRS / 64)
                 .map(|_| AtomicU64::new(0))
                 .collect(),
@@ -520,7 +524,7 @@ impl DiskBackend {
             return Ok(0);
         }
         let n = self.tmp_counter.fetch_add(1, Ordering::Relaxed);
-        let tmp = layout::tmp_path(&path, std::process::id(), n);
+        let tmp = layout::tmp_path(&path, self.pid, n);
         self.changed(&path);
         let written = self.write_tmp(&tmp, key, block, job);
         #[cfg(feature = "test-hooks")]
