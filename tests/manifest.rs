@@ -230,8 +230,10 @@ fn a_damaged_manifest_is_ignored_deleted_and_the_scan_finds_everything() {
     }
     drop(h);
     let good = std::fs::read(manifest(&root.0)).unwrap();
-    // 40-byte head, 20 entries of 1 + 36 bytes, count and checksum.
-    assert_eq!(good.len(), 40 + 20 * 37 + 16);
+    // 40-byte head, 4096 directory stamps of 24 bytes, 20 entries of 1 + 36
+    // bytes, count and checksum.
+    const ENTRIES: usize = 40 + 4096 * 24;
+    assert_eq!(good.len(), ENTRIES + 20 * 37 + 16);
     type Damage = Box<dyn Fn(&mut Vec<u8>)>;
     let flip = |at: usize| -> Damage { Box::new(move |b: &mut Vec<u8>| b[at] ^= 0x10) };
     let damages: Vec<(&str, Damage)> = vec![
@@ -241,8 +243,9 @@ fn a_damaged_manifest_is_ignored_deleted_and_the_scan_finds_everything() {
         ("namespace", flip(17)),
         ("block size", flip(25)),
         ("file length", flip(33)),
-        ("a key length", flip(40)),
-        ("a key byte", flip(41 + 37 * 7)),
+        ("a directory stamp", flip(40 + 24 * 100 + 9)),
+        ("a key length", flip(ENTRIES)),
+        ("a key byte", flip(ENTRIES + 1 + 37 * 7)),
         ("the count", flip(good.len() - 16)),
         ("the checksum", flip(good.len() - 1)),
         (
@@ -251,7 +254,11 @@ fn a_damaged_manifest_is_ignored_deleted_and_the_scan_finds_everything() {
         ),
         (
             "cut in an entry",
-            Box::new(|b: &mut Vec<u8>| b.truncate(300)),
+            Box::new(|b: &mut Vec<u8>| b.truncate(ENTRIES + 300)),
+        ),
+        (
+            "cut in the stamps",
+            Box::new(|b: &mut Vec<u8>| b.truncate(1000)),
         ),
         ("empty", Box::new(|b: &mut Vec<u8>| b.clear())),
         ("extended", Box::new(|b: &mut Vec<u8>| b.extend([0u8; 37]))),
@@ -362,7 +369,7 @@ fn a_shared_tier_never_writes_a_manifest_and_deletes_one_it_finds() {
 }
 
 #[test]
-fn a_block_file_deleted_between_close_and_open_fails_not_found_and_becomes_a_miss() {
+fn a_block_file_deleted_between_close_and_open_makes_the_open_scan() {
     let root = root();
     let c = with_events(config(&root.0, 64), 64);
     let h = open(&c, 8);
@@ -378,25 +385,51 @@ fn a_block_file_deleted_between_close_and_open_fails_not_found_and_becomes_a_mis
         })
         .unwrap();
     std::fs::remove_file(&gone).unwrap();
+    // The deletion changed its directory: the manifest no longer describes
+    // the disk, so the open scans and the key is a MISS at once (listed, a
+    // store of it would have been taken for one already done).
     let h = open(&c, 8);
-    assert_eq!(recovered_by(&h), "manifest");
-    let recovered = EventKind::Stored(StoredReason::Recovered);
-    assert_eq!(h.events(), [(recovered, 1), (recovered, 2), (recovered, 3)]);
-    assert_eq!(h.lookup(&[1, 2, 3]), [Hit, Hit, Hit], "listed, not checked");
-    let r = h.load(12, &[2], &[0]);
-    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    assert_eq!(recovered_by(&h), "scan");
+    assert!(!manifest(&root.0).exists());
     assert_eq!(h.lookup(&[1, 2, 3]), [Hit, Miss, Hit]);
-    assert_eq!(
-        h.events(),
-        [(EventKind::Removed(RemovedReason::Vanished), 2)]
+    h.fill(0, 2);
+    let r = h.store(12, &[2], &[0]);
+    assert!(
+        r.is_ok() && r.bytes == h.block_bytes as u64,
+        "stored again: {r:?}"
     );
-    let r = h.load(13, &[1, 3], &[0, 1]);
-    assert!(r.is_ok() && h.row_holds(0, 1) && h.row_holds(1, 3), "{r:?}");
+    let r = h.load(13, &[1, 2, 3], &[0, 1, 2]);
+    assert!(
+        r.is_ok() && h.row_holds(0, 1) && h.row_holds(1, 2) && h.row_holds(2, 3),
+        "{r:?}"
+    );
     drop(h);
-    // The next manifest no longer lists it.
     let h = open(&c, 8);
     assert_eq!(recovered_by(&h), "manifest");
-    assert_eq!(h.tier().stats().num_blocks, 2);
+    assert_eq!(h.tier().stats().num_blocks, 3);
+}
+
+#[test]
+fn a_block_file_added_between_close_and_open_makes_the_open_scan() {
+    let root = root();
+    let c = config(&root.0, 64);
+    let h = open(&c, 8);
+    h.store_all(1, &[1]);
+    drop(h);
+    // Another tier (or a copy) puts a block of the same namespace there.
+    let other_root = Root(scratch_dir());
+    let other = config(&other_root.0, 64);
+    let h = open(&other, 8);
+    h.store_all(1, &[7]);
+    drop(h);
+    let from = files(&other_root.0, ".kvb").pop().unwrap();
+    let rel = from.strip_prefix(&other_root.0).unwrap();
+    let to = root.0.join(rel);
+    std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+    std::fs::copy(&from, &to).unwrap();
+    let h = open(&c, 8);
+    assert_eq!(recovered_by(&h), "scan");
+    assert_eq!(h.lookup(&[1, 7]), [Hit, Hit]);
 }
 
 fn hex(bytes: &[u8]) -> String {

@@ -133,6 +133,18 @@ pub(crate) fn fstat(fd: &Fd) -> io::Result<FileId> {
     Ok(FileId::from_stat(&st))
 }
 
+/// `lstat(2)`'s whole answer (times included), a symlink not followed.
+pub(crate) fn lstat_raw(path: &Path) -> io::Result<libc::stat> {
+    with_cpath(path, |c| {
+        // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(st)
+    })
+}
+
 /// `lstat(2)`: the path's own entry, a symlink not followed.
 pub(crate) fn lstat(path: &Path) -> io::Result<FileId> {
     with_cpath(path, |c| {

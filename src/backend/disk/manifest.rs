@@ -5,12 +5,14 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "KVTIERM\0"
-//!      8     4  manifest version (1)
+//!      8     4  manifest version (2)
 //!     12     4  flags (0: unsealed blocks, `.kvb` files)
 //!     16     8  namespace fingerprint
 //!     24     8  block size in bytes
 //!     32     8  block file length (header + padded payload)
-//!     40     …  entries, least recently used first: key length (1 byte,
+//!     40 98304  a stamp per fan-out directory 000..fff, 24 bytes each:
+//!               inode, mtime and ctime in ns (all 0: no such directory)
+//!  98344     …  entries, least recently used first: key length (1 byte,
 //!               1..=128), key
 //!    end-16  8  number of entries
 //!    end-8   8  checksum: xxh64 chained over 64 KiB chunks of every byte
@@ -28,8 +30,17 @@
 //!   tier accepts any store, whether it was used or not: a later crash can
 //!   never bring back a stale one. Anything wrong with it (magic, version,
 //!   checksum, namespace, block size, sealing, counts) and the open scans.
+//! - Trusted only if no fan-out directory changed since the close: a block
+//!   file deleted, added or renamed by anyone but the tier changes its
+//!   directory's mtime (and ctime), a directory replaced changes its inode.
+//!   The stamps are taken after the last change the tier made and compared
+//!   at open (4096 `lstat`s, in parallel: about what reading the manifest
+//!   costs); any difference and the open scans. Without them a block deleted
+//!   behind the tier's back would stay listed, and a store of its key would
+//!   be taken for one already done.
 
 use super::format::file_len;
+use super::layout::{fan_name, FAN_DIRS};
 use super::{io, DiskBackend};
 use crate::backend::xxh64::xxh64;
 use crate::backend::EachBlock;
@@ -42,8 +53,14 @@ pub(super) const MANIFEST: &str = ".manifest";
 /// close that died while writing, removed at open.
 pub(super) const MANIFEST_NEW: &str = ".manifest.new";
 const MAGIC: [u8; 8] = *b"KVTIERM\0";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 const HEAD_LEN: usize = 40;
+const STAMP_LEN: usize = 24;
+/// Where the entries start: after the head and the directory stamps.
+pub(super) const ENTRIES_AT: usize = HEAD_LEN + FAN_DIRS * STAMP_LEN;
+/// Threads taking the stamps at open (with a cold page cache each is an
+/// inode read; one thread would leave the device's queue idle).
+const STAMP_THREADS: usize = 16;
 const TRAILER_LEN: usize = 16;
 const CHUNK: usize = 64 << 10;
 const SEED: u64 = 0x6d61_6e69_6665_7374;
@@ -177,8 +194,11 @@ impl DiskBackend {
         if check.finish() != sum {
             return None;
         }
+        if body.len() < ENTRIES_AT || body[HEAD_LEN..ENTRIES_AT] != self.fan_stamps()[..] {
+            return None;
+        }
         // Each entry takes at least two bytes.
-        let entries = &body[HEAD_LEN..];
+        let entries = &body[ENTRIES_AT..];
         if count > (entries.len() / 2) as u64 {
             return None;
         }
@@ -216,6 +236,9 @@ impl DiskBackend {
                 sum: ChunkSum::new(),
             };
             out.put(&self.manifest_head())?;
+            // After the fan-out directories were synced: nothing changes them
+            // now (every worker has been joined).
+            out.put(&self.fan_stamps())?;
             let mut count = 0u64;
             let mut failed = None;
             each_block(&mut |key| {
@@ -249,6 +272,34 @@ impl DiskBackend {
             let _ = std::fs::remove_file(self.manifest_path(MANIFEST));
         }
         done
+    }
+
+    /// Every fan-out directory's stamp (see the module's doc), in order.
+    fn fan_stamps(&self) -> Vec<u8> {
+        let mut stamps = vec![0u8; FAN_DIRS * STAMP_LEN];
+        let per_thread = FAN_DIRS.div_ceil(STAMP_THREADS);
+        std::thread::scope(|scope| {
+            for (chunk, out) in stamps.chunks_mut(per_thread * STAMP_LEN).enumerate() {
+                scope.spawn(move || {
+                    for (i, stamp) in out.chunks_exact_mut(STAMP_LEN).enumerate() {
+                        let fan = chunk * per_thread + i;
+                        if let Ok(st) = io::lstat_raw(&self.ns_dir.join(fan_name(fan))) {
+                            let ns = |s: i64, n: i64| {
+                                (s as u64)
+                                    .wrapping_mul(1_000_000_000)
+                                    .wrapping_add(n as u64)
+                            };
+                            stamp[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
+                            stamp[8..16]
+                                .copy_from_slice(&ns(st.st_mtime, st.st_mtime_nsec).to_le_bytes());
+                            stamp[16..24]
+                                .copy_from_slice(&ns(st.st_ctime, st.st_ctime_nsec).to_le_bytes());
+                        }
+                    }
+                });
+            }
+        });
+        stamps
     }
 
     /// fsyncs every fan-out directory in which this run created, renamed or
