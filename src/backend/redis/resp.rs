@@ -99,6 +99,15 @@ fn closed() -> io::Error {
     )
 }
 
+/// A socket error as the caller should see it: the socket's timeout (armed
+/// to the request's deadline) expiring is the deadline's error.
+fn past_deadline(e: io::Error) -> io::Error {
+    match e.kind() {
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => timed_out(),
+        _ => e,
+    }
+}
+
 impl RespConn {
     /// Connects to `host:port` within `timeout`, then authenticates and
     /// selects the database as `settings` (from the URL) say.
@@ -242,15 +251,7 @@ impl RespConn {
                     Ok(0) => return Err(closed()),
                     Ok(n) => IoSlice::advance_slices(&mut slices, n),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                        ) =>
-                    {
-                        return Err(timed_out())
-                    }
-                    Err(e) => return Err(e),
+                    Err(e) => return Err(past_deadline(e)),
                 }
             }
             Ok(())
@@ -355,15 +356,7 @@ impl RespConn {
                 Ok(0) => return Err(closed()),
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(timed_out())
-                }
-                Err(e) => return Err(e),
+                Err(e) => return Err(past_deadline(e)),
             }
         }
     }
