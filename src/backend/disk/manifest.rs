@@ -194,7 +194,7 @@ impl DiskBackend {
         if check.finish() != sum {
             return None;
         }
-        if body.len() < ENTRIES_AT || body[HEAD_LEN..ENTRIES_AT] != self.fan_stamps()[..] {
+        if body.len() < ENTRIES_AT || body[HEAD_LEN..ENTRIES_AT] != self.fan_stamps().ok()?[..] {
             return None;
         }
         // Each entry takes at least two bytes.
@@ -238,7 +238,7 @@ impl DiskBackend {
             out.put(&self.manifest_head())?;
             // After the fan-out directories were synced: nothing changes them
             // now (every worker has been joined).
-            out.put(&self.fan_stamps())?;
+            out.put(&self.fan_stamps()?)?;
             let mut count = 0u64;
             let mut failed = None;
             each_block(&mut |key| {
@@ -274,32 +274,47 @@ impl DiskBackend {
         done
     }
 
-    /// Every fan-out directory's stamp (see the module's doc), in order.
-    fn fan_stamps(&self) -> Vec<u8> {
+    /// Every fan-out directory's stamp (see the module's doc), in order; all
+    /// zero for a directory that does not exist. Any other failure to stat
+    /// one is an error: neither written nor trusted.
+    fn fan_stamps(&self) -> std::io::Result<Vec<u8>> {
         let mut stamps = vec![0u8; FAN_DIRS * STAMP_LEN];
         let per_thread = FAN_DIRS.div_ceil(STAMP_THREADS);
-        std::thread::scope(|scope| {
-            for (chunk, out) in stamps.chunks_mut(per_thread * STAMP_LEN).enumerate() {
-                scope.spawn(move || {
-                    for (i, stamp) in out.chunks_exact_mut(STAMP_LEN).enumerate() {
-                        let fan = chunk * per_thread + i;
-                        if let Ok(st) = io::lstat_raw(&self.ns_dir.join(fan_name(fan))) {
-                            let ns = |s: i64, n: i64| {
-                                (s as u64)
-                                    .wrapping_mul(1_000_000_000)
-                                    .wrapping_add(n as u64)
-                            };
-                            stamp[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
-                            stamp[8..16]
-                                .copy_from_slice(&ns(st.st_mtime, st.st_mtime_nsec).to_le_bytes());
-                            stamp[16..24]
-                                .copy_from_slice(&ns(st.st_ctime, st.st_ctime_nsec).to_le_bytes());
-                        }
-                    }
-                });
+        let stamp_chunk = |chunk: usize, out: &mut [u8]| -> std::io::Result<()> {
+            for (i, stamp) in out.chunks_exact_mut(STAMP_LEN).enumerate() {
+                let fan = chunk * per_thread + i;
+                let st = match io::lstat_raw(&self.ns_dir.join(fan_name(fan))) {
+                    Ok(st) => st,
+                    Err(e) if io::is_missing(&e) => continue,
+                    Err(e) => return Err(e),
+                };
+                let ns = |s: i64, n: i64| {
+                    (s as u64)
+                        .wrapping_mul(1_000_000_000)
+                        .wrapping_add(n as u64)
+                };
+                stamp[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
+                stamp[8..16].copy_from_slice(&ns(st.st_mtime, st.st_mtime_nsec).to_le_bytes());
+                stamp[16..24].copy_from_slice(&ns(st.st_ctime, st.st_ctime_nsec).to_le_bytes());
             }
-        });
-        stamps
+            Ok(())
+        };
+        std::thread::scope(|scope| {
+            let mut helpers = Vec::new();
+            for (chunk, out) in stamps.chunks_mut(per_thread * STAMP_LEN).enumerate() {
+                // No thread to be had: no stamps, so no manifest written or
+                // trusted (the scan does without).
+                let helper = std::thread::Builder::new()
+                    .name("kvtier-stamps".into())
+                    .spawn_scoped(scope, move || stamp_chunk(chunk, out))?;
+                helpers.push(helper);
+            }
+            helpers.into_iter().try_for_each(|h| {
+                h.join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            })
+        })?;
+        Ok(stamps)
     }
 
     /// fsyncs every fan-out directory in which this run created, renamed or
