@@ -106,18 +106,28 @@ fn vm_size() -> usize {
     kib * 1024
 }
 
-/// Caps the address space at what is mapped now plus `MARGIN`.
+/// Caps the address space at what is mapped now plus `MARGIN`. Something
+/// may unmap meanwhile (a thread's memory given back after it finished its
+/// part of the warm-up), leaving more room than the margin: then the limit
+/// is set again from the new size, until a mapping as big as the margin
+/// fails.
 fn limit_address_space() {
-    let limit = (vm_size() + MARGIN) as libc::rlim_t;
-    let rl = libc::rlimit {
-        rlim_cur: limit,
-        rlim_max: libc::RLIM_INFINITY,
-    };
-    // SAFETY: a valid rlimit for this process.
-    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
-    // The limit bites: a mapping as big as the margin fails.
-    assert!(Vec::<u8>::new().try_reserve_exact(MARGIN).is_err());
-    println!("address space limited to {} MiB", limit >> 20);
+    for _ in 0..20 {
+        let limit = (vm_size() + MARGIN) as libc::rlim_t;
+        let rl = libc::rlimit {
+            rlim_cur: limit,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: a valid rlimit for this process.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_AS, &rl) }, 0);
+        // The limit bites: a mapping as big as the margin fails.
+        if Vec::<u8>::new().try_reserve_exact(MARGIN).is_err() {
+            println!("address space limited to {} MiB", limit >> 20);
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    panic!("a mapping of the margin still fits under the limit after 20 tries");
 }
 
 fn config() -> TierConfig {
