@@ -199,6 +199,65 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
     }
 }
 
+/// A cluster tier deletes what it evicts too: one job's evictions are one
+/// DEL pipeline, which the cluster connection splits by node (keys of one
+/// job hash to different slots). Counted on every master.
+#[test]
+fn a_cluster_tier_deletes_what_it_evicts_on_every_node() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 8, BB);
+    config.set("cluster", "on").unwrap();
+    let pattern = format!("{}:*", config.redis.key_prefix);
+    let names = || -> usize {
+        cluster
+            .masters()
+            .iter()
+            .map(|m| {
+                cluster
+                    .cli_at(m.port, &["--scan", "--pattern", &pattern])
+                    .lines()
+                    .filter(|l| !l.is_empty())
+                    .count()
+            })
+            .sum()
+    };
+    let mut h = Harness::new(&config, 8, BB);
+    h.scratch_dir = None;
+    let first: Vec<u64> = (1..=8).collect();
+    h.store_all(1, &first);
+    assert_eq!(names(), 8);
+    let spread = cluster
+        .masters()
+        .iter()
+        .filter(|m| {
+            !cluster
+                .cli_at(m.port, &["--scan", "--pattern", &pattern])
+                .trim()
+                .is_empty()
+        })
+        .count();
+    assert!(spread >= 2, "8 keys on {spread} of 3 masters");
+    // Eight new keys evict all eight old ones, in one batch of deletes.
+    let second: Vec<u64> = (11..=18).collect();
+    h.store_all(2, &second);
+    h.tier().drain();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while names() != 8 {
+        assert!(
+            Instant::now() < deadline,
+            "{} keys on the cluster, the tier holds 8: evicted keys were not deleted",
+            names()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(h.present(&first), Vec::<u64>::new());
+    let rows: Vec<i64> = (0..8).collect();
+    assert!(h.load(3, &second, &rows).is_ok());
+    for (row, &i) in second.iter().enumerate() {
+        assert!(h.row_holds(row, i));
+    }
+}
+
 #[test]
 fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();
