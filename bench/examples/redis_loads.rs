@@ -17,6 +17,8 @@
 //! in flight, the library's connections. Loads are checked by the tier's
 //! checksums only (the bench proper verifies every byte).
 
+mod common;
+
 use kvtier::{PrimaryBuffer, Tier, TierConfig};
 use std::time::{Duration, Instant};
 
@@ -53,43 +55,6 @@ fn server_pid(url: &str) -> Option<u32> {
         .lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|v| v.trim().parse().ok())
-}
-
-fn pass(
-    tier: &Tier,
-    store: bool,
-    first: u64,
-    blocks: usize,
-    jb: usize,
-    window: usize,
-    block: usize,
-) -> f64 {
-    let start = Instant::now();
-    let jobs = blocks / jb;
-    let (mut next, mut in_flight, mut done) = (0usize, 0usize, 0usize);
-    while done < jobs {
-        while in_flight < window && next < jobs {
-            let keys: Vec<u8> = (0..jb as u64)
-                .flat_map(|i| (first + (next * jb) as u64 + i).to_le_bytes())
-                .collect();
-            let slot = (next % window) * jb;
-            let rows: Vec<i64> = (0..jb).map(|i| (slot + i) as i64).collect();
-            if store {
-                tier.submit_store(next as u64, &keys, 8, &rows).unwrap();
-            } else {
-                tier.submit_load(next as u64, &keys, 8, &rows).unwrap();
-            }
-            next += 1;
-            in_flight += 1;
-        }
-        tier.wait(Duration::from_millis(100));
-        for r in tier.poll(64) {
-            assert!(r.is_ok(), "{r:?}");
-            in_flight -= 1;
-            done += 1;
-        }
-    }
-    (blocks * block) as f64 / start.elapsed().as_secs_f64() / 1e9
 }
 
 fn main() {
@@ -134,7 +99,7 @@ fn main() {
     let tier = Tier::new(&cfg, primary).unwrap();
     let mut first = 0u64;
     if !store || steady {
-        pass(&tier, true, first, blocks, jb, window, block);
+        common::pass(&tier, true, first, blocks, jb, window, rows, block);
         if steady {
             first += blocks as u64;
         }
@@ -159,7 +124,9 @@ fn main() {
             tier.clear();
             tier.drain();
         }
-        rates.push(pass(&tier, store, first, blocks, jb, window, block));
+        rates.push(common::pass(
+            &tier, store, first, blocks, jb, window, rows, block,
+        ));
         if steady {
             first += blocks as u64;
         }

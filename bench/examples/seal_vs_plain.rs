@@ -11,6 +11,8 @@
 //! under the system temp dir; Redis is skipped when redis-server is not on
 //! PATH.
 
+mod common;
+
 use kvtier::{PrimaryBuffer, Tier, TierConfig};
 use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use std::process::{Child, Command, Stdio};
@@ -82,39 +84,6 @@ impl Drop for Rows {
     }
 }
 
-/// Runs `blocks` blocks through the tier as jobs of JOB_BLOCKS, WINDOW in
-/// flight; returns GB/s.
-fn run(tier: &Tier, store: bool, first_key: u64, blocks: usize, rows: usize) -> f64 {
-    let start = Instant::now();
-    let (mut next, mut in_flight, mut done) = (0usize, 0usize, 0usize);
-    let jobs = blocks / JOB_BLOCKS;
-    while done < jobs {
-        while in_flight < WINDOW && next < jobs {
-            let keys: Vec<u8> = (0..JOB_BLOCKS as u64)
-                .flat_map(|i| (first_key + (next * JOB_BLOCKS) as u64 + i).to_le_bytes())
-                .collect();
-            let slot = (next % WINDOW) * JOB_BLOCKS;
-            let ids: Vec<i64> = (0..JOB_BLOCKS)
-                .map(|i| ((slot + i) % rows) as i64)
-                .collect();
-            if store {
-                tier.submit_store(next as u64, &keys, 8, &ids).unwrap();
-            } else {
-                tier.submit_load(next as u64, &keys, 8, &ids).unwrap();
-            }
-            next += 1;
-            in_flight += 1;
-        }
-        tier.wait(Duration::from_millis(100));
-        for r in tier.poll(64) {
-            assert!(r.is_ok(), "{r:?}");
-            in_flight -= 1;
-            done += 1;
-        }
-    }
-    (blocks * BLOCK) as f64 / start.elapsed().as_secs_f64() / 1e9
-}
-
 /// Median store and load GB/s of unsealed and sealed tiers built from
 /// `config`, alternating per repetition.
 fn compare(name: &str, config: &TierConfig, mib: usize, reps: usize, rows: &Rows) {
@@ -129,8 +98,12 @@ fn compare(name: &str, config: &TierConfig, mib: usize, reps: usize, rows: &Rows
             let primary = unsafe { PrimaryBuffer::new(rows.ptr, rows.len, BLOCK) }.unwrap();
             let tier = Tier::new(cfg, primary).unwrap();
             let first_key = (rep * 2 + mode) as u64 * 1_000_000;
-            rates[mode][0].push(run(&tier, true, first_key, blocks, nrows));
-            rates[mode][1].push(run(&tier, false, first_key, blocks, nrows));
+            rates[mode][0].push(common::pass(
+                &tier, true, first_key, blocks, JOB_BLOCKS, WINDOW, nrows, BLOCK,
+            ));
+            rates[mode][1].push(common::pass(
+                &tier, false, first_key, blocks, JOB_BLOCKS, WINDOW, nrows, BLOCK,
+            ));
             tier.clear();
             tier.drain();
             drop(tier);

@@ -20,6 +20,16 @@ unsafe impl Sync for MappedBuf {}
 
 impl MappedBuf {
     pub fn new(len: usize) -> Result<MappedBuf, String> {
+        Self::map(len, 0)
+    }
+
+    /// Address space only (`MAP_NORESERVE`), as the memory backend reserves
+    /// its arena: no memory until pages are touched or populated.
+    pub fn reserve(len: usize) -> Result<MappedBuf, String> {
+        Self::map(len, libc::MAP_NORESERVE)
+    }
+
+    fn map(len: usize, extra_flags: libc::c_int) -> Result<MappedBuf, String> {
         assert!(len > 0);
         // SAFETY: a fresh anonymous mapping; no existing memory is affected.
         let ptr = unsafe {
@@ -27,7 +37,7 @@ impl MappedBuf {
                 std::ptr::null_mut(),
                 len,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | extra_flags,
                 -1,
                 0,
             )

@@ -181,25 +181,12 @@ pub(crate) trait Backend: Send + Sync {
         false
     }
 
-    /// Releases the storage of an evicted or cleared block, on a worker thread.
-    /// The key may have been stored again meanwhile: `is_live` tells whether
-    /// it is in the index now, in which case its storage must be kept.
-    fn discard(&self, _key: &[u8], _is_live: &dyn Fn(&[u8]) -> bool) {}
-
-    /// [`Backend::discard`] for a batch of released blocks (a job's
-    /// evictions): a backend with round trips per call (Redis) sends them
-    /// together. Called once, under one deadline watch.
-    fn discard_batch(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
-        for (_, key) in released {
-            self.discard(key, is_live);
-        }
-    }
-
-    /// Whether [`Backend::discard_batch`] sends a batch at once (one
-    /// deadline for the lot) rather than block by block (one each).
-    fn discards_in_batches(&self) -> bool {
-        false
-    }
+    /// Releases the storage of evicted or cleared blocks (a bounded batch:
+    /// a job's evictions), on a worker thread, under one deadline watch; a
+    /// backend with a round trip per call (Redis) sends them together. A key
+    /// may have been stored again meanwhile: `is_live` tells whether it is in
+    /// the index now, in which case its storage must be kept.
+    fn discard(&self, _released: &[(u32, Vec<u8>)], _is_live: &dyn Fn(&[u8]) -> bool) {}
 
     /// Keys of blocks already in storage when the tier opens, oldest first.
     fn recover(&self) -> Result<Vec<Vec<u8>>> {

@@ -291,34 +291,14 @@ fn policy_pass(s: &Setup, advice: Advice) -> Result<(f64, Option<Collapse>, f64)
 
 /// A fresh reserved anonymous mapping, as the memory backend makes its arena.
 struct Region {
-    ptr: *mut u8,
+    buf: MappedBuf,
     len: usize,
 }
 
-// SAFETY: plain bytes; each thread writes its own blocks.
-unsafe impl Sync for Region {}
-
 impl Region {
     fn new(len: usize) -> Result<Region, String> {
-        // SAFETY: a fresh mapping; nothing existing is affected.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
-                -1,
-                0,
-            )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(format!(
-                "mmap of {len} bytes: {}",
-                std::io::Error::last_os_error()
-            ));
-        }
         Ok(Region {
-            ptr: ptr as *mut u8,
+            buf: MappedBuf::reserve(len)?,
             len,
         })
     }
@@ -326,7 +306,7 @@ impl Region {
     fn at(&self, offset: usize) -> *mut u8 {
         assert!(offset < self.len);
         // SAFETY: in bounds (checked above).
-        unsafe { self.ptr.add(offset) }
+        unsafe { self.buf.as_ptr().add(offset) }
     }
 
     fn advise(&self, offset: usize, len: usize, advice: libc::c_int) -> Result<(), String> {
@@ -337,18 +317,11 @@ impl Region {
     fn advise_raw(&self, offset: usize, len: usize, advice: libc::c_int) -> std::io::Result<()> {
         assert!(offset + len <= self.len);
         // SAFETY: advice on our own mapping.
-        let rc = unsafe { libc::madvise(self.ptr.add(offset) as *mut libc::c_void, len, advice) };
+        let rc = unsafe { libc::madvise(self.at(offset) as *mut libc::c_void, len, advice) };
         if rc != 0 {
             return Err(std::io::Error::last_os_error());
         }
         Ok(())
-    }
-}
-
-impl Drop for Region {
-    fn drop(&mut self) {
-        // SAFETY: our own mapping, no longer used.
-        unsafe { libc::munmap(self.ptr as *mut libc::c_void, self.len) };
     }
 }
 

@@ -147,14 +147,7 @@ pub(crate) fn lstat_raw(path: &Path) -> io::Result<libc::stat> {
 
 /// `lstat(2)`: the path's own entry, a symlink not followed.
 pub(crate) fn lstat(path: &Path) -> io::Result<FileId> {
-    with_cpath(path, |c| {
-        // SAFETY: a valid NUL-terminated path and a zeroed out-parameter.
-        let mut st: libc::stat = unsafe { std::mem::zeroed() };
-        if unsafe { libc::lstat(c.as_ptr(), &mut st) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(FileId::from_stat(&st))
-    })
+    lstat_raw(path).map(|st| FileId::from_stat(&st))
 }
 
 /// The most parts one vectored call takes (a header and a row, today): the
@@ -229,14 +222,14 @@ unsafe fn transfer(
 
 /// Writes all of `parts` at `offset`, retrying short writes and EINTR.
 pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<()> {
-    let (mut iov, n) = iovecs(parts.iter().map(|p| (p.as_ptr() as *mut u8, p.len())))?;
-    let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
-    // SAFETY: the iovecs describe slices borrowed for this call (pwritev
-    // only reads through them).
-    if unsafe { transfer(fd, &mut iov[..n], offset, libc::pwritev)? } < want {
-        return Err(io::Error::from(io::ErrorKind::WriteZero));
+    // SAFETY: the parts are slices borrowed for this call.
+    unsafe {
+        write_parts(
+            fd,
+            parts.iter().map(|p| (p.as_ptr() as *mut u8, p.len())),
+            offset,
+        )
     }
-    Ok(())
 }
 
 /// Writes `header` and then `len` bytes at `row` at `offset`, like
@@ -256,11 +249,24 @@ pub(crate) fn write_header_and_row(
         (header.as_ptr() as *mut u8, header.len()),
         (row as *mut u8, len),
     ];
-    let (mut iov, n) = iovecs(parts.into_iter())?;
-    let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
     // SAFETY: `header` is borrowed for this call; the row is only read by
     // the kernel, which checks the address itself.
-    if unsafe { transfer(fd, &mut iov[..n], offset, libc::pwritev)? } < want {
+    unsafe { write_parts(fd, parts.into_iter(), offset) }
+}
+
+/// `pwritev` of every part, retrying short writes and EINTR.
+///
+/// # Safety
+/// Each part must be readable memory for the call, or an address only the
+/// kernel reads (it fails the write with EFAULT if unmapped).
+unsafe fn write_parts(
+    fd: &Fd,
+    parts: impl Iterator<Item = (*mut u8, usize)>,
+    offset: u64,
+) -> io::Result<()> {
+    let (mut iov, n) = iovecs(parts)?;
+    let want: usize = iov[..n].iter().map(|v| v.iov_len).sum();
+    if transfer(fd, &mut iov[..n], offset, libc::pwritev)? < want {
         return Err(io::Error::from(io::ErrorKind::WriteZero));
     }
     Ok(())

@@ -79,7 +79,17 @@ pub(crate) const FAN_DIRS: usize = 4096;
 /// The fan-out directory of a key, relative to the namespace directory.
 #[cfg(test)]
 pub(crate) fn fan_dir(key: &[u8]) -> String {
-    fan_name((xxh64(key, 0) >> 52) as usize)
+    fan_name(fan_of(key))
+}
+
+/// Which fan-out directory (0..FAN_DIRS) holds a key's block.
+fn fan_of(key: &[u8]) -> usize {
+    (xxh64(key, 0) >> 52) as usize
+}
+
+/// Fan-out directory `i`'s name: three lowercase hex digits.
+fn fan_digits(i: usize) -> [u8; 3] {
+    [i >> 8, (i >> 4) & 15, i & 15].map(|d| HEX[d])
 }
 
 /// The name of fan-out directory `i` (0..FAN_DIRS).
@@ -116,15 +126,13 @@ pub(crate) fn is_hex_block_path(fan: &str, name: &str, key: &[u8]) -> bool {
     let Some(stem) = name.strip_suffix(BLOCK_EXT) else {
         return false;
     };
-    let fan_index = (xxh64(key, 0) >> 52) as usize;
-    let fan_digits = [fan_index >> 8, (fan_index >> 4) & 15, fan_index & 15].map(|d| HEX[d]);
     key.len() <= LONG_KEY
         && stem.len() == 2 * key.len()
         && stem
             .bytes()
             .zip(key.iter().flat_map(|b| [b >> 4, b & 15]))
             .all(|(c, d)| c == HEX[d as usize])
-        && fan.as_bytes() == fan_digits
+        && fan.as_bytes() == fan_digits(fan_of(key))
 }
 
 /// A block file's path under the namespace directory.
@@ -132,7 +140,7 @@ pub(crate) fn is_hex_block_path(fan: &str, name: &str, key: &[u8]) -> bool {
 /// `ns_dir.join(fan_dir(key)).join(file_name(key))`.
 pub(crate) fn block_path(ns_dir: &Path, key: &[u8]) -> PathBuf {
     let mut p = PathBytes::new(ns_dir, 3 + 1 + 2 * LONG_KEY + BLOCK_EXT.len());
-    p.fan((xxh64(key, 0) >> 52) as usize);
+    p.fan(fan_of(key));
     if key.len() <= LONG_KEY {
         p.hex(key);
     } else {
@@ -179,8 +187,7 @@ impl PathBytes {
 
     /// Fan-out directory `i` (three hex digits, as [`fan_name`]) and a slash.
     fn fan(&mut self, i: usize) {
-        self.0
-            .extend([i >> 8, (i >> 4) & 15, i & 15].map(|d| HEX[d]));
+        self.0.extend(fan_digits(i));
         self.0.push(b'/');
     }
 

@@ -150,7 +150,7 @@ pub(crate) struct DiskBackend {
     lock_id: Option<(u64, u64)>,
     /// Set once the tier was freed with calls stuck: listed in
     /// [`LEFT_BEHIND`] until this backend drops.
-    listed: std::sync::atomic::AtomicBool,
+    listed: AtomicBool,
 }
 
 /// Directory locks (by lock file identity) of disk tiers this process freed
@@ -235,7 +235,7 @@ impl DiskBackend {
             seam: Default::default(),
             lock_id: io::fstat(&lock).ok().map(|id| (id.dev, id.ino)),
             lock,
-            listed: std::sync::atomic::AtomicBool::new(false),
+            listed: AtomicBool::new(false),
         })
     }
 
@@ -587,6 +587,24 @@ impl DiskBackend {
     }
 }
 
+impl DiskBackend {
+    fn discard_one(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
+        let _guard = self.stripe(key).lock();
+        // A newer store of the key may have published (or be about to publish)
+        // the file: then it is not ours to delete.
+        if !is_live(key) {
+            let path = self.path_of(key);
+            self.changed(&path);
+            if let Err(e) = std::fs::remove_file(&path) {
+                if !io::is_missing(&e) {
+                    self.left_unindexed();
+                }
+            }
+            self.ledger.forget(key);
+        }
+    }
+}
+
 impl Backend for DiskBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         self.store_checked(key, Row::of(block), &Unwatched)
@@ -614,19 +632,9 @@ impl Backend for DiskBackend {
         true
     }
 
-    fn discard(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
-        let _guard = self.stripe(key).lock();
-        // A newer store of the key may have published (or be about to publish)
-        // the file: then it is not ours to delete.
-        if !is_live(key) {
-            let path = self.path_of(key);
-            self.changed(&path);
-            if let Err(e) = std::fs::remove_file(&path) {
-                if !io::is_missing(&e) {
-                    self.left_unindexed();
-                }
-            }
-            self.ledger.forget(key);
+    fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
+        for (_, key) in released {
+            self.discard_one(key, is_live);
         }
     }
 

@@ -53,6 +53,12 @@ use std::time::Duration;
 /// (one byte each): two jobs in flight share one with probability about
 /// (16 x 16) / 65536 for jobs of 16 blocks, instead of most of the time.
 const STRIPES: usize = 65_536;
+
+/// The stripe lock that serializes stores and deletes of `key`.
+fn stripe_of(key: &[u8]) -> usize {
+    xxh64(key, 2) as usize % STRIPES
+}
+
 /// Keys asked for per SCAN step when adopting a keyspace.
 const SCAN_COUNT: usize = 1000;
 
@@ -310,7 +316,19 @@ impl RedisBackend {
     }
 
     fn stripe(&self, key: &[u8]) -> &Mutex<()> {
-        &self.stripes[xxh64(key, 2) as usize % STRIPES]
+        &self.stripes[stripe_of(key)]
+    }
+
+    /// The stripe locks of every key, each once, taken in ascending order,
+    /// so two batches never wait on each other.
+    fn lock_stripes<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k [u8]>,
+    ) -> Vec<crate::sync::MutexGuard<'_, ()>> {
+        let mut stripes: Vec<usize> = keys.map(stripe_of).collect();
+        stripes.sort_unstable();
+        stripes.dedup();
+        stripes.iter().map(|&s| self.stripes[s].lock()).collect()
     }
 
     /// Checks a value against the header this tier would write for `key`;
@@ -653,14 +671,7 @@ impl Backend for RedisBackend {
         blocks: &[(u32, &[u8], &[u8])],
         done: &mut dyn FnMut(usize, Result<u64>),
     ) {
-        let mut stripes: Vec<usize> = blocks
-            .iter()
-            .map(|&(_, key, _)| xxh64(key, 2) as usize % STRIPES)
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        // Taken in one order, so two batches never wait on each other.
-        let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+        let _guards = self.lock_stripes(blocks.iter().map(|&(_, key, _)| key));
         let sent = self.pool.with_conn("SET pipeline", |conn| {
             if let Conn::Direct(c) = conn {
                 let mut replies = Vec::with_capacity(blocks.len());
@@ -749,33 +760,11 @@ impl Backend for RedisBackend {
         self.sharing == Sharing::Owned
     }
 
-    fn discard(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
-        let _guard = self.stripe(key).lock();
-        if !is_live(key) {
-            let name = self.name(key);
-            let _ = self
-                .pool
-                .with("DEL", |c| redis::cmd("DEL").arg(&name).query::<i64>(c));
-            self.ledger.forget(key);
-        }
-    }
-
-    fn discards_in_batches(&self) -> bool {
-        true
-    }
-
     /// One pipeline of `DEL`s (per node in a cluster) for the released keys
     /// not stored again meanwhile, under their stripe locks, so that no store
     /// of the same key runs between the liveness check and the delete.
-    fn discard_batch(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
-        let mut stripes: Vec<usize> = released
-            .iter()
-            .map(|(_, key)| xxh64(key, 2) as usize % STRIPES)
-            .collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        // Taken in one order, as store_batch does, so they never deadlock.
-        let _guards: Vec<_> = stripes.iter().map(|&s| self.stripes[s].lock()).collect();
+    fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
+        let _guards = self.lock_stripes(released.iter().map(|(_, key)| key.as_slice()));
         let dead: Vec<&[u8]> = released
             .iter()
             .map(|(_, key)| key.as_slice())
