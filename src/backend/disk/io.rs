@@ -14,6 +14,17 @@ impl Fd {
     pub(crate) fn raw(&self) -> libc::c_int {
         self.0
     }
+
+    /// The descriptor as a `File` (for buffered or `Read`/`Write` use),
+    /// which then owns and closes it.
+    pub(crate) fn into_file(self) -> std::fs::File {
+        use std::os::fd::FromRawFd;
+        let raw = self.0;
+        std::mem::forget(self);
+        // SAFETY: an open descriptor this Fd owned; forgotten above, so the
+        // File is its only owner and closes it once.
+        unsafe { std::fs::File::from_raw_fd(raw) }
+    }
 }
 
 impl Drop for Fd {

@@ -166,14 +166,7 @@ impl DiskBackend {
         if !meta.is_regular() {
             return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
         }
-        // SAFETY: `fd` is an open descriptor that this File now owns; `fd`
-        // is forgotten so that it is closed once.
-        let mut file = unsafe {
-            use std::os::fd::FromRawFd;
-            let raw = fd.raw();
-            std::mem::forget(fd);
-            std::fs::File::from_raw_fd(raw)
-        };
+        let mut file = fd.into_file();
         let mut bytes = Vec::new();
         bytes.try_reserve_exact(meta.len as usize)?;
         file.read_to_end(&mut bytes)?;
@@ -223,14 +216,8 @@ impl DiskBackend {
         let new = self.manifest_path(MANIFEST_NEW);
         let done = self.sync_changed_fans().and_then(|()| {
             let _ = std::fs::remove_file(&new);
-            let fd = io::open(&new, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
-            // SAFETY: as in `read_regular`: the File takes over the descriptor.
-            let file = unsafe {
-                use std::os::fd::FromRawFd;
-                let raw = fd.raw();
-                std::mem::forget(fd);
-                std::fs::File::from_raw_fd(raw)
-            };
+            let file =
+                io::open(&new, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?.into_file();
             let mut out = Summed {
                 out: std::io::BufWriter::with_capacity(CHUNK, file),
                 sum: ChunkSum::new(),
