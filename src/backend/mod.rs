@@ -4,12 +4,12 @@
 //! the index lock. It knows nothing of rows or of the primary buffer, so it can
 //! be tested with plain buffers.
 
+pub(crate) mod checksum;
 pub(crate) mod disk;
 pub(crate) mod memory;
 mod prefault;
 #[cfg(feature = "redis-backend")]
 pub(crate) mod redis;
-pub(crate) mod xxh64;
 
 use crate::error::Result;
 

@@ -5,7 +5,7 @@
 //! sight (see the README for what that leaves open).
 
 use super::record::Nonce;
-use crate::backend::xxh64::xxh64;
+use crate::backend::checksum::xxh64;
 use crate::sync::Mutex;
 use std::collections::HashMap;
 

@@ -7,25 +7,27 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "KVTIERB\0"
-//!      8     4  format version (1)
+//!      8     4  format version (2; 1 is still read)
 //!     12     4  header length (4096)
 //!     16     8  namespace fingerprint (xxh64 of the namespace string)
 //!     24     8  payload length in bytes (the tier's block_bytes)
 //!     32     4  key length (1..=128)
 //!     36     4  flags (0)
-//!     40     8  xxh64 of the payload (unpadded)
+//!     40     8  checksum of the payload (unpadded): XXH3-64 in version 2,
+//!               XXH64 in version 1
 //!     48   128  key, zero-padded
 //!    176  3912  zero
 //!   4088     8  xxh64 of bytes 0..4088 (the header itself)
 //! ```
 
-use crate::backend::xxh64::xxh64;
+use crate::backend::checksum::{xxh64, PayloadSum};
 use crate::key::MAX_KEY_LEN;
 
 pub(crate) const HEADER_LEN: usize = 4096;
 pub(crate) const ALIGN: usize = 4096;
 const MAGIC: [u8; 8] = *b"KVTIERB\0";
-pub(crate) const FORMAT_VERSION: u32 = 1;
+/// The version written; [`PayloadSum::read`] says which ones are read.
+pub(crate) const FORMAT_VERSION: u32 = PayloadSum::CURRENT_VERSION;
 const HEADER_SUM_AT: usize = HEADER_LEN - 8;
 
 /// The payload length rounded up to the alignment unit.
@@ -44,22 +46,28 @@ pub(crate) struct Header {
     pub namespace_fp: u64,
     pub payload_len: u64,
     pub key: Vec<u8>,
-    pub payload_sum: u64,
+    pub payload_sum: PayloadSum,
 }
 
 impl Header {
-    /// Writes the header into `out` (exactly HEADER_LEN bytes).
+    /// Writes the header into `out` (exactly HEADER_LEN bytes), as format
+    /// version [`FORMAT_VERSION`]: `payload_sum` must be that version's.
     pub(crate) fn encode(&self, out: &mut [u8]) {
+        let version = match self.payload_sum {
+            PayloadSum::Xxh3(_) => FORMAT_VERSION,
+            // Only tests write the older version (to prove it is still read).
+            PayloadSum::Xxh64(_) => 1,
+        };
         assert_eq!(out.len(), HEADER_LEN);
         assert!(!self.key.is_empty() && self.key.len() <= MAX_KEY_LEN);
         out.fill(0);
         out[0..8].copy_from_slice(&MAGIC);
-        out[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out[8..12].copy_from_slice(&version.to_le_bytes());
         out[12..16].copy_from_slice(&(HEADER_LEN as u32).to_le_bytes());
         out[16..24].copy_from_slice(&self.namespace_fp.to_le_bytes());
         out[24..32].copy_from_slice(&self.payload_len.to_le_bytes());
         out[32..36].copy_from_slice(&(self.key.len() as u32).to_le_bytes());
-        out[40..48].copy_from_slice(&self.payload_sum.to_le_bytes());
+        out[40..48].copy_from_slice(&self.payload_sum.value().to_le_bytes());
         out[48..48 + self.key.len()].copy_from_slice(&self.key);
         let sum = xxh64(&out[..HEADER_SUM_AT], 0);
         out[HEADER_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
@@ -83,11 +91,11 @@ impl Header {
             return Err("header checksum mismatch (torn or corrupted header)".into());
         }
         let version = u32_at(8);
-        if version != FORMAT_VERSION {
+        let Some(payload_sum) = PayloadSum::read(version, u64_at(40)) else {
             return Err(format!(
-                "format version {version}, this build reads {FORMAT_VERSION}"
+                "format version {version}, this build reads 1..={FORMAT_VERSION}"
             ));
-        }
+        };
         if u32_at(12) as usize != HEADER_LEN {
             return Err(format!(
                 "header length {}, expected {HEADER_LEN}",
@@ -102,7 +110,7 @@ impl Header {
             namespace_fp: u64_at(16),
             payload_len: u64_at(24),
             key: buf[48..48 + key_len].to_vec(),
-            payload_sum: u64_at(40),
+            payload_sum,
         })
     }
 }
@@ -117,11 +125,27 @@ mod tests {
             namespace_fp: 42,
             payload_len: 8192,
             key: vec![9; 36],
-            payload_sum: 0x1234,
+            payload_sum: PayloadSum::Xxh3(0x1234),
         };
         let mut buf = vec![0u8; HEADER_LEN];
         h.encode(&mut buf);
         assert_eq!(Header::decode(&buf).unwrap(), h);
+        assert_eq!(buf[8..12], FORMAT_VERSION.to_le_bytes());
+        // Version 1 headers (XXH64 payload checksums) are still read as such.
+        let old = Header {
+            payload_sum: PayloadSum::Xxh64(0x1234),
+            ..h.clone()
+        };
+        let mut old_buf = vec![0u8; HEADER_LEN];
+        old.encode(&mut old_buf);
+        assert_eq!(old_buf[8..12], 1u32.to_le_bytes());
+        assert_eq!(Header::decode(&old_buf).unwrap(), old);
+        // A version this build does not know is refused, by name.
+        let mut future = buf.clone();
+        future[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let sum = xxh64(&future[..HEADER_SUM_AT], 0);
+        future[HEADER_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
+        assert!(Header::decode(&future).unwrap_err().contains("version 3"));
         for at in [0, 9, 17, 25, 33, 41, 50, 3000, 4090] {
             let mut bad = buf.clone();
             bad[at] ^= 1;

@@ -17,7 +17,7 @@
 //! other extension keeps sealed and unsealed tiers from ever taking each
 //! other's files for their own (or for debris).
 
-use crate::backend::xxh64::xxh64;
+use crate::backend::checksum::xxh64;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
@@ -50,7 +50,7 @@ pub(crate) fn namespace_dir(namespace: &str, block_bytes: usize) -> String {
     )
 }
 
-pub(crate) use crate::backend::xxh64::namespace_fingerprint;
+pub(crate) use crate::backend::checksum::namespace_fingerprint;
 
 /// The reference forms [`block_path`] and [`sealed_block_path`] are tested against.
 #[cfg(test)]

@@ -42,7 +42,7 @@
 use super::format::file_len;
 use super::layout::{fan_name, FAN_DIRS};
 use super::{io, DiskBackend};
-use crate::backend::xxh64::xxh64;
+use crate::backend::checksum::xxh64;
 use crate::backend::EachBlock;
 use crate::key::MAX_KEY_LEN;
 use std::io::{Read, Write};
@@ -328,7 +328,7 @@ impl DiskBackend {
 #[cfg(test)]
 mod tests {
     use super::ChunkSum;
-    use crate::backend::xxh64::xxh64;
+    use crate::backend::checksum::xxh64;
 
     #[test]
     fn the_checksum_does_not_depend_on_how_bytes_are_fed() {

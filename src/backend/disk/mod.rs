@@ -49,7 +49,7 @@ mod sealed;
 
 use self::format::{file_len, Header, ALIGN, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
-use super::xxh64::xxh64;
+use super::checksum::{xxh64, PayloadSum};
 use super::{Backend, Row, StoreJob, Unwatched};
 use crate::config::{DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
@@ -413,7 +413,7 @@ impl DiskBackend {
             namespace_fp: self.ns_fp,
             payload_len: self.block_bytes as u64,
             key: key.to_vec(),
-            payload_sum: xxh64(payload, 0),
+            payload_sum: PayloadSum::of(payload),
         }
     }
 

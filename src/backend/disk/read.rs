@@ -5,7 +5,6 @@
 use super::format::{file_len, Header, HEADER_LEN};
 use super::io::{self, Fd, FileId};
 use super::{io_error, with_scratch, DiskBackend};
-use crate::backend::xxh64::xxh64;
 use crate::error::{Error, ErrorKind, Result};
 use std::path::Path;
 
@@ -66,7 +65,7 @@ impl DiskBackend {
                 h.payload_len, self.block_bytes
             )),
             Ok(h) if h.key != key => Some("header names another key".into()),
-            Ok(h) if h.payload_sum != xxh64(payload, 0) => Some("payload checksum mismatch".into()),
+            Ok(h) if !h.payload_sum.matches(payload) => Some("payload checksum mismatch".into()),
             Ok(_) => None,
         }
     }

@@ -9,7 +9,6 @@
 use super::format;
 use super::resp::{frame_bulk, frame_bulk_len, frame_command, Head, RespConn};
 use super::sealed::{self, SealedLayout};
-use crate::backend::xxh64::xxh64;
 use crate::seal::{Nonce, RECORD_LEN};
 use std::cell::RefCell;
 use std::io::{self, IoSlice};
@@ -329,7 +328,7 @@ fn read_block(
     conn.read_crlf()?;
     Ok(match check(&head[..header_len]) {
         Err(problem) => Fetched::Bad(problem),
-        Ok(sum) if sum != xxh64(dst, 0) => Fetched::Recheck,
+        Ok(sum) if !sum.matches(dst) => Fetched::Recheck,
         Ok(_) => Fetched::Good,
     })
 }

@@ -12,24 +12,25 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "KVTIERR\0"
-//!      8     4  format version (1)
+//!      8     4  format version (2; 1 is still read)
 //!     12     4  header length (56 + key length)
 //!     16     8  namespace fingerprint
 //!     24     8  payload length (the tier's block_bytes)
 //!     32     4  key length (1..=128)
 //!     36     4  flags (0)
-//!     40     8  xxh64 of the payload
+//!     40     8  checksum of the payload: XXH3-64 (version 2), XXH64 (1)
 //!     48     k  key
 //!   48+k     8  xxh64 of bytes 0..48+k (the header itself)
 //!   56+k     n  payload
 //! ```
 
-use crate::backend::xxh64::xxh64;
+use crate::backend::checksum::{xxh64, PayloadSum};
 use crate::key::MAX_KEY_LEN;
 use std::io::Write;
 
 const MAGIC: [u8; 8] = *b"KVTIERR\0";
-const FORMAT_VERSION: u32 = 1;
+/// The version written; [`PayloadSum::read`] says which ones are read.
+const FORMAT_VERSION: u32 = PayloadSum::CURRENT_VERSION;
 const FIXED: usize = 48;
 /// Longest key kept readable (hex) in a key name.
 const LONG_KEY: usize = 100;
@@ -103,15 +104,30 @@ impl EncodedHeader {
 
 /// The header of a block's value (checksums the payload).
 pub(super) fn encode_header(namespace_fp: u64, key: &[u8], payload: &[u8]) -> EncodedHeader {
+    encode_header_with(namespace_fp, key, payload.len(), PayloadSum::of(payload))
+}
+
+/// The header of a value whose payload of `payload_len` bytes has `sum`, in
+/// the format version of that checksum's kind (tests write version 1).
+fn encode_header_with(
+    namespace_fp: u64,
+    key: &[u8],
+    payload_len: usize,
+    sum: PayloadSum,
+) -> EncodedHeader {
+    let version = match sum {
+        PayloadSum::Xxh3(_) => FORMAT_VERSION,
+        PayloadSum::Xxh64(_) => 1,
+    };
     let mut header = [0u8; MAX_HEADER];
     let len = header_len(key.len());
     header[0..8].copy_from_slice(&MAGIC);
-    header[8..12].copy_from_slice(&FORMAT_VERSION.to_le_bytes());
+    header[8..12].copy_from_slice(&version.to_le_bytes());
     header[12..16].copy_from_slice(&(len as u32).to_le_bytes());
     header[16..24].copy_from_slice(&namespace_fp.to_le_bytes());
-    header[24..32].copy_from_slice(&(payload.len() as u64).to_le_bytes());
+    header[24..32].copy_from_slice(&(payload_len as u64).to_le_bytes());
     header[32..36].copy_from_slice(&(key.len() as u32).to_le_bytes());
-    header[40..48].copy_from_slice(&xxh64(payload, 0).to_le_bytes());
+    header[40..48].copy_from_slice(&sum.value().to_le_bytes());
     header[FIXED..FIXED + key.len()].copy_from_slice(key);
     let sum = xxh64(&header[..FIXED + key.len()], 0);
     header[FIXED + key.len()..len].copy_from_slice(&sum.to_le_bytes());
@@ -130,11 +146,12 @@ pub(super) fn write_value(
 }
 
 /// The fields a stored value's header names.
+#[derive(Debug)]
 pub(super) struct Header<'a> {
     pub namespace_fp: u64,
     pub payload_len: u64,
     pub key: &'a [u8],
-    pub payload_sum: u64,
+    pub payload_sum: PayloadSum,
     pub len: usize,
 }
 
@@ -148,12 +165,12 @@ pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
     }
     let u32_at = |at: usize| u32::from_le_bytes(value[at..at + 4].try_into().expect("4"));
     let u64_at = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8"));
-    if u32_at(8) != FORMAT_VERSION {
+    let Some(payload_sum) = PayloadSum::read(u32_at(8), u64_at(40)) else {
         return Err(format!(
-            "format version {}, expected {FORMAT_VERSION}",
+            "format version {}, this build reads 1..={FORMAT_VERSION}",
             u32_at(8)
         ));
-    }
+    };
     let key_len = u32_at(32) as usize;
     let len = u32_at(12) as usize;
     if key_len == 0 || key_len > MAX_KEY_LEN || len != header_len(key_len) || value.len() < len {
@@ -166,7 +183,7 @@ pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
         namespace_fp: u64_at(16),
         payload_len: u64_at(24),
         key: &value[FIXED..FIXED + key_len],
-        payload_sum: u64_at(40),
+        payload_sum,
         len,
     })
 }
@@ -180,7 +197,7 @@ pub(super) fn check_header(
     namespace_fp: u64,
     key: &[u8],
     block_bytes: usize,
-) -> Result<u64, String> {
+) -> Result<PayloadSum, String> {
     let h = read_header(head)?;
     if h.namespace_fp != namespace_fp {
         return Err("block of another namespace".into());
@@ -211,7 +228,8 @@ mod tests {
             (7, 4096, &b"key"[..])
         );
         assert_eq!(&value[h.len..], &payload[..]);
-        assert_eq!(h.payload_sum, xxh64(&payload, 0));
+        assert_eq!(h.payload_sum, PayloadSum::of(&payload));
+        assert_eq!(value[8..12], FORMAT_VERSION.to_le_bytes());
         for at in [0, 9, 13, 20, 33, 50] {
             let mut bad = value.clone();
             bad[at] ^= 1;
@@ -219,6 +237,26 @@ mod tests {
             assert!(h.is_err() || h.unwrap().namespace_fp != 7, "byte {at}");
         }
         assert!(read_header(&value[..20]).is_err());
+    }
+
+    #[test]
+    fn version_1_values_are_still_read_with_their_xxh64_sums() {
+        let payload: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+        let sum = PayloadSum::Xxh64(xxh64(&payload, 0));
+        let header = encode_header_with(7, b"key", payload.len(), sum);
+        assert_eq!(header.as_slice()[8..12], 1u32.to_le_bytes());
+        let mut value = header.as_slice().to_vec();
+        value.extend_from_slice(&payload);
+        let got = check_header(&value, value.len(), 7, b"key", 4096).unwrap();
+        assert_eq!(got, sum);
+        assert!(got.matches(&payload));
+        // A version this build does not know is refused, by name.
+        let mut future = value.clone();
+        future[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let at = FIXED + 3;
+        let head_sum = xxh64(&future[..at], 0);
+        future[at..at + 8].copy_from_slice(&head_sum.to_le_bytes());
+        assert!(read_header(&future).unwrap_err().contains("version 3"));
     }
 
     #[test]

@@ -38,7 +38,7 @@ use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
 use self::sealed::SealedLayout;
-use super::xxh64::{namespace_fingerprint, xxh64};
+use super::checksum::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
 use crate::error::{bail, Error, ErrorKind, Result};
@@ -356,7 +356,7 @@ impl RedisBackend {
         let sum =
             format::check_header(value, value.len(), self.namespace_fp, key, self.block_bytes)?;
         let payload = &value[value.len() - self.block_bytes..];
-        if sum != xxh64(payload, 0) {
+        if !sum.matches(payload) {
             return Err("payload checksum mismatch".into());
         }
         dst.copy_from_slice(payload);
