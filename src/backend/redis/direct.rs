@@ -44,7 +44,7 @@ impl Layout<'_> {
         }
     }
 
-    fn write_name(&self, out: &mut Vec<u8>, key: &[u8]) {
+    pub(super) fn write_name(&self, out: &mut Vec<u8>, key: &[u8]) {
         match self.seal {
             Some(seal) => {
                 let tag = seal
@@ -275,9 +275,16 @@ pub(super) fn get_pipeline(
 }
 
 /// `DEL <name>` for each key, as one pipeline, written into the
-/// connection's reusable buffer (nothing allocated per key). The replies
-/// (how many keys went) are read and dropped: a delete is best effort.
-pub(super) fn del_pipeline(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> io::Result<()> {
+/// connection's reusable buffer (nothing allocated per key). The counts of
+/// keys deleted are dropped (a delete is best effort); a server's refusal
+/// of key i is pushed to `refused` with its message (a cluster node's
+/// redirection, which the caller may follow).
+pub(super) fn del_pipeline(
+    conn: &mut RespConn,
+    layout: &Layout,
+    keys: &[&[u8]],
+    refused: &mut Vec<(usize, String)>,
+) -> io::Result<()> {
     conn.out.clear();
     for key in keys {
         frame_command(&mut conn.out, 2);
@@ -289,9 +296,10 @@ pub(super) fn del_pipeline(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]])
     conn.begin();
     let len = conn.out.len();
     conn.send_out_range(0, len)?;
-    for _ in keys {
+    for i in 0..keys.len() {
         match conn.read_head()? {
-            Head::Int(_) | Head::Error(_) => {}
+            Head::Int(_) => {}
+            Head::Error(message) => refused.push((i, message)),
             other => return Err(conn.unexpected(format!("{other:?} in reply to DEL"))),
         }
     }
