@@ -153,7 +153,10 @@ impl Routes {
             })
             .collect();
         let node_of = |i: usize| map.route(slots[i]).unwrap_or(usize::MAX);
-        let mut order: Vec<usize> = (0..n).filter(|&i| include(i)).collect();
+        // Sized first: collected from a filter, it would grow by doubling,
+        // a few allocations more for a big job than for a small one.
+        let mut order = Vec::with_capacity(n);
+        order.extend((0..n).filter(|&i| include(i)));
         order.sort_unstable_by_key(|&i| (node_of(i), i));
         let mut groups = Vec::with_capacity(map.nodes.len() + 1);
         let mut start = 0;

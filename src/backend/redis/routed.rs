@@ -253,11 +253,8 @@ impl RedisBackend {
             .iter_mut()
             .map(|(slot, key, dst)| Some((*slot, *key, &mut **dst)))
             .collect();
-        let mut sorted: Vec<(u32, &[u8], &mut [u8])> = routes
-            .order
-            .iter()
-            .filter_map(|&i| cells[i].take())
-            .collect();
+        let mut sorted: Vec<(u32, &[u8], &mut [u8])> = Vec::with_capacity(routes.order.len());
+        sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
         let mut fetched = Vec::with_capacity(routes.largest());
         let mut trouble = Trouble::default();
         for (g, (node, range)) in routes.groups.iter().enumerate() {
