@@ -200,8 +200,8 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
 }
 
 /// A cluster tier deletes what it evicts too: one job's evictions are one
-/// DEL pipeline, which the cluster connection splits by node (keys of one
-/// job hash to different slots). Counted on every master.
+/// DEL pipeline per master (keys of one job hash to different slots).
+/// Counted on every master.
 #[test]
 fn a_cluster_tier_deletes_what_it_evicts_on_every_node() {
     let cluster = redis_or_skip!(RedisCluster::start(3, 0));

@@ -86,6 +86,9 @@ impl Trouble {
     }
 }
 
+/// A block of a load: its slot, key and row.
+type LoadBlock<'a> = (u32, &'a [u8], &'a mut [u8]);
+
 /// A block's state in a routed load.
 enum Got {
     /// To fetch through the crate's connection.
@@ -249,11 +252,11 @@ impl RedisBackend {
             layout.write_name(name, blocks[i].1)
         });
         // The rows in the routes' order: a node's blocks are one slice.
-        let mut cells: Vec<Option<(u32, &[u8], &mut [u8])>> = blocks
+        let mut cells: Vec<Option<LoadBlock>> = blocks
             .iter_mut()
             .map(|(slot, key, dst)| Some((*slot, *key, &mut **dst)))
             .collect();
-        let mut sorted: Vec<(u32, &[u8], &mut [u8])> = Vec::with_capacity(routes.order.len());
+        let mut sorted: Vec<LoadBlock> = Vec::with_capacity(routes.order.len());
         sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
         let mut fetched = Vec::with_capacity(routes.largest());
         let mut trouble = Trouble::default();
