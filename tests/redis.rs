@@ -200,8 +200,8 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
 }
 
 /// A cluster tier deletes what it evicts too: one job's evictions are one
-/// DEL pipeline, which the cluster connection splits by node (keys of one
-/// job hash to different slots). Counted on every master.
+/// DEL pipeline per master (keys of one job hash to different slots).
+/// Counted on every master.
 #[test]
 fn a_cluster_tier_deletes_what_it_evicts_on_every_node() {
     let cluster = redis_or_skip!(RedisCluster::start(3, 0));
@@ -537,6 +537,156 @@ fn tls_connections_are_encrypted_and_verified() {
 }
 
 /// The TLS client of `tls_connections_are_encrypted_and_verified`.
+/// A count `tier_describe` shows just before `what` (e.g. " blocks
+/// rerouted"): a cluster tier's slot map reads and the blocks that went
+/// through the crate's cluster connection instead of a direct pipeline.
+fn described_count(h: &Harness, what: &str) -> u64 {
+    let line = h.tier().describe();
+    let at = line
+        .find(what)
+        .unwrap_or_else(|| panic!("{what:?} not in {line}"));
+    line[..at].rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// MOVED replies the cluster's masters sent so far (`INFO errorstats`).
+fn moved_replies(cluster: &RedisCluster) -> u64 {
+    cluster
+        .masters()
+        .iter()
+        .map(|m| {
+            cluster
+                .cli_at(m.port, &["INFO", "errorstats"])
+                .lines()
+                .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+                .map_or(0, |n| n.trim().parse::<u64>().unwrap())
+        })
+        .sum()
+}
+
+/// One job's blocks on all three masters: each master's share goes in one
+/// direct pipeline and lands in its rows byte-exact (in rows of another
+/// order than the keys'), none by the crate's cluster connection.
+#[test]
+fn a_cluster_job_over_every_master_lands_in_its_rows_byte_exact() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("cluster", "on").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let masters = cluster.masters();
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let ids: Vec<u64> = (0..64).collect();
+    h.store_all(1, &ids);
+    for m in &masters {
+        let theirs = ids.iter().filter(|&&i| m.serves(slot_of(i))).count();
+        assert!(theirs > 0, "master {} serves none of the keys", m.port);
+        let held: usize = cluster.cli_at(m.port, &["DBSIZE"]).parse().unwrap();
+        assert_eq!(held, theirs, "master {} holds its slots' blocks", m.port);
+    }
+    for row in 0..64 {
+        h.write_row(row, &[0u8; BB]);
+    }
+    let rows: Vec<i64> = (0..64).rev().collect();
+    let r = h.load(2, &ids, &rows);
+    assert!(r.is_ok() && r.num_done == 64, "{r:?}");
+    for (&row, &i) in rows.iter().zip(&ids) {
+        assert!(h.row_holds(row as usize, i), "block {i} in row {row}");
+    }
+    assert_eq!(described_count(&h, " blocks rerouted"), 0);
+}
+
+/// Slots move between two jobs of one tier: the second job's blocks on the
+/// moved slots meet MOVED from their old master (the tier's slot map is
+/// stale), are stored and loaded byte-exact all the same, and the map is
+/// read again, so a third job meets no MOVED at all.
+#[test]
+fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("cluster", "on").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..64).collect();
+    h.store_all(1, &ids);
+    let masters = cluster.masters();
+    let (from, to) = (&masters[0], &masters[1]);
+    let out = std::process::Command::new("redis-cli")
+        .args(["--cluster", "reshard", &format!("127.0.0.1:{}", to.port)])
+        .args(["--cluster-from", &from.id, "--cluster-to", &to.id])
+        .args(["--cluster-slots", "4000", "--cluster-yes"])
+        .output()
+        .expect("redis-cli --cluster reshard");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // Every node agrees on the new owners (the tier may ask any of them).
+    let owners = |port: u16| -> Vec<(String, Vec<(u16, u16)>)> {
+        let mut owners: Vec<_> = cluster
+            .nodes_seen_by(port)
+            .into_iter()
+            .filter(|n| n.role == common::redis::Role::Master)
+            .map(|n| (n.id, n.slots))
+            .collect();
+        owners.sort();
+        owners
+    };
+    let ports = cluster.ports();
+    assert!(
+        common::redis::wait_until(Duration::from_secs(30), || {
+            ports.iter().all(|&p| owners(p) == owners(ports[0]))
+        }),
+        "the nodes never agreed on the moved slots"
+    );
+    let now_to = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.id == to.id)
+        .unwrap();
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let moved = |i: &u64| from.serves(slot_of(*i)) && now_to.serves(slot_of(*i));
+    assert!(ids.iter().any(moved), "no test block on a moved slot");
+    let reads = described_count(&h, " times;");
+    let before = moved_replies(&cluster);
+
+    // The second job: loads and stores on the stale map.
+    let rows: Vec<i64> = (0..64).collect();
+    let r = h.load(2, &ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(ids.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+    let fresh: Vec<u64> = (100..164).collect();
+    assert!(fresh.iter().any(moved));
+    h.store_all(3, &fresh);
+    assert!(
+        moved_replies(&cluster) > before,
+        "the tier's slot map should have been stale"
+    );
+    assert!(described_count(&h, " blocks rerouted") > 0);
+    assert!(
+        described_count(&h, " times;") > reads,
+        "the map was read again"
+    );
+
+    // The third: the map is current, no block meets MOVED.
+    let after = moved_replies(&cluster);
+    let rerouted = described_count(&h, " blocks rerouted");
+    for row in 0..64 {
+        h.write_row(row, &[0u8; BB]);
+    }
+    let r = h.load(4, &fresh, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(fresh
+        .iter()
+        .enumerate()
+        .all(|(row, &i)| h.row_holds(row, i)));
+    let more: Vec<u64> = (200..264).collect();
+    h.store_all(5, &more);
+    let r = h.load(6, &ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(ids.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+    assert_eq!(moved_replies(&cluster), after, "MOVED after the refresh");
+    assert_eq!(described_count(&h, " blocks rerouted"), rerouted);
+}
+
 #[test]
 #[ignore]
 fn tls_child() {
@@ -759,6 +909,22 @@ fn resharding_in_progress_moves_no_wrong_bytes() {
         .iter()
         .enumerate()
         .all(|(row, &i)| h.row_holds(row, i)));
+    // The tier's own pipelines met the move: its slot map named the old
+    // master for a moved block at least once (it is read again only after
+    // a redirection), and such blocks went the crate's way round.
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let to_now = cluster
+        .masters()
+        .into_iter()
+        .find(|m| m.id == to.id)
+        .unwrap();
+    if ids[..64]
+        .iter()
+        .any(|&i| from.serves(slot_of(i)) && to_now.serves(slot_of(i)))
+    {
+        assert!(described_count(&h, " blocks rerouted") > 0);
+        assert!(described_count(&h, " times;") > 1);
+    }
 }
 
 /// A master with a replica dies: its blocks fail cleanly (never wrong bytes)

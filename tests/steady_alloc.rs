@@ -6,12 +6,12 @@
 //! not by a multiple of the 31 extra blocks.
 //!
 //! One test in this binary, so no other test's threads allocate meanwhile.
-//! Redis skips (with a printed reason) without redis-server, unless
-//! KVTIER_REQUIRE_REDIS=1.
+//! Redis (a server, then a three-master cluster) skips (with a printed
+//! reason) without redis-server, unless KVTIER_REQUIRE_REDIS=1.
 
 mod common;
 
-use common::redis::{redis_available, redis_config_at, RedisServer};
+use common::redis::{redis_available, redis_config_at, RedisCluster, RedisServer};
 use common::{disk_config, memory_config, Harness};
 use kvtier::TierConfig;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -187,6 +187,26 @@ fn steady_state_jobs_allocate_per_job_not_per_block() {
         let config = redis_config_at(&server.url(), CAPACITY_BLOCKS, BLOCK);
         let keys = || server.cli(&["DBSIZE"]).trim().parse::<usize>().unwrap();
         check("redis", &config, &keys, (1.2, 0.2), &mut failures);
+        // A cluster's jobs go direct too, a pipeline per master: the same
+        // limits (the crate's cluster pipeline parsed every GET value into
+        // a Vec of its own, one allocation per block).
+        let cluster = RedisCluster::start(3, 0).expect("a redis cluster forms");
+        let mut config = redis_config_at(&cluster.url(), CAPACITY_BLOCKS, BLOCK);
+        config.set("cluster", "on").unwrap();
+        let keys = || {
+            cluster
+                .masters()
+                .iter()
+                .map(|m| {
+                    cluster
+                        .cli_at(m.port, &["DBSIZE"])
+                        .trim()
+                        .parse::<usize>()
+                        .unwrap()
+                })
+                .sum()
+        };
+        check("redis cluster", &config, &keys, (1.2, 0.2), &mut failures);
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -14,7 +14,9 @@
 //!         [io_threads] [window] [job_blocks] [connections]
 //!
 //! Defaults: load, 2048 KiB, 1024 MiB, 10 s, 8 threads, 4 jobs of 16 blocks
-//! in flight, the library's connections. Loads are checked by the tier's
+//! in flight, the library's connections. RL_CLUSTER=1 opens the tier with
+//! `cluster=on` (URL: any node of a Redis Cluster; the server CPU share is
+//! then that node's alone). Loads are checked by the tier's
 //! checksums only (the bench proper verifies every byte).
 
 mod common;
@@ -86,7 +88,9 @@ fn main() {
     cfg.set("backend", "redis").unwrap();
     cfg.set("url", &url).unwrap();
     cfg.set("sharing", "owned").unwrap();
-    cfg.set("cluster", "off").unwrap();
+    let cluster = std::env::var("RL_CLUSTER").is_ok_and(|v| v == "1");
+    cfg.set("cluster", if cluster { "on" } else { "off" })
+        .unwrap();
     cfg.set("key_prefix", &format!("rl{}", std::process::id()))
         .unwrap();
     let capacity = if steady { blocks / 2 } else { blocks + 64 };

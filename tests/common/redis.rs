@@ -937,7 +937,8 @@ pub fn sealed_standalone_config(capacity_blocks: usize, block_bytes: usize) -> k
     c
 }
 
-/// [`cluster_config`] sealed with tenant A's key (the crate's pipelines).
+/// [`cluster_config`] sealed with tenant A's key (a direct pipeline per master,
+/// sealed values from the worker's buffer).
 pub fn sealed_cluster_config(capacity_blocks: usize, block_bytes: usize) -> kvtier::TierConfig {
     let mut c = cluster_config(capacity_blocks, block_bytes);
     c.set("seal_key", super::SEAL_A).unwrap();

@@ -24,6 +24,10 @@ thread_local! {
 /// the first blocks while the next ones are checksummed, and a write moves
 /// enough bytes that its system call costs nothing in comparison.
 const WRITE_CHUNK: usize = 512 << 10;
+/// Most blocks per vectored write (small blocks): its slices then fit an
+/// array on the stack, so a write allocates nothing (a cluster tier writes
+/// one pipeline per master, and every job's allocations count).
+const WRITE_BLOCKS: usize = 64;
 
 /// How this tier names and lays out blocks.
 pub(super) struct Layout<'a> {
@@ -43,7 +47,7 @@ impl Layout<'_> {
         }
     }
 
-    fn write_name(&self, out: &mut Vec<u8>, key: &[u8]) {
+    pub(super) fn write_name(&self, out: &mut Vec<u8>, key: &[u8]) {
         match self.seal {
             Some(seal) => {
                 let tag = seal
@@ -126,7 +130,9 @@ pub(super) fn set_pipeline(
     while first < blocks.len() {
         let mut last = first;
         let mut bytes = 0;
-        while last < blocks.len() && (last == first || bytes < WRITE_CHUNK) {
+        while last < blocks.len()
+            && (last == first || (bytes < WRITE_CHUNK && last - first < WRITE_BLOCKS))
+        {
             bytes += blocks[last].2.len();
             last += 1;
         }
@@ -155,9 +161,8 @@ pub(super) fn set_pipeline(
         }
         // A sealed tier sends each block's record and ciphertext from the
         // worker's buffer instead of the row.
-        let mut values: Vec<&[u8]> = blocks[first..last].iter().map(|b| b.2).collect();
+        let value_len = sealed::value_len(layout.block_bytes);
         if let Some(seal) = layout.seal {
-            let value_len = sealed::value_len(layout.block_bytes);
             let need = value_len * (last - first);
             if sealed_values.len() < need {
                 sealed_values.resize(need, 0);
@@ -171,21 +176,25 @@ pub(super) fn set_pipeline(
                     .map_err(|e| io::Error::other(e.message().to_string()))?;
                 nonces.push(nonce);
             }
-            values = sealed_values[..need].chunks_exact(value_len).collect();
         }
         if last == blocks.len() {
             set_tail(&mut out, layout.ttl_s);
         }
-        let mut slices = Vec::with_capacity(2 * (last - first) + 1);
+        let mut slices = [IoSlice::new(&[]); 2 * WRITE_BLOCKS + 1];
+        let mut used = 0;
         let mut from = 0;
-        for (&cut, payload) in cuts.iter().zip(values) {
-            slices.push(IoSlice::new(&out[from..cut]));
-            slices.push(IoSlice::new(payload));
+        for (k, &cut) in cuts.iter().enumerate() {
+            let payload = match layout.seal {
+                Some(_) => &sealed_values[k * value_len..][..value_len],
+                None => blocks[first + k].2,
+            };
+            slices[used] = IoSlice::new(&out[from..cut]);
+            slices[used + 1] = IoSlice::new(payload);
+            used += 2;
             from = cut;
         }
-        slices.push(IoSlice::new(&out[from..]));
-        let written = conn.write_all_vectored(&mut slices);
-        drop(slices);
+        slices[used] = IoSlice::new(&out[from..]);
+        let written = conn.write_all_vectored(&mut slices[..used + 1]);
         conn.out = out;
         conn.cuts = cuts;
         written?;
@@ -274,9 +283,16 @@ pub(super) fn get_pipeline(
 }
 
 /// `DEL <name>` for each key, as one pipeline, written into the
-/// connection's reusable buffer (nothing allocated per key). The replies
-/// (how many keys went) are read and dropped: a delete is best effort.
-pub(super) fn del_pipeline(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> io::Result<()> {
+/// connection's reusable buffer (nothing allocated per key). The counts of
+/// keys deleted are dropped (a delete is best effort); a server's refusal
+/// of key i is pushed to `refused` with its message (a cluster node's
+/// redirection, which the caller may follow).
+pub(super) fn del_pipeline(
+    conn: &mut RespConn,
+    layout: &Layout,
+    keys: &[&[u8]],
+    refused: &mut Vec<(usize, String)>,
+) -> io::Result<()> {
     conn.out.clear();
     for key in keys {
         frame_command(&mut conn.out, 2);
@@ -288,9 +304,10 @@ pub(super) fn del_pipeline(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]])
     conn.begin();
     let len = conn.out.len();
     conn.send_out_range(0, len)?;
-    for _ in keys {
+    for i in 0..keys.len() {
         match conn.read_head()? {
-            Head::Int(_) | Head::Error(_) => {}
+            Head::Int(_) => {}
+            Head::Error(message) => refused.push((i, message)),
             other => return Err(conn.unexpected(format!("{other:?} in reply to DEL"))),
         }
     }

@@ -25,15 +25,22 @@
 //! Files: `format` (key names and the value layout), `conn` (the pool),
 //! `resp` (kvtier's own RESP connection for plain TCP servers), `direct`
 //! (the data path over it: payloads written from and read into rows),
-//! `pipe` (the crate's pipelines, for TLS and clusters).
+//! `cluster` (a plain-TCP cluster's slot map and a pool per master),
+//! `routed` (a cluster's data path: a direct pipeline per master, blocks
+//! redirected retried through the crate), `pipe` (the crate's pipelines,
+//! for TLS, redirected blocks and everything but the data path of a
+//! cluster), `sealed` (sealed names and values).
 
+mod cluster;
 mod conn;
 mod direct;
 mod format;
 mod pipe;
 mod resp;
+mod routed;
 mod sealed;
 
+use self::cluster::Router;
 use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
@@ -127,6 +134,9 @@ pub(crate) struct RedisBackend {
     seal: Option<Sealer>,
     /// The version of each sealed block this process last wrote or saw.
     ledger: NonceLedger,
+    /// A cluster over plain TCP: the data path's routing to its masters
+    /// (`pool` still serves every other command).
+    router: Option<Router>,
 }
 
 /// TCP_NODELAY: a pipeline's last partial segment must not wait for the
@@ -229,6 +239,11 @@ impl RedisBackend {
             Target::Single(seeds[0].clone())
         };
         let connections = cfg.connections.unwrap_or(io_threads);
+        let router = if cluster {
+            Router::new(&seeds, connections, timeout)
+        } else {
+            None
+        };
         let backend = RedisBackend {
             pool: Pool::new(target, connections, timeout),
             name_prefix: format!(
@@ -246,6 +261,7 @@ impl RedisBackend {
             stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
             seal,
             ledger: NonceLedger::new(),
+            router,
         };
         // One round trip now: a wrong password or an unreachable server is a
         // clear tier_new error, not the first job's.
@@ -420,17 +436,76 @@ impl RedisBackend {
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
         for (i, ((slot, key, dst), outcome)) in blocks.iter_mut().zip(fetched).enumerate() {
-            let outcome = match outcome {
-                Fetched::Good => Ok(()),
-                Fetched::Missing => Err(self.not_found(&self.name(key))),
-                Fetched::Refused(message) => Err(server_error("GET", &message)),
-                Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
-                Fetched::Recheck => self.load(*slot, key, dst),
-            };
-            if !done(i, outcome) {
+            if !done(i, self.judge(*slot, key, dst, outcome)) {
                 return;
             }
         }
+    }
+
+    /// A block's outcome from what its direct GET brought.
+    fn judge(&self, slot: u32, key: &[u8], dst: &mut [u8], fetched: Fetched) -> Result<()> {
+        match fetched {
+            Fetched::Good => Ok(()),
+            Fetched::Missing => Err(self.not_found(&self.name(key))),
+            Fetched::Refused(message) => Err(server_error("GET", &message)),
+            Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
+            Fetched::Recheck => self.load(slot, key, dst),
+        }
+    }
+
+    /// The crate's SET pipeline (TLS, cluster) for `blocks`, each value
+    /// packed into the command; block i's outcome is `replies[i]`.
+    fn store_by_crate(
+        &self,
+        conn: &mut Conn,
+        blocks: &[(u32, &[u8], &[u8])],
+    ) -> std::result::Result<Vec<Result<()>>, redis::RedisError> {
+        let values = blocks
+            .iter()
+            .map(|&(_, key, block)| self.value_arg(key, block))
+            .collect::<Result<Vec<_>>>();
+        let values = match values {
+            Ok(values) => values,
+            Err(e) => return Ok(vec![Err(e); blocks.len()]),
+        };
+        let set = |i: usize| self.set_command(blocks[i].1, &values[i]);
+        let replies: Vec<Result<()>> = pipelined::<redis::Value>(conn, blocks.len(), set)?
+            .into_iter()
+            .map(|r| r.map(drop).map_err(|e| io_error("SET", &e)))
+            .collect();
+        for ((reply, value), &(_, key, _)) in replies.iter().zip(&values).zip(blocks) {
+            if let (Ok(()), ValueArg::Sealed(_, nonce)) = (reply, value) {
+                self.ledger.record(key, *nonce);
+            }
+        }
+        Ok(replies)
+    }
+
+    /// The crate's DEL pipeline (TLS, cluster) for `keys`.
+    fn del_by_crate(
+        &self,
+        conn: &mut Conn,
+        keys: &[&[u8]],
+    ) -> std::result::Result<(), redis::RedisError> {
+        let del = |i: usize| redis::cmd("DEL").arg(self.name(keys[i])).take();
+        pipelined::<redis::Value>(conn, keys.len(), del).map(drop)
+    }
+
+    /// The crate's GET pipeline (TLS, cluster) for the blocks named
+    /// `names`: one reply per name (judge it with `check_value`), or the
+    /// pipeline's failure.
+    fn get_by_crate(&self, names: &[String]) -> Result<Vec<redis::RedisResult<Option<Vec<u8>>>>> {
+        let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
+        let values = self.pool.with_conn("GET pipeline", |conn| {
+            pipelined::<Option<Vec<u8>>>(conn, names.len(), get)
+        })?;
+        if values.len() != names.len() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("redis: {} replies to {} GETs", values.len(), names.len()),
+            ));
+        }
+        Ok(values)
     }
 
     /// The crate's GET pipeline (TLS, cluster): each value copied into its
@@ -441,20 +516,8 @@ impl RedisBackend {
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
         let names: Vec<String> = blocks.iter().map(|(_, key, _)| self.name(key)).collect();
-        let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
-        let values = self.pool.with_conn("GET pipeline", |conn| {
-            pipelined::<Option<Vec<u8>>>(conn, names.len(), get)
-        });
-        let values = match values {
-            Ok(values) if values.len() == blocks.len() => values,
-            Ok(values) => {
-                let e = Error::new(
-                    ErrorKind::Io,
-                    format!("redis: {} replies to {} GETs", values.len(), blocks.len()),
-                );
-                done(0, Err(e));
-                return;
-            }
+        let values = match self.get_by_crate(&names) {
+            Ok(values) => values,
             Err(e) => {
                 done(0, Err(e));
                 return;
@@ -672,6 +735,9 @@ impl Backend for RedisBackend {
         done: &mut dyn FnMut(usize, Result<u64>),
     ) {
         let _guards = self.lock_stripes(blocks.iter().map(|&(_, key, _)| key));
+        if let Some(router) = &self.router {
+            return self.store_routed(router, blocks, done);
+        }
         let sent = self.pool.with_conn("SET pipeline", |conn| {
             if let Conn::Direct(c) = conn {
                 let mut replies = Vec::with_capacity(blocks.len());
@@ -681,25 +747,7 @@ impl Backend for RedisBackend {
                     .map(|r| r.map_err(|m| server_error("SET", &m)))
                     .collect::<Vec<_>>());
             }
-            let values = blocks
-                .iter()
-                .map(|&(_, key, block)| self.value_arg(key, block))
-                .collect::<Result<Vec<_>>>();
-            let values = match values {
-                Ok(values) => values,
-                Err(e) => return Ok(vec![Err(e); blocks.len()]),
-            };
-            let set = |i: usize| self.set_command(blocks[i].1, &values[i]);
-            let replies: Vec<Result<()>> = pipelined::<redis::Value>(conn, blocks.len(), set)?
-                .into_iter()
-                .map(|r| r.map(drop).map_err(|e| io_error("SET", &e)))
-                .collect();
-            for ((reply, value), &(_, key, _)) in replies.iter().zip(&values).zip(blocks) {
-                if let (Ok(()), ValueArg::Sealed(_, nonce)) = (reply, value) {
-                    self.ledger.record(key, *nonce);
-                }
-            }
-            Ok(replies)
+            self.store_by_crate(conn, blocks)
         });
         for i in 0..blocks.len() {
             done(
@@ -715,14 +763,18 @@ impl Backend for RedisBackend {
         }
     }
 
-    /// One pipeline of GETs for the task's blocks, then each value verified
-    /// (in its row on the direct path, else copied into it once verified),
-    /// reported in order until the first failure.
+    /// One pipeline of GETs for the task's blocks (per master in a
+    /// cluster), then each value verified (in its row on the direct path,
+    /// else copied into it once verified), reported in order until the first
+    /// failure.
     fn load_batch(
         &self,
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
+        if let Some(router) = &self.router {
+            return self.load_routed(router, blocks, done);
+        }
         let mut fetched = Vec::with_capacity(blocks.len());
         let direct = self.pool.with_conn("GET pipeline", |conn| match conn {
             Conn::Direct(c) => {
@@ -775,14 +827,20 @@ impl Backend for RedisBackend {
         }
         // Best effort, like a single DEL: a block left behind is found again
         // by the next open's adoption scan or expires with `ttl_s`.
-        let _ = self.pool.with_conn("DEL pipeline", |conn| {
-            if let Conn::Direct(c) = conn {
-                direct::del_pipeline(c, &self.layout(), &dead)?;
-                return Ok(());
+        match &self.router {
+            Some(router) => self.discard_routed(router, &dead),
+            None => {
+                let _ = self.pool.with_conn("DEL pipeline", |conn| {
+                    if let Conn::Direct(c) = conn {
+                        // A server's refusal of one DEL leaves that key, as
+                        // the crate's pipeline does.
+                        direct::del_pipeline(c, &self.layout(), &dead, &mut Vec::new())?;
+                        return Ok(());
+                    }
+                    self.del_by_crate(conn, &dead)
+                });
             }
-            let del = |i: usize| redis::cmd("DEL").arg(self.name(dead[i])).take();
-            pipelined::<redis::Value>(conn, dead.len(), del).map(drop)
-        });
+        }
         for key in dead {
             self.ledger.forget(key);
         }
@@ -821,10 +879,10 @@ impl Backend for RedisBackend {
         format!(
             "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections{})",
             self.shown_seeds,
-            if self.pool.is_cluster() {
-                "cluster"
-            } else {
-                "single server"
+            match (&self.router, self.pool.is_cluster()) {
+                (Some(router), _) => format!("cluster, {}", router.describe()),
+                (None, true) => "cluster".to_string(),
+                (None, false) => "single server".to_string(),
             },
             match self.sharing {
                 Sharing::Owned => "owned",

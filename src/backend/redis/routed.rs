@@ -1,0 +1,365 @@
+//! A Redis Cluster tier's data path over plain TCP: a job's blocks grouped
+//! by the master serving their slot (`cluster`), one direct pipeline
+//! (`direct`) per master on that master's own connections, the outcomes
+//! reported in the job's order. Loads land in the caller's rows with at
+//! most one copy beyond the socket read, as on a single server.
+//!
+//! A node that fails (connection refused, broken, past the deadline) gets
+//! the map refreshed; its blocks whose slots the new map gives to another
+//! node (a replica promoted) are sent again, directly, once. A master that
+//! failed and still owns its slots fails only its own blocks. Blocks a node
+//! redirected (MOVED, ASK, TRYAGAIN: a resharding), and blocks of slots no
+//! master is known to serve, go once through the crate's cluster
+//! connection, which follows MOVED and ASK itself.
+//!
+//! The caller holds the blocks' stripe locks throughout, retries included,
+//! as on a single server.
+
+use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
+use super::conn::{io_error, Conn};
+use super::direct::{self, Fetched};
+use super::resp::RespConn;
+use super::{server_error, RedisBackend};
+use crate::error::{Error, ErrorKind, Result};
+use std::sync::Arc;
+
+/// kvtier's own connection, which a node's pool always makes (its address
+/// is plain TCP).
+fn own(conn: &mut Conn) -> std::io::Result<&mut RespConn> {
+    match conn {
+        Conn::Direct(c) => Ok(c),
+        _ => Err(std::io::Error::other(
+            "a cluster node's connection is not kvtier's own",
+        )),
+    }
+}
+
+fn unsettled() -> Error {
+    Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried")
+}
+
+/// What a pass over a job's masters met besides answers.
+#[derive(Default)]
+struct Trouble {
+    /// A node answered MOVED: the map is stale.
+    moved: bool,
+    /// Groups (indices into `Routes::groups`) whose node failed.
+    failed: Vec<usize>,
+}
+
+impl Trouble {
+    fn redirected(&mut self, how: Redirection) {
+        self.moved |= how == Redirection::Moved;
+    }
+
+    /// After a first pass: refreshes the map when a node redirected or
+    /// failed. Returns the new map and, marked, the blocks of a failed node
+    /// that it gives to another node, if there are any (to send again).
+    fn settle(
+        &self,
+        router: &Router,
+        map: &SlotMap,
+        routes: &Routes,
+        n: usize,
+    ) -> Option<(Arc<SlotMap>, Vec<bool>)> {
+        if !self.moved && self.failed.is_empty() {
+            return None;
+        }
+        let avoid: Vec<Arc<Node>> = self
+            .failed
+            .iter()
+            .filter_map(|&g| routes.groups[g].0.map(|node| Arc::clone(map.node(node))))
+            .collect();
+        router.refresh(&avoid);
+        let now = router.map();
+        let mut again = vec![false; n];
+        let mut any = false;
+        for &g in &self.failed {
+            for &i in &routes.order[routes.groups[g].1.clone()] {
+                if now.moved_since(map, routes.slots[i]) {
+                    again[i] = true;
+                    any = true;
+                }
+            }
+        }
+        any.then_some((now, again))
+    }
+}
+
+/// A block of a load: its slot, key and row.
+type LoadBlock<'a> = (u32, &'a [u8], &'a mut [u8]);
+
+/// A block's state in a routed load.
+enum Got {
+    /// To fetch through the crate's connection.
+    Retry,
+    /// The direct pipeline's outcome (the payload, if any, in its row).
+    Fetched(Fetched),
+    /// The crate's reply, not checked yet.
+    Value(redis::RedisResult<Option<Vec<u8>>>),
+    Failed(Error),
+}
+
+impl RedisBackend {
+    /// `store_batch` on a cluster: a direct SET pipeline per master.
+    pub(super) fn store_routed(
+        &self,
+        router: &Router,
+        blocks: &[(u32, &[u8], &[u8])],
+        done: &mut dyn FnMut(usize, Result<u64>),
+    ) {
+        let map = router.map();
+        let mut outcomes: Vec<Option<Result<()>>> = vec![None; blocks.len()];
+        let (routes, trouble) = self.set_pass(&map, blocks, |_| true, &mut outcomes);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len()) {
+            self.set_pass(&now, blocks, |i| again[i], &mut outcomes);
+        }
+        let retry: Vec<usize> = (0..blocks.len())
+            .filter(|&i| outcomes[i].is_none())
+            .collect();
+        if !retry.is_empty() {
+            router.note_rerouted(retry.len());
+            let subset: Vec<(u32, &[u8], &[u8])> = retry.iter().map(|&i| blocks[i]).collect();
+            let sent = self
+                .pool
+                .with_conn("SET pipeline", |conn| self.store_by_crate(conn, &subset));
+            for (k, &i) in retry.iter().enumerate() {
+                outcomes[i] = Some(match &sent {
+                    Ok(replies) => replies[k].clone(),
+                    Err(e) => Err(e.clone()),
+                });
+            }
+        }
+        for (i, outcome) in outcomes.into_iter().enumerate() {
+            let outcome = outcome.unwrap_or_else(|| Err(unsettled()));
+            done(i, outcome.map(|()| self.block_bytes as u64));
+        }
+    }
+
+    /// The SETs of the blocks `include` selects, one direct pipeline per
+    /// master of `map`; `outcomes[i]` None: to send through the crate.
+    fn set_pass(
+        &self,
+        map: &SlotMap,
+        blocks: &[(u32, &[u8], &[u8])],
+        include: impl Fn(usize) -> bool,
+        outcomes: &mut [Option<Result<()>>],
+    ) -> (Routes, Trouble) {
+        let layout = self.layout();
+        let routes = Routes::new(map, blocks.len(), include, |i, name| {
+            layout.write_name(name, blocks[i].1)
+        });
+        let mut part = Vec::with_capacity(routes.largest());
+        let mut replies = Vec::with_capacity(routes.largest());
+        let mut trouble = Trouble::default();
+        for (g, (node, range)) in routes.groups.iter().enumerate() {
+            let order = &routes.order[range.clone()];
+            let Some(node) = node else {
+                order.iter().for_each(|&i| outcomes[i] = None);
+                continue;
+            };
+            part.clear();
+            part.extend(order.iter().map(|&i| blocks[i]));
+            let sent = map.node(*node).pool.with_conn("SET pipeline", |conn| {
+                direct::set_pipeline(own(conn)?, &layout, &part, &mut replies)?;
+                Ok(())
+            });
+            match sent {
+                Ok(()) => {
+                    for (&i, reply) in order.iter().zip(replies.drain(..)) {
+                        outcomes[i] = match reply {
+                            Ok(()) => Some(Ok(())),
+                            Err(message) => match redirection(&message) {
+                                Some(how) => {
+                                    trouble.redirected(how);
+                                    None
+                                }
+                                None => Some(Err(server_error("SET", &message))),
+                            },
+                        };
+                    }
+                }
+                Err(e) => {
+                    trouble.failed.push(g);
+                    for &i in order {
+                        outcomes[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        (routes, trouble)
+    }
+
+    /// `load_batch` on a cluster: a direct GET pipeline per master, each
+    /// reply read into its block's row; then the outcomes in the job's
+    /// order until `done` says stop.
+    pub(super) fn load_routed(
+        &self,
+        router: &Router,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        done: &mut dyn FnMut(usize, Result<()>) -> bool,
+    ) {
+        let map = router.map();
+        let mut got: Vec<Got> = (0..blocks.len()).map(|_| Got::Retry).collect();
+        let (routes, trouble) = self.get_pass(&map, blocks, |_| true, &mut got);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len()) {
+            self.get_pass(&now, blocks, |i| again[i], &mut got);
+        }
+        let retry: Vec<usize> = (0..blocks.len())
+            .filter(|&i| matches!(got[i], Got::Retry))
+            .collect();
+        if !retry.is_empty() {
+            router.note_rerouted(retry.len());
+            let names: Vec<String> = retry.iter().map(|&i| self.name(blocks[i].1)).collect();
+            match self.get_by_crate(&names) {
+                Ok(values) => {
+                    for (&i, value) in retry.iter().zip(values) {
+                        got[i] = Got::Value(value);
+                    }
+                }
+                Err(e) => {
+                    for &i in &retry {
+                        got[i] = Got::Failed(e.clone());
+                    }
+                }
+            }
+        }
+        for (i, ((slot, key, dst), got)) in blocks.iter_mut().zip(got).enumerate() {
+            let outcome = match got {
+                Got::Fetched(fetched) => self.judge(*slot, key, dst, fetched),
+                Got::Value(Ok(value)) => self.check_value(&self.name(key), value, key, dst),
+                Got::Value(Err(e)) => Err(io_error("GET", &e)),
+                Got::Failed(e) => Err(e),
+                Got::Retry => Err(unsettled()),
+            };
+            if !done(i, outcome) {
+                return;
+            }
+        }
+    }
+
+    /// The GETs of the blocks `include` selects, one direct pipeline per
+    /// master of `map`, each payload read into its row.
+    fn get_pass(
+        &self,
+        map: &SlotMap,
+        blocks: &mut [(u32, &[u8], &mut [u8])],
+        include: impl Fn(usize) -> bool,
+        got: &mut [Got],
+    ) -> (Routes, Trouble) {
+        let layout = self.layout();
+        let routes = Routes::new(map, blocks.len(), include, |i, name| {
+            layout.write_name(name, blocks[i].1)
+        });
+        // The rows in the routes' order: a node's blocks are one slice.
+        let mut cells: Vec<Option<LoadBlock>> = blocks
+            .iter_mut()
+            .map(|(slot, key, dst)| Some((*slot, *key, &mut **dst)))
+            .collect();
+        let mut sorted: Vec<LoadBlock> = Vec::with_capacity(routes.order.len());
+        sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
+        let mut fetched = Vec::with_capacity(routes.largest());
+        let mut trouble = Trouble::default();
+        for (g, (node, range)) in routes.groups.iter().enumerate() {
+            let order = &routes.order[range.clone()];
+            let Some(node) = node else {
+                order.iter().for_each(|&i| got[i] = Got::Retry);
+                continue;
+            };
+            let rows = &mut sorted[range.clone()];
+            let read = map.node(*node).pool.with_conn("GET pipeline", |conn| {
+                direct::get_pipeline(own(conn)?, &layout, rows, &mut fetched)?;
+                Ok(())
+            });
+            match read {
+                Ok(()) => {
+                    for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
+                        got[i] = match outcome {
+                            Fetched::Refused(message) => match redirection(&message) {
+                                Some(how) => {
+                                    trouble.redirected(how);
+                                    Got::Retry
+                                }
+                                None => Got::Fetched(Fetched::Refused(message)),
+                            },
+                            outcome => Got::Fetched(outcome),
+                        };
+                    }
+                }
+                Err(e) => {
+                    trouble.failed.push(g);
+                    for &i in order {
+                        got[i] = Got::Failed(e.clone());
+                    }
+                }
+            }
+        }
+        (routes, trouble)
+    }
+
+    /// `discard` on a cluster: a direct DEL pipeline per master; keys a
+    /// node redirected go through the crate's connection. Best effort, as
+    /// on a single server.
+    pub(super) fn discard_routed(&self, router: &Router, dead: &[&[u8]]) {
+        let map = router.map();
+        let mut retry = vec![false; dead.len()];
+        let (routes, trouble) = self.del_pass(&map, dead, |_| true, &mut retry);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, dead.len()) {
+            self.del_pass(&now, dead, |i| again[i], &mut retry);
+        }
+        let keys: Vec<&[u8]> = (0..dead.len())
+            .filter(|&i| retry[i])
+            .map(|i| dead[i])
+            .collect();
+        if !keys.is_empty() {
+            router.note_rerouted(keys.len());
+            let _ = self
+                .pool
+                .with_conn("DEL pipeline", |conn| self.del_by_crate(conn, &keys));
+        }
+    }
+
+    /// The DELs of the keys `include` selects, one direct pipeline per
+    /// master of `map`; `retry[i]`: to send through the crate.
+    fn del_pass(
+        &self,
+        map: &SlotMap,
+        dead: &[&[u8]],
+        include: impl Fn(usize) -> bool,
+        retry: &mut [bool],
+    ) -> (Routes, Trouble) {
+        let layout = self.layout();
+        let routes = Routes::new(map, dead.len(), include, |i, name| {
+            layout.write_name(name, dead[i])
+        });
+        let mut part = Vec::with_capacity(routes.largest());
+        let mut refused = Vec::new();
+        let mut trouble = Trouble::default();
+        for (g, (node, range)) in routes.groups.iter().enumerate() {
+            let order = &routes.order[range.clone()];
+            let Some(node) = node else {
+                order.iter().for_each(|&i| retry[i] = true);
+                continue;
+            };
+            part.clear();
+            part.extend(order.iter().map(|&i| dead[i]));
+            refused.clear();
+            let sent = map.node(*node).pool.with_conn("DEL pipeline", |conn| {
+                direct::del_pipeline(own(conn)?, &layout, &part, &mut refused)?;
+                Ok(())
+            });
+            match sent {
+                Ok(()) => {
+                    for (k, message) in refused.drain(..) {
+                        if let Some(how) = redirection(&message) {
+                            trouble.redirected(how);
+                            retry[order[k]] = true;
+                        }
+                    }
+                }
+                Err(_) => trouble.failed.push(g),
+            }
+        }
+        (routes, trouble)
+    }
+}
