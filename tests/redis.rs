@@ -732,6 +732,80 @@ fn a_dead_cluster_master_fails_only_its_own_slots() {
     );
 }
 
+/// Hung masters (SIGSTOP: connections kept, nothing answered) cost a job
+/// one `io_timeout_ms` in all, not one per master its blocks are on: the
+/// pipelines a job sends its masters, one after another, share the job's
+/// deadline. And once a master has failed a pipeline it is served last, so
+/// that a job over a hung master and live ones stores its blocks on the live
+/// ones. The slow cluster-node-timeout keeps the live masters serving while
+/// one is frozen (the cluster would otherwise flag it failed and go down).
+#[test]
+fn hung_cluster_masters_cost_one_deadline_per_job() {
+    let cluster = redis_or_skip!(RedisCluster::start_with(
+        3,
+        0,
+        &[("cluster-node-timeout", "60000")]
+    ));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("io_timeout_ms", "1000").unwrap();
+    let h = Harness::new(&config, 48, BB);
+    let ids: Vec<u64> = (0..48).collect();
+    let rows: Vec<i64> = (0..48).collect();
+    h.store_all(1, &ids);
+    let masters = cluster.masters();
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    for m in &masters {
+        assert!(
+            ids.iter().any(|&i| m.serves(slot_of(i))),
+            "keys on every master"
+        );
+    }
+
+    for m in &masters {
+        cluster.server(m.port).freeze();
+    }
+    let started = Instant::now();
+    let r = h.load(2, &ids, &rows);
+    let took = started.elapsed();
+    for m in &masters {
+        cluster.server(m.port).thaw();
+    }
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "took {took:?} for a job over three hung masters with a 1 s deadline"
+    );
+    let recovered =
+        common::redis::wait_until(Duration::from_secs(10), || h.load(3, &ids, &rows).is_ok());
+    assert!(recovered, "loads never worked again after the thaw");
+    assert!(ids.iter().all(|&i| h.row_holds(i as usize, i)));
+
+    let hung = &masters[0];
+    cluster.server(hung.port).freeze();
+    // The first job over the hung master may meet it first and spend the
+    // deadline there; the next one serves the live masters first.
+    let first: Vec<u64> = (100..148).collect();
+    let _ = h.store(4, &first, &rows);
+    let second: Vec<u64> = (200..248).collect();
+    let started = Instant::now();
+    let r = h.store(5, &second, &rows);
+    let took = started.elapsed();
+    cluster.server(hung.port).thaw();
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(took < Duration::from_millis(2500), "took {took:?}");
+    let live: Vec<u64> = second
+        .iter()
+        .copied()
+        .filter(|&i| !hung.serves(slot_of(i)))
+        .collect();
+    assert!(!live.is_empty() && live.len() < second.len());
+    assert_eq!(
+        h.present(&second),
+        live,
+        "the blocks on live masters are stored, those on the hung one are not"
+    );
+}
+
 #[test]
 fn touches_reach_the_servers_lru() {
     let server = redis_or_skip!();

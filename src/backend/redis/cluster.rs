@@ -10,7 +10,7 @@
 //! moving slots; one refresh serves them all). What becomes of blocks a
 //! node redirected or failed is `routed`'s business.
 
-use super::conn::{Pool, Target};
+use super::conn::{Conn, Pool, Target};
 use redis::{Client, ConnectionAddr, ConnectionInfo, Value};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -77,9 +77,33 @@ pub(super) struct Node {
     host: String,
     port: u16,
     pub(super) pool: Pool,
+    /// Its last pipeline failed (refused, broken, past the deadline): a
+    /// job's other masters are served before it, so that a master that
+    /// hangs costs the job its own blocks, not the deadline of the others.
+    suspect: AtomicBool,
 }
 
 impl Node {
+    fn new(host: &str, port: u16, pool: Pool) -> Node {
+        Node {
+            host: host.to_string(),
+            port,
+            pool,
+            suspect: AtomicBool::new(false),
+        }
+    }
+
+    /// Records how this node's last pipeline went.
+    pub(super) fn answered(&self, ok: bool) {
+        if self.suspect.load(Ordering::Relaxed) == ok {
+            self.suspect.store(!ok, Ordering::Relaxed);
+        }
+    }
+
+    fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Relaxed)
+    }
+
     fn is(&self, host: &str, port: u16) -> bool {
         self.host == host && self.port == port
     }
@@ -130,7 +154,7 @@ pub(super) struct Routes {
     /// Block indices, grouped by node (in block order within a group).
     pub(super) order: Vec<usize>,
     /// Per group: its node in the map (None: no master known for its
-    /// slots) and its range of `order`.
+    /// slots) and its range of `order`; suspect nodes' groups last.
     pub(super) groups: Vec<(Option<usize>, Range<usize>)>,
 }
 
@@ -166,6 +190,8 @@ impl Routes {
             groups.push(((node != usize::MAX).then_some(node), start..end));
             start = end;
         }
+        // Masters whose last pipeline failed last (see `Node::suspect`).
+        groups.sort_by_key(|(node, _)| node.is_some_and(|n| map.node(n).is_suspect()));
         Routes {
             slots,
             order,
@@ -246,7 +272,7 @@ impl Router {
             refreshes: AtomicU64::new(0),
             rerouted: AtomicU64::new(0),
         };
-        router.refresh(&[]);
+        router.refresh(&[], Instant::now() + timeout);
         Some(router)
     }
 
@@ -265,11 +291,11 @@ impl Router {
             .clone()
             .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
         let client = Client::open(info).ok()?;
-        let node = Arc::new(Node {
-            host: host.to_string(),
+        let node = Arc::new(Node::new(
+            host,
             port,
-            pool: Pool::new(Target::Single(client), self.connections, self.timeout),
-        });
+            Pool::new(Target::Single(client), self.connections, self.timeout),
+        ));
         known.push(Arc::clone(&node));
         Some(node)
     }
@@ -277,7 +303,9 @@ impl Router {
     /// Reads the slot map again from the first node that answers (not one
     /// of `avoid`, which just failed), unless another thread is doing so or
     /// one did within `MIN_REFRESH`. The old map stays in use meanwhile.
-    pub(super) fn refresh(&self, avoid: &[Arc<Node>]) {
+    /// Every node asked shares `deadline` (the job's): with several nodes
+    /// hung, asking each in turn would cost one `io_timeout_ms` per node.
+    pub(super) fn refresh(&self, avoid: &[Arc<Node>], deadline: Instant) {
         if self.refreshing.swap(true, Ordering::Acquire) {
             return;
         }
@@ -293,15 +321,27 @@ impl Router {
                 .map(|n| (n.host.clone(), n.port))
                 .collect();
             candidates.extend(self.seeds.iter().cloned());
+            // Seeds are often the masters again: each node is asked once.
+            let mut asked: Vec<(String, u16)> = Vec::with_capacity(candidates.len());
             for (host, port) in candidates {
-                if avoid.iter().any(|n| n.is(&host, port)) {
+                if Instant::now() >= deadline {
+                    break;
+                }
+                if avoid.iter().any(|n| n.is(&host, port)) || asked.contains(&(host.clone(), port))
+                {
                     continue;
                 }
+                asked.push((host.clone(), port));
                 let Some(node) = self.node(&host, port) else {
                     continue;
                 };
-                let slots = node.pool.with("CLUSTER SLOTS", |c| {
-                    redis::cmd("CLUSTER").arg("SLOTS").query::<Value>(c)
+                let slots = node.pool.with_conn("CLUSTER SLOTS", |conn| {
+                    if let Conn::Direct(c) = conn {
+                        c.cap_next(deadline);
+                    }
+                    redis::cmd("CLUSTER")
+                        .arg("SLOTS")
+                        .query::<Value>(conn.like())
                 });
                 if let Some(map) = slots.ok().and_then(|v| self.parse(&v, &host)) {
                     *self.map.lock() = Arc::new(map);
@@ -416,11 +456,11 @@ mod tests {
         let mut map = SlotMap::empty();
         let client = Client::open("redis://127.0.0.1:1").unwrap();
         for port in [1, 2] {
-            map.nodes.push(Arc::new(Node {
-                host: "127.0.0.1".into(),
+            map.nodes.push(Arc::new(Node::new(
+                "127.0.0.1",
                 port,
-                pool: Pool::new(Target::Single(client.clone()), 1, Duration::from_secs(1)),
-            }));
+                Pool::new(Target::Single(client.clone()), 1, Duration::from_secs(1)),
+            )));
         }
         // Node 0 serves the lower half, node 1 the upper half but the last
         // slot, which nobody serves.

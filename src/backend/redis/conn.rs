@@ -86,6 +86,11 @@ impl Pool {
         }
     }
 
+    /// The deadline of every server operation (`io_timeout_ms`).
+    pub(super) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
     pub(super) fn is_cluster(&self) -> bool {
         matches!(self.target, Target::Cluster(_))
     }

@@ -74,6 +74,8 @@ pub(super) struct RespConn {
     pub(super) cuts: Vec<usize>,
     timeout: Duration,
     deadline: Instant,
+    /// An end for the next request sooner than `timeout` (see `cap_next`).
+    cap: Option<Instant>,
     /// The socket timeouts set last (see `arm`).
     read_armed: Option<Duration>,
     write_armed: Option<Duration>,
@@ -168,6 +170,7 @@ impl RespConn {
             cuts: Vec::new(),
             timeout,
             deadline: Instant::now() + timeout,
+            cap: None,
             read_armed: None,
             write_armed: None,
             db: 0,
@@ -175,9 +178,18 @@ impl RespConn {
         })
     }
 
-    /// Starts a request: its reads and writes share one deadline.
+    /// Starts a request: its reads and writes share one deadline, `timeout`
+    /// from now or the cap set for it, whichever is sooner.
     pub(super) fn begin(&mut self) {
-        self.deadline = Instant::now() + self.timeout;
+        let own = Instant::now() + self.timeout;
+        self.deadline = self.cap.take().map_or(own, |cap| cap.min(own));
+    }
+
+    /// Ends the next request at `at` if that is sooner than its own
+    /// deadline: the pipelines a cluster job sends to its masters, one after
+    /// another, share the job's deadline.
+    pub(super) fn cap_next(&mut self, at: Instant) {
+        self.cap = Some(at);
     }
 
     /// Marks the connection broken when `r` is an error (whatever was half

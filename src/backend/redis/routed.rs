@@ -22,16 +22,39 @@ use super::resp::RespConn;
 use super::{server_error, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// kvtier's own connection, which a node's pool always makes (its address
-/// is plain TCP).
-fn own(conn: &mut Conn) -> std::io::Result<&mut RespConn> {
+/// is plain TCP), its next request ending by the job's `deadline`.
+fn own(conn: &mut Conn, deadline: Instant) -> std::io::Result<&mut RespConn> {
     match conn {
-        Conn::Direct(c) => Ok(c),
+        Conn::Direct(c) => {
+            c.cap_next(deadline);
+            Ok(c)
+        }
         _ => Err(std::io::Error::other(
             "a cluster node's connection is not kvtier's own",
         )),
     }
+}
+
+/// One deadline for a whole job: its pipelines to the masters run one
+/// after another, and the job is reported within `io_timeout_ms` even if
+/// several masters hang.
+fn job_deadline(backend: &RedisBackend) -> Instant {
+    Instant::now() + backend.pool.timeout()
+}
+
+fn past(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
+/// Blocks not sent because the job's deadline passed on other masters.
+fn out_of_time() -> Error {
+    Error::new(
+        ErrorKind::Io,
+        "redis: no answer within io_timeout_ms (the job's deadline passed on another master)",
+    )
 }
 
 fn unsettled() -> Error {
@@ -61,6 +84,7 @@ impl Trouble {
         map: &SlotMap,
         routes: &Routes,
         n: usize,
+        deadline: Instant,
     ) -> Option<(Arc<SlotMap>, Vec<bool>)> {
         if !self.moved && self.failed.is_empty() {
             return None;
@@ -70,7 +94,7 @@ impl Trouble {
             .iter()
             .filter_map(|&g| routes.groups[g].0.map(|node| Arc::clone(map.node(node))))
             .collect();
-        router.refresh(&avoid);
+        router.refresh(&avoid, deadline);
         let now = router.map();
         let mut again = vec![false; n];
         let mut any = false;
@@ -108,16 +132,21 @@ impl RedisBackend {
         blocks: &[(u32, &[u8], &[u8])],
         done: &mut dyn FnMut(usize, Result<u64>),
     ) {
+        let deadline = job_deadline(self);
         let map = router.map();
         let mut outcomes: Vec<Option<Result<()>>> = vec![None; blocks.len()];
-        let (routes, trouble) = self.set_pass(&map, blocks, |_| true, &mut outcomes);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len()) {
-            self.set_pass(&now, blocks, |i| again[i], &mut outcomes);
+        let (routes, trouble) = self.set_pass(&map, blocks, |_| true, deadline, &mut outcomes);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len(), deadline) {
+            self.set_pass(&now, blocks, |i| again[i], deadline, &mut outcomes);
         }
         let retry: Vec<usize> = (0..blocks.len())
             .filter(|&i| outcomes[i].is_none())
             .collect();
-        if !retry.is_empty() {
+        if !retry.is_empty() && past(deadline) {
+            retry
+                .iter()
+                .for_each(|&i| outcomes[i] = Some(Err(out_of_time())));
+        } else if !retry.is_empty() {
             router.note_rerouted(retry.len());
             let subset: Vec<(u32, &[u8], &[u8])> = retry.iter().map(|&i| blocks[i]).collect();
             let sent = self
@@ -143,6 +172,7 @@ impl RedisBackend {
         map: &SlotMap,
         blocks: &[(u32, &[u8], &[u8])],
         include: impl Fn(usize) -> bool,
+        deadline: Instant,
         outcomes: &mut [Option<Result<()>>],
     ) -> (Routes, Trouble) {
         let layout = self.layout();
@@ -158,12 +188,20 @@ impl RedisBackend {
                 order.iter().for_each(|&i| outcomes[i] = None);
                 continue;
             };
+            if past(deadline) {
+                order
+                    .iter()
+                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time())));
+                continue;
+            }
             part.clear();
             part.extend(order.iter().map(|&i| blocks[i]));
-            let sent = map.node(*node).pool.with_conn("SET pipeline", |conn| {
-                direct::set_pipeline(own(conn)?, &layout, &part, &mut replies)?;
+            let node = map.node(*node);
+            let sent = node.pool.with_conn("SET pipeline", |conn| {
+                direct::set_pipeline(own(conn, deadline)?, &layout, &part, &mut replies)?;
                 Ok(())
             });
+            node.answered(sent.is_ok());
             match sent {
                 Ok(()) => {
                     for (&i, reply) in order.iter().zip(replies.drain(..)) {
@@ -199,16 +237,21 @@ impl RedisBackend {
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
+        let deadline = job_deadline(self);
         let map = router.map();
         let mut got: Vec<Got> = (0..blocks.len()).map(|_| Got::Retry).collect();
-        let (routes, trouble) = self.get_pass(&map, blocks, |_| true, &mut got);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len()) {
-            self.get_pass(&now, blocks, |i| again[i], &mut got);
+        let (routes, trouble) = self.get_pass(&map, blocks, |_| true, deadline, &mut got);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len(), deadline) {
+            self.get_pass(&now, blocks, |i| again[i], deadline, &mut got);
         }
         let retry: Vec<usize> = (0..blocks.len())
             .filter(|&i| matches!(got[i], Got::Retry))
             .collect();
-        if !retry.is_empty() {
+        if !retry.is_empty() && past(deadline) {
+            retry
+                .iter()
+                .for_each(|&i| got[i] = Got::Failed(out_of_time()));
+        } else if !retry.is_empty() {
             router.note_rerouted(retry.len());
             let names: Vec<String> = retry.iter().map(|&i| self.name(blocks[i].1)).collect();
             match self.get_by_crate(&names) {
@@ -245,6 +288,7 @@ impl RedisBackend {
         map: &SlotMap,
         blocks: &mut [(u32, &[u8], &mut [u8])],
         include: impl Fn(usize) -> bool,
+        deadline: Instant,
         got: &mut [Got],
     ) -> (Routes, Trouble) {
         let layout = self.layout();
@@ -266,11 +310,19 @@ impl RedisBackend {
                 order.iter().for_each(|&i| got[i] = Got::Retry);
                 continue;
             };
+            if past(deadline) {
+                order
+                    .iter()
+                    .for_each(|&i| got[i] = Got::Failed(out_of_time()));
+                continue;
+            }
             let rows = &mut sorted[range.clone()];
-            let read = map.node(*node).pool.with_conn("GET pipeline", |conn| {
-                direct::get_pipeline(own(conn)?, &layout, rows, &mut fetched)?;
+            let node = map.node(*node);
+            let read = node.pool.with_conn("GET pipeline", |conn| {
+                direct::get_pipeline(own(conn, deadline)?, &layout, rows, &mut fetched)?;
                 Ok(())
             });
+            node.answered(read.is_ok());
             match read {
                 Ok(()) => {
                     for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
@@ -301,17 +353,19 @@ impl RedisBackend {
     /// node redirected go through the crate's connection. Best effort, as
     /// on a single server.
     pub(super) fn discard_routed(&self, router: &Router, dead: &[&[u8]]) {
+        let deadline = job_deadline(self);
         let map = router.map();
         let mut retry = vec![false; dead.len()];
-        let (routes, trouble) = self.del_pass(&map, dead, |_| true, &mut retry);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, dead.len()) {
-            self.del_pass(&now, dead, |i| again[i], &mut retry);
+        let (routes, trouble) = self.del_pass(&map, dead, |_| true, deadline, &mut retry);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, dead.len(), deadline) {
+            self.del_pass(&now, dead, |i| again[i], deadline, &mut retry);
         }
         let keys: Vec<&[u8]> = (0..dead.len())
             .filter(|&i| retry[i])
             .map(|i| dead[i])
             .collect();
-        if !keys.is_empty() {
+        // Best effort: past the deadline, what is left stays (see `discard`).
+        if !keys.is_empty() && !past(deadline) {
             router.note_rerouted(keys.len());
             let _ = self
                 .pool
@@ -326,6 +380,7 @@ impl RedisBackend {
         map: &SlotMap,
         dead: &[&[u8]],
         include: impl Fn(usize) -> bool,
+        deadline: Instant,
         retry: &mut [bool],
     ) -> (Routes, Trouble) {
         let layout = self.layout();
@@ -341,13 +396,18 @@ impl RedisBackend {
                 order.iter().for_each(|&i| retry[i] = true);
                 continue;
             };
+            if past(deadline) {
+                break;
+            }
             part.clear();
             part.extend(order.iter().map(|&i| dead[i]));
             refused.clear();
-            let sent = map.node(*node).pool.with_conn("DEL pipeline", |conn| {
-                direct::del_pipeline(own(conn)?, &layout, &part, &mut refused)?;
+            let node = map.node(*node);
+            let sent = node.pool.with_conn("DEL pipeline", |conn| {
+                direct::del_pipeline(own(conn, deadline)?, &layout, &part, &mut refused)?;
                 Ok(())
             });
+            node.answered(sent.is_ok());
             match sent {
                 Ok(()) => {
                     for (k, message) in refused.drain(..) {
