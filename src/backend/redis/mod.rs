@@ -33,6 +33,7 @@ mod format;
 mod pipe;
 mod resp;
 mod sealed;
+mod tls;
 
 use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
