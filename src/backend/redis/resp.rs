@@ -899,6 +899,28 @@ mod tests {
     }
 
     #[test]
+    fn a_silent_server_costs_a_tls_handshake_the_deadline() {
+        // A listener that never answers: the handshake is bounded too.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let started = Instant::now();
+        let settings = RedisConnectionInfo::default();
+        let r = RespConn::connect("127.0.0.1", port, Some(&Arc::new(config)), &settings, T);
+        let e = r.err().expect("no handshake with a silent server");
+        let took = started.elapsed();
+        assert!(e.is_timeout(), "{e}");
+        assert!(e.to_string().contains("TLS handshake"), "{e}");
+        assert!(took >= T && took < T * 3, "{took:?}");
+    }
+
+    #[test]
     fn a_silent_server_costs_the_deadline_once() {
         // Half a reply, then silence: the whole request is bounded, not each read.
         let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
