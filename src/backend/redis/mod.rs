@@ -19,13 +19,16 @@
 //!   deletes nothing; the server's `maxmemory` policy and `ttl_s` bound the
 //!   total.
 //! - A URL's password never appears in a message or in `tier_describe`.
-//! - `rediss://` uses TLS (rustls); the server's certificate is checked
-//!   against the system's roots (`SSL_CERT_FILE` names another bundle).
+//! - `rediss://` uses TLS (rustls, on kvtier's own connection: the same
+//!   data path as plain TCP); the server's certificate is checked against
+//!   the system's roots (`SSL_CERT_FILE` names another bundle), as the
+//!   crate checks it.
 //!
 //! Files: `format` (key names and the value layout), `conn` (the pool),
-//! `resp` (kvtier's own RESP connection for plain TCP servers), `direct`
-//! (the data path over it: payloads written from and read into rows),
-//! `pipe` (the crate's pipelines, for TLS and clusters).
+//! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
+//! `tls` (its TLS configuration), `direct` (the data path over it: payloads
+//! written from and read into rows), `pipe` (the crate's pipelines: TOUCH,
+//! and the data path on a cluster).
 
 mod conn;
 mod direct;
@@ -434,8 +437,8 @@ impl RedisBackend {
         }
     }
 
-    /// The crate's GET pipeline (TLS, cluster): each value copied into its
-    /// row once verified.
+    /// The crate's GET pipeline (cluster, Unix socket): each value copied
+    /// into its row once verified.
     fn load_batch_by_crate(
         &self,
         blocks: &mut [(u32, &[u8], &mut [u8])],
