@@ -422,121 +422,56 @@ fn acl_users_and_databases_from_the_url_are_honoured() {
     assert_eq!(err.kind(), ErrorKind::Config, "{err}");
 }
 
-/// `rediss://`: TLS to a server whose self-signed certificate (made here with
-/// openssl) the tier trusts through SSL_CERT_FILE, set in a child process so
-/// no other test sees it. An untrusted certificate fails `tier_new`.
+/// `rediss://` on kvtier's own connection (the data path over TLS: SETs
+/// from the rows, GET replies into them), to a server whose certificate
+/// (made with openssl) the tier trusts through SSL_CERT_FILE, set in child
+/// processes so that no other test sees it. Untrusted (the system's roots,
+/// or another CA's bundle) or `#insecure`, `tier_new` fails. `cluster=off`
+/// throughout: no crate connection asks the server whether it is a cluster,
+/// so every connection here is kvtier's.
 #[test]
 fn tls_connections_are_encrypted_and_verified() {
-    let dir = scratch_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let (ca, ca_key) = (dir.join("ca.pem"), dir.join("ca.key"));
-    let (cert, key, csr) = (
-        dir.join("cert.pem"),
-        dir.join("key.pem"),
-        dir.join("srv.csr"),
-    );
-    let ext = dir.join("ext.cnf");
-    std::fs::write(
-        &ext,
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
-    )
-    .unwrap();
-    let openssl = |args: &[&std::ffi::OsStr]| {
-        std::process::Command::new("openssl")
-            .args(args)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    let os = |s: &str| std::ffi::OsString::from(s);
-    // A CA, and a server certificate for 127.0.0.1 signed by it.
-    let made = openssl(&[
-        &os("req"),
-        &os("-x509"),
-        &os("-newkey"),
-        &os("rsa:2048"),
-        &os("-nodes"),
-        &os("-days"),
-        &os("1"),
-        &os("-subj"),
-        &os("/CN=kvtier test CA"),
-        &os("-keyout"),
-        ca_key.as_os_str(),
-        &os("-out"),
-        ca.as_os_str(),
-    ]) && openssl(&[
-        &os("req"),
-        &os("-newkey"),
-        &os("rsa:2048"),
-        &os("-nodes"),
-        &os("-subj"),
-        &os("/CN=127.0.0.1"),
-        &os("-keyout"),
-        key.as_os_str(),
-        &os("-out"),
-        csr.as_os_str(),
-    ]) && openssl(&[
-        &os("x509"),
-        &os("-req"),
-        &os("-in"),
-        csr.as_os_str(),
-        &os("-CA"),
-        ca.as_os_str(),
-        &os("-CAkey"),
-        ca_key.as_os_str(),
-        &os("-CAcreateserial"),
-        &os("-days"),
-        &os("1"),
-        &os("-extfile"),
-        ext.as_os_str(),
-        &os("-out"),
-        cert.as_os_str(),
-    ]);
-    if !made {
-        assert!(
-            !common::redis::redis_required(),
-            "openssl is needed to make certificates"
-        );
-        eprintln!("skipped: openssl could not make certificates");
+    let Some(certs) = common::redis::TestCerts::make() else {
         return;
-    }
-    let tls_port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-        .to_string();
-    let (cert_s, key_s) = (cert.to_string_lossy(), key.to_string_lossy());
-    let server = redis_or_skip!(RedisServer::start_with(&[
-        ("tls-port", &tls_port),
-        ("tls-cert-file", &cert_s),
-        ("tls-key-file", &key_s),
-        ("tls-ca-cert-file", &ca.to_string_lossy()),
-        ("tls-auth-clients", "no"),
-    ]));
-    let url = format!("rediss://127.0.0.1:{tls_port}");
+    };
+    let server = redis_or_skip!(RedisServer::start_tls(&certs));
+    let url = server.tls_url();
+    let off = |mut config: TierConfig| {
+        config.set("cluster", "off").unwrap();
+        config
+    };
     // Not trusted: the certificate is nobody's root.
-    let config = redis_config_at(&url, 8, BB);
-    let err = open_err(&config);
+    let err = open_err(&off(redis_config_at(&url, 8, BB)));
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
+    assert!(err.to_string().contains("certificate"), "{err}");
+    // No verification on request: refused, as the crate refuses it.
+    let err = open_err(&off(redis_config_at(&format!("{url}/#insecure"), 8, BB)));
+    assert!(err.to_string().contains("insecure"), "{err}");
     // Trusted in a child process.
-    let out = test_child("tls_child")
-        .env("SSL_CERT_FILE", &ca)
-        .env("KVTIER_CHILD_URL", &url)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success() && stdout.contains("tls child: round trip done"),
-        "child: {}\n{stdout}\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // The block went through the TLS port and is on the server.
-    assert_eq!(server.cli(&["DBSIZE"]), "1");
-    let _ = std::fs::remove_dir_all(&dir);
+    let child = |name: &str, ca: &std::path::Path, url: &str| {
+        let out = test_child(name)
+            .env("SSL_CERT_FILE", ca)
+            .env("KVTIER_CHILD_URL", url)
+            .env("KVTIER_CHILD_PORT", server.tls_port().to_string())
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success() && stdout.contains("tls child: done"),
+            "{name}: {}\n{stdout}\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    child("tls_child", &certs.ca, &url);
+    // The blocks went through the TLS port and are on the server, but for
+    // the corrupted one, deleted.
+    assert_eq!(server.cli(&["DBSIZE"]), "5");
+    // Another CA's bundle: refused, naming the certificate, never the password.
+    let with_password = format!("rediss://:hunter2@127.0.0.1:{}", server.tls_port());
+    child("tls_wrong_ca_child", &certs.other_ca(), &with_password);
 }
 
-/// The TLS client of `tls_connections_are_encrypted_and_verified`.
 /// A count `tier_describe` shows just before `what` (e.g. " blocks
 /// rerouted"): a cluster tier's slot map reads and the blocks that went
 /// through the crate's cluster connection instead of a direct pipeline.
@@ -687,17 +622,81 @@ fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
     assert_eq!(described_count(&h, " blocks rerouted"), rerouted);
 }
 
+/// Blocks of several TLS records each.
+const TLS_BB: usize = 256 << 10;
+
+/// The TLS client of `tls_connections_are_encrypted_and_verified`: a job of
+/// several blocks stored and loaded byte-exact; a value corrupted on the
+/// server (over TLS, with redis-cli) fails its load with Corrupt, then is a
+/// MISS; the connection serves the next load.
 #[test]
 #[ignore]
 fn tls_child() {
     let Ok(url) = std::env::var("KVTIER_CHILD_URL") else {
         return;
     };
-    let h = Harness::new(&redis_config_at(&url, 8, BB), 8, BB);
-    h.store_all(1, &[7]);
-    let r = h.load(2, &[7], &[3]);
-    assert!(r.is_ok() && h.row_holds(3, 7), "{r:?}");
-    println!("tls child: round trip done");
+    let mut config = with_events(redis_config_at(&url, 16, TLS_BB), 64);
+    config.set("cluster", "off").unwrap();
+    let h = Harness::new(&config, 8, TLS_BB);
+    let ids = [1, 2, 3, 4, 5, 6];
+    h.store_all(1, &ids);
+    let rows = [7, 6, 5, 4, 3, 2];
+    let r = h.load(2, &ids, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    for (&i, &row) in ids.iter().zip(&rows) {
+        assert!(h.row_holds(row as usize, i), "block {i}");
+    }
+    let _ = h.events();
+    let cli = |args: &[&str]| {
+        let ca = std::env::var("SSL_CERT_FILE").unwrap();
+        let port = std::env::var("KVTIER_CHILD_PORT").unwrap();
+        let out = std::process::Command::new("redis-cli")
+            .args(["--tls", "--cacert", &ca, "-h", "127.0.0.1", "-p", &port])
+            .args(args)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    };
+    let names = cli(&[
+        "--scan",
+        "--pattern",
+        &format!("{}:*", config.redis.key_prefix),
+    ]);
+    let three = names
+        .lines()
+        .find(|n| n.ends_with(&format!("{}}}", hex_of(3))))
+        .unwrap_or_else(|| panic!("block 3's name in {names:?}"))
+        .to_string();
+    assert_eq!(cli(&["SET", &three, "garbage"]), "OK");
+    let r = h.load(3, &[3], &[0]);
+    assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
+    assert_eq!(h.lookup(&[3]), [Miss]);
+    let corrupt = EventKind::Removed(RemovedReason::Corrupt);
+    assert_eq!(h.events(), [(corrupt, 3)]);
+    let r = h.load(4, &[4, 5], &[0, 1]);
+    assert!(r.is_ok() && h.row_holds(0, 4) && h.row_holds(1, 5), "{r:?}");
+    println!("tls child: done");
+}
+
+/// The client of `tls_connections_are_encrypted_and_verified` that trusts
+/// another CA only.
+#[test]
+#[ignore]
+fn tls_wrong_ca_child() {
+    let Ok(url) = std::env::var("KVTIER_CHILD_URL") else {
+        return;
+    };
+    let mut config = redis_config_at(&url, 8, BB);
+    config.set("cluster", "off").unwrap();
+    let err = open_err(&config);
+    let message = err.to_string();
+    assert_eq!(err.kind(), ErrorKind::Io, "{message}");
+    assert!(
+        message.contains("TLS handshake") && message.contains("certificate"),
+        "{message}"
+    );
+    assert!(!message.contains("hunter2"), "{message}");
+    println!("tls child: done ({message})");
 }
 
 #[test]

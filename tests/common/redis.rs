@@ -246,6 +246,8 @@ pub struct RedisServer {
     port: u16,
     /// The cluster bus port of a cluster node.
     bus_port: Option<u16>,
+    /// The TLS port of a server started with `start_tls`.
+    tls_port: Option<u16>,
     dir: PathBuf,
     /// The test's `--key value` arguments.
     extra: Vec<String>,
@@ -268,24 +270,47 @@ impl RedisServer {
         if !redis_available() {
             return None;
         }
-        Some(Self::launch(config, false))
+        Some(Self::launch(config, false, false))
     }
 
-    fn launch(config: &[(&str, &str)], cluster: bool) -> RedisServer {
+    /// A server that also speaks TLS, on `tls_port()` (`tls_url()`), with
+    /// `certs` (no client certificate asked for). The plain port stays, for
+    /// the harness's readiness check and `cli`.
+    pub fn start_tls(certs: &TestCerts) -> Option<RedisServer> {
+        if !redis_available() {
+            return None;
+        }
+        let (cert, key, ca) = (
+            certs.cert.to_string_lossy(),
+            certs.key.to_string_lossy(),
+            certs.ca.to_string_lossy(),
+        );
+        let config = [
+            ("tls-cert-file", &*cert),
+            ("tls-key-file", &*key),
+            ("tls-ca-cert-file", &*ca),
+            ("tls-auth-clients", "no"),
+        ];
+        Some(Self::launch(&config, false, true))
+    }
+
+    fn launch(config: &[(&str, &str)], cluster: bool, tls: bool) -> RedisServer {
         let dir = super::scratch_dir();
         fs::create_dir_all(&dir).expect("create the server's scratch directory");
         let mut server = RedisServer {
             child: None,
             port: 0,
             bus_port: None,
+            tls_port: None,
             dir,
             extra: config_args(config),
             password: password_of(config),
         };
         for _ in 0..PORT_ATTEMPTS {
-            let ports = free_ports(if cluster { 2 } else { 1 });
+            let ports = free_ports(1 + cluster as usize + tls as usize);
             server.port = ports[0];
-            server.bus_port = ports.get(1).copied();
+            server.bus_port = cluster.then(|| ports[1]);
+            server.tls_port = tls.then(|| ports[ports.len() - 1]);
             match server.spawn() {
                 Ok(()) => return server,
                 Err(LaunchError::PortTaken) => continue,
@@ -343,6 +368,9 @@ impl RedisServer {
                 args.extend(["--masterauth".to_string(), pw.clone()]);
             }
         }
+        if let Some(tls) = self.tls_port {
+            args.extend(["--tls-port".to_string(), tls.to_string()]);
+        }
         // Last, so that the test's settings win (e.g. cluster-node-timeout).
         args.extend(self.extra.iter().cloned());
         args
@@ -396,6 +424,16 @@ impl RedisServer {
 
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// The TLS port (servers from `start_tls` only).
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("a server started with start_tls")
+    }
+
+    /// `rediss://127.0.0.1:<tls port>`.
+    pub fn tls_url(&self) -> String {
+        format!("rediss://127.0.0.1:{}", self.tls_port())
     }
 
     /// The cluster bus port (cluster nodes only).
@@ -503,6 +541,119 @@ impl RedisServer {
     pub fn cli_authed(&self, args: &[&str]) -> String {
         stdout_of(&cli_output(self.port, self.password.as_deref(), args))
     }
+}
+
+/// Certificates for TLS servers on 127.0.0.1, made with openssl in a
+/// scratch directory of their own (removed on drop): a CA (`ca`, what a
+/// client must trust) and the server's certificate (`cert`, for IP
+/// 127.0.0.1, signed by the CA) and key.
+pub struct TestCerts {
+    pub dir: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+impl TestCerts {
+    /// New certificates, or None (after printing why) without openssl; a
+    /// panic instead when `KVTIER_REQUIRE_REDIS=1`.
+    pub fn make() -> Option<TestCerts> {
+        let dir = super::scratch_dir();
+        fs::create_dir_all(&dir).expect("create the certificates' directory");
+        let certs = TestCerts {
+            ca: dir.join("ca.pem"),
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+            dir,
+        };
+        let ext = certs.dir.join("ext.cnf");
+        fs::write(
+            &ext,
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n",
+        )
+        .unwrap();
+        let (ca_key, csr) = (certs.dir.join("ca.key"), certs.dir.join("srv.csr"));
+        let made = make_ca(&certs.ca, &ca_key, "kvtier test CA")
+            && openssl(&[
+                "req".as_ref(),
+                "-newkey".as_ref(),
+                "rsa:2048".as_ref(),
+                "-nodes".as_ref(),
+                "-subj".as_ref(),
+                "/CN=127.0.0.1".as_ref(),
+                "-keyout".as_ref(),
+                certs.key.as_os_str(),
+                "-out".as_ref(),
+                csr.as_os_str(),
+            ])
+            && openssl(&[
+                "x509".as_ref(),
+                "-req".as_ref(),
+                "-in".as_ref(),
+                csr.as_os_str(),
+                "-CA".as_ref(),
+                certs.ca.as_os_str(),
+                "-CAkey".as_ref(),
+                ca_key.as_os_str(),
+                "-CAcreateserial".as_ref(),
+                "-days".as_ref(),
+                "1".as_ref(),
+                "-extfile".as_ref(),
+                ext.as_os_str(),
+                "-out".as_ref(),
+                certs.cert.as_os_str(),
+            ]);
+        if made {
+            return Some(certs);
+        }
+        assert!(!redis_required(), "openssl is needed to make certificates");
+        let test = std::thread::current().name().unwrap_or("?").to_string();
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipped {test}: openssl could not make certificates"
+        );
+        None
+    }
+
+    /// Another CA's certificate, which signed nothing the server shows.
+    pub fn other_ca(&self) -> PathBuf {
+        let (ca, key) = (self.dir.join("other-ca.pem"), self.dir.join("other-ca.key"));
+        assert!(make_ca(&ca, &key, "another CA"), "openssl makes a CA");
+        ca
+    }
+}
+
+impl Drop for TestCerts {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A self-signed CA certificate and its key.
+fn make_ca(cert: &Path, key: &Path, name: &str) -> bool {
+    openssl(&[
+        "req".as_ref(),
+        "-x509".as_ref(),
+        "-newkey".as_ref(),
+        "rsa:2048".as_ref(),
+        "-nodes".as_ref(),
+        "-days".as_ref(),
+        "1".as_ref(),
+        "-subj".as_ref(),
+        format!("/CN={name}").as_ref(),
+        "-keyout".as_ref(),
+        key.as_os_str(),
+        "-out".as_ref(),
+        cert.as_os_str(),
+    ])
+}
+
+fn openssl(args: &[&std::ffi::OsStr]) -> bool {
+    Command::new("openssl")
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 impl Drop for RedisServer {
@@ -682,7 +833,7 @@ impl RedisCluster {
         let count = masters * (1 + replicas_per_master);
         // Each node is dropped (killed) if a later step panics.
         let servers: Vec<RedisServer> = (0..count)
-            .map(|_| RedisServer::launch(config, true))
+            .map(|_| RedisServer::launch(config, true, false))
             .collect();
         let cluster = RedisCluster {
             servers,

@@ -8,6 +8,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::sync::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What the pool connects to.
@@ -16,9 +17,9 @@ pub(super) enum Target {
     Cluster(ClusterClient),
 }
 
-/// One connection: kvtier's own to a server over plain TCP (see `resp`),
-/// the crate's to a server (TLS), or the crate's to a cluster (routing by
-/// slot and following MOVED/ASK redirections itself).
+/// One connection: kvtier's own to a server over TCP or TLS (see `resp`),
+/// the crate's to a server over a Unix socket, or the crate's to a cluster
+/// (routing by slot and following MOVED/ASK redirections itself).
 pub(super) enum Conn {
     Direct(RespConn),
     Single(Connection),
@@ -56,6 +57,9 @@ pub(super) struct Pool {
     timeout: Duration,
     state: Mutex<PoolState>,
     returned: Condvar,
+    /// The TLS client configuration of a `rediss://` server, built by the
+    /// first connection (see `tls`) and shared by the others.
+    tls: OnceLock<Arc<rustls::ClientConfig>>,
 }
 
 /// A Redis failure as a kvtier error: the server's or the network's words,
@@ -83,6 +87,7 @@ impl Pool {
                 backoff: MIN_BACKOFF,
             }),
             returned: Condvar::new(),
+            tls: OnceLock::new(),
         }
     }
 
@@ -99,12 +104,24 @@ impl Pool {
         match &self.target {
             Target::Single(client) => {
                 let info = client.get_connection_info();
-                if let ConnectionAddr::Tcp(host, port) = info.addr() {
-                    let settings = info.redis_settings();
+                let direct = match info.addr() {
+                    ConnectionAddr::Tcp(host, port) => Some((host, *port, None)),
+                    // A URL has no TLS parameters (certificates in memory):
+                    // those stay the crate's.
+                    ConnectionAddr::TcpTls {
+                        host,
+                        port,
+                        insecure,
+                        tls_params: None,
+                    } => Some((host, *port, Some(self.tls_config(*insecure)?))),
+                    _ => None,
+                };
+                if let Some((host, port, tls)) = direct {
                     return Ok(Conn::Direct(RespConn::connect(
                         host,
-                        *port,
-                        settings,
+                        port,
+                        tls.as_ref(),
+                        info.redis_settings(),
                         self.timeout,
                     )?));
                 }
@@ -115,6 +132,18 @@ impl Pool {
             }
             Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
         }
+    }
+
+    /// The TLS configuration, built once per pool.
+    fn tls_config(
+        &self,
+        insecure: bool,
+    ) -> std::result::Result<Arc<rustls::ClientConfig>, RedisError> {
+        if let Some(config) = self.tls.get() {
+            return Ok(config.clone());
+        }
+        let config = super::tls::client_config(insecure)?;
+        Ok(self.tls.get_or_init(|| config).clone())
     }
 
     /// Opens the first connection and PINGs through it, keeping it in the

@@ -19,17 +19,20 @@
 //!   deletes nothing; the server's `maxmemory` policy and `ttl_s` bound the
 //!   total.
 //! - A URL's password never appears in a message or in `tier_describe`.
-//! - `rediss://` uses TLS (rustls); the server's certificate is checked
-//!   against the system's roots (`SSL_CERT_FILE` names another bundle).
+//! - `rediss://` uses TLS (rustls, on kvtier's own connection: the same
+//!   data path as plain TCP); the server's certificate is checked against
+//!   the system's roots (`SSL_CERT_FILE` names another bundle), as the
+//!   crate checks it.
 //!
 //! Files: `format` (key names and the value layout), `conn` (the pool),
-//! `resp` (kvtier's own RESP connection for plain TCP servers), `direct`
-//! (the data path over it: payloads written from and read into rows),
-//! `cluster` (a plain-TCP cluster's slot map and a pool per master),
-//! `routed` (a cluster's data path: a direct pipeline per master, blocks
-//! redirected retried through the crate), `pipe` (the crate's pipelines,
-//! for TLS, redirected blocks and everything but the data path of a
-//! cluster), `sealed` (sealed names and values).
+//! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
+//! `tls` (its TLS configuration), `direct` (the data path over it:
+//! payloads written from and read into rows), `cluster` (a plain-TCP
+//! cluster's slot map and a pool per master), `routed` (a cluster's data
+//! path: a direct pipeline per master, blocks redirected retried through the
+//! crate), `pipe` (the crate's pipelines, for redirected blocks, a TLS
+//! cluster, and everything but the data path of a cluster), `sealed`
+//! (sealed names and values).
 
 mod cluster;
 mod conn;
@@ -39,6 +42,7 @@ mod pipe;
 mod resp;
 mod routed;
 mod sealed;
+mod tls;
 
 use self::cluster::Router;
 use self::conn::{io_error, Conn, Pool, Target};
@@ -453,7 +457,7 @@ impl RedisBackend {
         }
     }
 
-    /// The crate's SET pipeline (TLS, cluster) for `blocks`, each value
+    /// The crate's SET pipeline (redirected blocks, a TLS cluster) for `blocks`, each value
     /// packed into the command; block i's outcome is `replies[i]`.
     fn store_by_crate(
         &self,
@@ -481,7 +485,7 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// The crate's DEL pipeline (TLS, cluster) for `keys`.
+    /// The crate's DEL pipeline (redirected keys, a TLS cluster) for `keys`.
     fn del_by_crate(
         &self,
         conn: &mut Conn,
@@ -491,7 +495,7 @@ impl RedisBackend {
         pipelined::<redis::Value>(conn, keys.len(), del).map(drop)
     }
 
-    /// The crate's GET pipeline (TLS, cluster) for the blocks named
+    /// The crate's GET pipeline (redirected blocks, a TLS cluster) for the blocks named
     /// `names`: one reply per name (judge it with `check_value`), or the
     /// pipeline's failure.
     fn get_by_crate(&self, names: &[String]) -> Result<Vec<redis::RedisResult<Option<Vec<u8>>>>> {
@@ -508,8 +512,8 @@ impl RedisBackend {
         Ok(values)
     }
 
-    /// The crate's GET pipeline (TLS, cluster): each value copied into its
-    /// row once verified.
+    /// The crate's GET pipeline (a TLS cluster, a Unix socket): each value
+    /// copied into its row once verified.
     fn load_batch_by_crate(
         &self,
         blocks: &mut [(u32, &[u8], &mut [u8])],

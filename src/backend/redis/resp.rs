@@ -1,4 +1,5 @@
-//! kvtier's own connection to one server over plain TCP, speaking RESP2.
+//! kvtier's own connection to one server, over plain TCP or TLS (rustls),
+//! speaking RESP2.
 //!
 //! Why not the crate's connection: its reader parses every reply into an
 //! owned `Value` (a 2 MiB GET reply is read into one buffer and copied into a
@@ -19,11 +20,26 @@
 //! socket's timeout is re-armed only when the one set would overrun the
 //! deadline by more than that, which spares a system call per read). Any I/O or protocol
 //! error leaves the connection unusable (`is_open` false); the pool drops it.
+//!
+//! TLS (`rediss://`, configured by `tls`): the same requests over rustls's
+//! buffered client connection, driven here on the same socket so that the
+//! deadlines and the SIGPIPE-free writes stay as they are. Writes hand the
+//! caller's slices to rustls in one vectored call, which cuts records of up
+//! to 16 KiB across them (a framing slice never becomes a record of its
+//! own) and encrypts each into a buffer of its own, sent with one vectored
+//! system call. Reads copy the decrypted plaintext once, out of rustls's
+//! buffer, into the destination (a row, for payloads). What rustls itself
+//! does per record is rustls's (0.23): one buffer allocated for each record
+//! encrypted and for each application-data record received, which no public
+//! API avoids; kvtier adds nothing per block on top.
 
+use super::tls;
 use redis::{ConnectionLike, RedisConnectionInfo, RedisResult, Value};
+use rustls::ClientConfig;
 use std::io::{self, IoSlice, IoSliceMut, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::os::fd::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Read buffer: reply heads, small replies, and whatever part of a payload
@@ -41,6 +57,57 @@ const READ_AHEAD: usize = 4 << 10;
 const MAX_LINE: usize = 16 << 10;
 /// Most commands written per `writev` call (the kernel's IOV_MAX is 1024).
 const MAX_IOV: usize = 1024;
+/// Plaintext rustls encrypts ahead of the socket on a TLS connection (its
+/// default is 64 KiB): each vectored call into rustls takes this much, so a
+/// write of many slices is a few calls, and encryption of the next part
+/// overlaps the server's reading of the last.
+const TLS_WRITE_AHEAD: usize = 256 << 10;
+
+/// The bytes a connection carries: plain TCP, or TLS over TCP.
+enum Stream {
+    Tcp(TcpStream),
+    // Boxed: rustls's state is over a kilobyte, and most tiers speak TCP.
+    Tls(Box<Tls>),
+}
+
+struct Tls {
+    conn: rustls::ClientConnection,
+    sock: TcpStream,
+}
+
+impl Stream {
+    /// The socket (its timeouts bound every read and write, TLS or not).
+    fn tcp(&self) -> &TcpStream {
+        match self {
+            Stream::Tcp(s) => s,
+            Stream::Tls(t) => &t.sock,
+        }
+    }
+}
+
+/// The socket as rustls's output: `sendmsg` with MSG_NOSIGNAL, like the
+/// plain TCP writes (rustls would `writev`, which raises SIGPIPE).
+struct NoSigpipe<'a>(&'a TcpStream);
+
+impl Write for NoSigpipe<'_> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        send_vectored(self.0, &[IoSlice::new(buf)])
+    }
+
+    fn write_vectored(&mut self, bufs: &[IoSlice<'_>]) -> io::Result<usize> {
+        send_vectored(self.0, &bufs[..bufs.len().min(MAX_IOV)])
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A TLS failure (a certificate not trusted, a record that does not
+/// authenticate) as an I/O error: the connection is done.
+fn tls_error(e: rustls::Error) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("TLS: {e}"))
+}
 
 /// The first line of a reply.
 #[derive(Debug, PartialEq)]
@@ -62,7 +129,7 @@ pub(super) enum Head {
 }
 
 pub(super) struct RespConn {
-    stream: TcpStream,
+    stream: Stream,
     /// Bytes read and not consumed yet: `buf[start..end]`.
     buf: Box<[u8]>,
     start: usize,
@@ -111,11 +178,13 @@ fn past_deadline(e: io::Error) -> io::Error {
 }
 
 impl RespConn {
-    /// Connects to `host:port` within `timeout`, then authenticates and
+    /// Connects to `host:port` within `timeout` (over TLS with `tls`, the
+    /// server's certificate checked against `host`), then authenticates and
     /// selects the database as `settings` (from the URL) say.
     pub(super) fn connect(
         host: &str,
         port: u16,
+        tls: Option<&Arc<ClientConfig>>,
         settings: &RedisConnectionInfo,
         timeout: Duration,
     ) -> RedisResult<RespConn> {
@@ -139,7 +208,24 @@ impl RespConn {
                 )
             }
         };
-        let mut conn = RespConn::over(stream, timeout)?;
+        let mut conn = match tls {
+            None => RespConn::over(stream, timeout)?,
+            Some(config) => {
+                let tls = rustls::ClientConnection::new(config.clone(), tls::server_name(host)?)?;
+                let mut conn = RespConn::new(
+                    Stream::Tls(Box::new(Tls {
+                        conn: tls,
+                        sock: stream,
+                    })),
+                    timeout,
+                )?;
+                conn.begin();
+                conn.handshake().map_err(|e| {
+                    io::Error::new(e.kind(), format!("TLS handshake with {host}:{port}: {e}"))
+                })?;
+                conn
+            }
+        };
         if let Some(password) = settings.password() {
             let mut auth = redis::cmd("AUTH");
             if let Some(user) = settings.username() {
@@ -156,11 +242,18 @@ impl RespConn {
         Ok(conn)
     }
 
-    /// A connection over an established stream (no handshake).
+    /// A connection over an established TCP stream (no handshake).
     pub(super) fn over(stream: TcpStream, timeout: Duration) -> io::Result<RespConn> {
+        RespConn::new(Stream::Tcp(stream), timeout)
+    }
+
+    fn new(mut stream: Stream, timeout: Duration) -> io::Result<RespConn> {
         // A pipeline's last partial segment must not wait for the peer's
         // acknowledgement of the previous ones (Nagle): milliseconds per job.
-        stream.set_nodelay(true)?;
+        stream.tcp().set_nodelay(true)?;
+        if let Stream::Tls(tls) = &mut stream {
+            tls.conn.set_buffer_limit(Some(TLS_WRITE_AHEAD));
+        }
         Ok(RespConn {
             stream,
             buf: vec![0; READ_BUF].into_boxed_slice(),
@@ -221,9 +314,9 @@ impl RespConn {
             return Ok(());
         }
         if read {
-            self.stream.set_read_timeout(Some(left))?;
+            self.stream.tcp().set_read_timeout(Some(left))?;
         } else {
-            self.stream.set_write_timeout(Some(left))?;
+            self.stream.tcp().set_write_timeout(Some(left))?;
         }
         *armed = Some(left);
         Ok(())
@@ -257,9 +350,19 @@ impl RespConn {
         let r = (|| {
             // Empty slices would make a zero-length write look like progress.
             while !slices.is_empty() {
-                self.arm(false)?;
                 let upto = slices.len().min(MAX_IOV);
-                match send_vectored(&self.stream, &slices[..upto]) {
+                if let Stream::Tls(tls) = &mut self.stream {
+                    let took = tls.conn.writer().write_vectored(&slices[..upto])?;
+                    let stuck = took == 0 && !tls.conn.wants_write();
+                    IoSlice::advance_slices(&mut slices, took);
+                    if stuck && slices.iter().any(|s| !s.is_empty()) {
+                        return Err(io::Error::other("TLS: rustls took no plaintext"));
+                    }
+                    self.flush_tls()?;
+                    continue;
+                }
+                self.arm(false)?;
+                match send_vectored(self.stream.tcp(), &slices[..upto]) {
                     Ok(0) => return Err(closed()),
                     Ok(n) => IoSlice::advance_slices(&mut slices, n),
                     Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
@@ -267,6 +370,63 @@ impl RespConn {
                 }
             }
             Ok(())
+        })();
+        self.check(r)
+    }
+
+    /// Sends the TLS records rustls holds, within the deadline (nothing to
+    /// do over plain TCP).
+    fn flush_tls(&mut self) -> io::Result<()> {
+        loop {
+            match &self.stream {
+                Stream::Tls(tls) if tls.conn.wants_write() => {}
+                _ => return Ok(()),
+            }
+            self.arm(false)?;
+            let Stream::Tls(tls) = &mut self.stream else {
+                unreachable!("checked above")
+            };
+            let Tls { conn, sock } = &mut **tls;
+            match conn.write_tls(&mut NoSigpipe(sock)) {
+                Ok(0) => return Err(closed()),
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(past_deadline(e)),
+            }
+        }
+    }
+
+    /// Reads TLS records from the socket and decrypts them, within the
+    /// deadline (one socket read; records that need an answer, such as a
+    /// key update, are answered).
+    fn receive_tls(&mut self) -> io::Result<()> {
+        self.arm(true)?;
+        let Stream::Tls(tls) = &mut self.stream else {
+            unreachable!("a TLS connection")
+        };
+        let Tls { conn, sock } = &mut **tls;
+        match conn.read_tls(&mut &*sock) {
+            Ok(0) => return Err(closed()),
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => return Ok(()),
+            Err(e) => return Err(past_deadline(e)),
+        }
+        if let Err(e) = conn.process_new_packets() {
+            // The alert rustls queued tells the server why (best effort).
+            let _ = conn.write_tls(&mut NoSigpipe(sock));
+            return Err(tls_error(e));
+        }
+        self.flush_tls()
+    }
+
+    /// Completes a TLS handshake (nothing to do over plain TCP).
+    fn handshake(&mut self) -> io::Result<()> {
+        let r = (|| loop {
+            self.flush_tls()?;
+            match &self.stream {
+                Stream::Tls(tls) if tls.conn.is_handshaking() => self.receive_tls()?,
+                _ => return Ok(()),
+            }
         })();
         self.check(r)
     }
@@ -360,11 +520,28 @@ impl RespConn {
 
     /// One `readv` into `first`, then `then`, within the deadline; 0 bytes
     /// is an error (the server closed the connection).
+    /// Over TLS: plaintext rustls has decrypted is copied into `first` (or
+    /// `then` when `first` is empty), once; with none, records are read.
     fn read_some_vectored(&mut self, first: &mut [u8], then: &mut [u8]) -> io::Result<usize> {
         loop {
+            if let Stream::Tls(tls) = &mut self.stream {
+                let dst = if first.is_empty() {
+                    &mut *then
+                } else {
+                    &mut *first
+                };
+                match tls.conn.reader().read(dst) {
+                    // The server's close_notify.
+                    Ok(0) if !dst.is_empty() => return Err(closed()),
+                    Ok(n) => return Ok(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.receive_tls()?,
+                    Err(e) => return Err(e),
+                }
+                continue;
+            }
             self.arm(true)?;
             let mut slices = [IoSliceMut::new(first), IoSliceMut::new(then)];
-            match (&self.stream).read_vectored(&mut slices) {
+            match self.stream.tcp().read_vectored(&mut slices) {
                 Ok(0) => return Err(closed()),
                 Ok(n) => return Ok(n),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -731,6 +908,28 @@ mod tests {
             out.status,
             String::from_utf8_lossy(&out.stderr)
         );
+    }
+
+    #[test]
+    fn a_silent_server_costs_a_tls_handshake_the_deadline() {
+        // A listener that never answers: the handshake is bounded too.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let started = Instant::now();
+        let settings = RedisConnectionInfo::default();
+        let r = RespConn::connect("127.0.0.1", port, Some(&Arc::new(config)), &settings, T);
+        let e = r.err().expect("no handshake with a silent server");
+        let took = started.elapsed();
+        assert!(e.is_timeout(), "{e}");
+        assert!(e.to_string().contains("TLS handshake"), "{e}");
+        assert!(took >= T && took < T * 3, "{took:?}");
     }
 
     #[test]
