@@ -510,8 +510,9 @@ pub(crate) fn unlink_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<()> {
 pub(crate) struct DirNames {
     /// The names, each NUL-terminated, packed in one buffer.
     pub(crate) names: Vec<u8>,
-    /// (inode, offset of the name in `names`) per entry.
-    pub(crate) entries: Vec<(u64, usize)>,
+    /// (inode, offset of the name in `names`, file type as `d_type` says:
+    /// `libc::DT_REG`, `DT_DIR`, ... or `DT_UNKNOWN`) per entry.
+    pub(crate) entries: Vec<(u64, usize, u8)>,
 }
 
 /// A directory's entries (but `.` and `..`), by `getdents64` on
@@ -539,6 +540,7 @@ pub(crate) fn read_names(dir: &Fd) -> io::Result<DirNames> {
             let ino = u64::from_ne_bytes(buf[at..at + 8].try_into().expect("8 bytes"));
             let reclen =
                 u16::from_ne_bytes(buf[at + 16..at + 18].try_into().expect("2 bytes")) as usize;
+            let kind = buf[at + 18];
             if reclen < 19 || at + reclen > n as usize {
                 return Err(io::Error::from_raw_os_error(libc::EIO));
             }
@@ -546,7 +548,7 @@ pub(crate) fn read_names(dir: &Fd) -> io::Result<DirNames> {
             let len = name.iter().position(|&c| c == 0).unwrap_or(name.len());
             let name = &name[..len];
             if name != b"." && name != b".." {
-                entries.push((ino, names.len()));
+                entries.push((ino, names.len(), kind));
                 names.extend_from_slice(name);
                 names.push(0);
             }
@@ -570,17 +572,20 @@ mod tests {
         }
         std::fs::create_dir(dir.join("sub")).unwrap();
         let DirNames { names, entries } = read_names(&open_dir(&dir).unwrap()).unwrap();
-        let mut got: Vec<(u64, Vec<u8>)> = entries
+        let mut got: Vec<(u64, Vec<u8>, bool)> = entries
             .iter()
-            .map(|&(ino, at)| {
+            .map(|&(ino, at, kind)| {
                 let name = std::ffi::CStr::from_bytes_until_nul(&names[at..]).unwrap();
-                (ino, name.to_bytes().to_vec())
+                (ino, name.to_bytes().to_vec(), kind == libc::DT_DIR)
             })
             .collect();
-        let mut want: Vec<(u64, Vec<u8>)> = std::fs::read_dir(&dir)
+        let mut want: Vec<(u64, Vec<u8>, bool)> = std::fs::read_dir(&dir)
             .unwrap()
             .map(|e| e.unwrap())
-            .map(|e| (e.ino(), e.file_name().into_encoded_bytes()))
+            .map(|e| {
+                let is_dir = e.file_type().unwrap().is_dir();
+                (e.ino(), e.file_name().into_encoded_bytes(), is_dir)
+            })
             .collect();
         got.sort();
         want.sort();

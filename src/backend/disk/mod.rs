@@ -49,6 +49,8 @@ mod sealed;
 
 use self::format::{file_len, Header, ALIGN, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
+use self::manifest::Taken;
+use self::recover::OrderHint;
 use super::checksum::{xxh64, PayloadSum};
 use super::{Backend, Row, StoreJob, Unwatched};
 use crate::config::{DirectIo, DiskConfig, SyncMode};
@@ -72,6 +74,7 @@ const STRIPES: usize = 256;
 const RECOVERED_NOT_YET: u8 = 0;
 const RECOVERED_BY_SCAN: u8 = 1;
 const RECOVERED_FROM_MANIFEST: u8 = 2;
+const RECOVERED_BY_HINTED_SCAN: u8 = 3;
 
 thread_local! {
     /// Per-worker aligned scratch: header, and a bounce buffer for rows that
@@ -641,14 +644,25 @@ impl Backend for DiskBackend {
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         // Whether used or not, the manifest is gone from disk before the
         // tier accepts a store.
-        if let Some(keys) = self.take_manifest() {
-            self.recovered_by
-                .store(RECOVERED_FROM_MANIFEST, Ordering::Relaxed);
-            return Ok(keys);
-        }
-        let keys = self.scan()?.into_iter().map(|r| r.key).collect();
-        self.recovered_by
-            .store(RECOVERED_BY_SCAN, Ordering::Relaxed);
+        let hint = match self.take_manifest() {
+            Taken::Trusted(keys) => {
+                self.recovered_by
+                    .store(RECOVERED_FROM_MANIFEST, Ordering::Relaxed);
+                return Ok(keys);
+            }
+            Taken::Hint(keys) => Some(OrderHint::new(keys)),
+            Taken::Nothing => None,
+        };
+        let how = match hint {
+            Some(_) => RECOVERED_BY_HINTED_SCAN,
+            None => RECOVERED_BY_SCAN,
+        };
+        let keys = self
+            .scan(hint.as_ref())?
+            .into_iter()
+            .map(|r| r.key)
+            .collect();
+        self.recovered_by.store(how, Ordering::Relaxed);
         Ok(keys)
     }
 
@@ -741,6 +755,7 @@ impl Backend for DiskBackend {
             if self.seal.is_some() { ", sealed" } else { "" },
             match self.recovered_by.load(Ordering::Relaxed) {
                 RECOVERED_BY_SCAN => ", recovered=scan",
+                RECOVERED_BY_HINTED_SCAN => ", recovered=scan ordered by the last close's manifest",
                 RECOVERED_FROM_MANIFEST => ", recovered=manifest",
                 _ => "",
             }
