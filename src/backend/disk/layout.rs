@@ -21,7 +21,7 @@ use crate::backend::checksum::xxh64;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-const LONG_KEY: usize = 100;
+pub(crate) const LONG_KEY: usize = 100;
 pub(crate) const BLOCK_EXT: &str = ".kvb";
 pub(crate) const SEALED_EXT: &str = ".kvs";
 pub(crate) const TMP_EXT: &str = ".tmp";
@@ -83,7 +83,7 @@ pub(crate) fn fan_dir(key: &[u8]) -> String {
 }
 
 /// Which fan-out directory (0..FAN_DIRS) holds a key's block.
-fn fan_of(key: &[u8]) -> usize {
+pub(crate) fn fan_of(key: &[u8]) -> usize {
     (xxh64(key, 0) >> 52) as usize
 }
 
@@ -111,6 +111,20 @@ pub(crate) fn file_name(key: &[u8]) -> String {
 /// header) and names that are not block files.
 pub(crate) fn key_from_name(name: &str) -> Option<Vec<u8>> {
     unhex(name.strip_suffix(BLOCK_EXT)?)
+}
+
+/// [`key_from_name`] into `out` (no allocation): the key's length, or None.
+/// Recovery decodes every file name it lists.
+pub(crate) fn key_from_name_into(name: &str, out: &mut [u8; LONG_KEY]) -> Option<usize> {
+    let stem = name.strip_suffix(BLOCK_EXT)?.as_bytes();
+    if stem.is_empty() || stem.len() % 2 != 0 || stem.len() > 2 * LONG_KEY {
+        return None;
+    }
+    let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+    for (byte, pair) in out.iter_mut().zip(stem.chunks_exact(2)) {
+        *byte = digit(pair[0])? << 4 | digit(pair[1])?;
+    }
+    Some(stem.len() / 2)
 }
 
 pub(crate) fn is_hashed_name(name: &str) -> bool {
@@ -222,6 +236,23 @@ mod tests {
         // Slashes and dots in a key never reach the path.
         let evil = b"../../etc/passwd".to_vec();
         assert!(!file_name(&evil).contains('/'));
+        // The allocation-free decoder agrees with the other on every name.
+        let mut buf = [0u8; LONG_KEY];
+        for name in [
+            file_name(&key),
+            file_name(&[7u8; LONG_KEY]),
+            file_name(&[9u8; LONG_KEY + 1]),
+            "zz.kvb".into(),
+            "abc.kvb".into(),
+            "00ff.tmp".into(),
+            ".kvb".into(),
+            "0g.kvb".into(),
+            format!("{}.kvb", "ab".repeat(LONG_KEY + 1)),
+        ] {
+            let into = key_from_name_into(&name, &mut buf).map(|len| buf[..len].to_vec());
+            let want = key_from_name(&name).filter(|k| k.len() <= LONG_KEY);
+            assert_eq!(into, want, "{name}");
+        }
     }
 
     #[test]

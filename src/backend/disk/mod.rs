@@ -657,11 +657,7 @@ impl Backend for DiskBackend {
             Some(_) => RECOVERED_BY_HINTED_SCAN,
             None => RECOVERED_BY_SCAN,
         };
-        let keys = self
-            .scan(hint.as_ref())?
-            .into_iter()
-            .map(|r| r.key)
-            .collect();
+        let keys = self.scan(hint)?;
         self.recovered_by.store(how, Ordering::Relaxed);
         Ok(keys)
     }

@@ -5,9 +5,10 @@
 //! inode reads.
 
 use super::format::{file_len, Header, HEADER_LEN};
+use super::layout::FAN_DIRS;
 use super::{io, layout, DiskBackend, SHARED_TMP_GRACE};
+use crate::backend::checksum::xxh64;
 use crate::error::{bail, Result};
-use std::collections::HashMap;
 use std::ffi::{CStr, OsStr};
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -20,13 +21,19 @@ use std::time::SystemTime;
 /// take turns on the cores.
 const SCAN_THREADS: usize = 16;
 
-/// A block found on disk when the tier opens.
-pub(crate) struct Recovered {
-    pub key: Vec<u8>,
-    /// Its place in the order hint: such blocks come first, in hint order.
-    pub hinted: Option<u32>,
-    /// When it was written (not read for a block the hint orders).
-    pub modified: SystemTime,
+/// A block the scan found on disk and the hint does not name.
+struct Recovered {
+    key: Vec<u8>,
+    modified: SystemTime,
+}
+
+/// What one scanning thread found.
+#[derive(Default)]
+struct Found {
+    /// Ranks in the hint of the block files it names (their keys are the
+    /// hint's: nothing is decoded into a new allocation for them).
+    hinted: Vec<u32>,
+    others: Vec<Recovered>,
 }
 
 /// The LRU order of the last clean close, by key: a scan takes a listed
@@ -35,17 +42,63 @@ pub(crate) struct Recovered {
 /// found, and a file whose length or header is wrong is found out by its
 /// first load (which condemns it), not by the scan.
 pub(crate) struct OrderHint {
-    rank: HashMap<Vec<u8>, u32>,
+    /// Least recently used first.
+    keys: Vec<Vec<u8>>,
+    /// (XXH64 of the key with seeds 0 and 1, rank) of every key with a hex
+    /// file name, grouped by fan-out directory and sorted within each group:
+    /// a directory's lookups then search a few kilobytes that stay in cache,
+    /// where a map of a million keys costs cache misses per file.
+    entries: Vec<(u64, u64, u32)>,
+    /// Directory i's group is `entries[starts[i]..starts[i + 1]]`.
+    starts: Vec<usize>,
 }
 
 impl OrderHint {
     /// Keys least recently used first.
     pub(crate) fn new(keys: Vec<Vec<u8>>) -> OrderHint {
-        let mut rank = HashMap::with_capacity(keys.len());
-        for (i, key) in keys.into_iter().enumerate() {
-            rank.insert(key, i as u32);
+        let mut starts = vec![0usize; FAN_DIRS + 1];
+        let named: Vec<(usize, (u64, u64, u32))> = keys
+            .iter()
+            .enumerate()
+            .filter(|(_, key)| key.len() <= layout::LONG_KEY)
+            .map(|(rank, key)| {
+                let entry = (xxh64(key, 0), xxh64(key, 1), rank as u32);
+                (layout::fan_of(key), entry)
+            })
+            .collect();
+        for &(fan, _) in &named {
+            starts[fan + 1] += 1;
         }
-        OrderHint { rank }
+        for i in 0..FAN_DIRS {
+            starts[i + 1] += starts[i];
+        }
+        let mut next = starts.clone();
+        let mut entries = vec![(0, 0, 0); named.len()];
+        for (fan, entry) in named {
+            entries[next[fan]] = entry;
+            next[fan] += 1;
+        }
+        for fan in 0..FAN_DIRS {
+            entries[starts[fan]..starts[fan + 1]].sort_unstable();
+        }
+        OrderHint {
+            keys,
+            entries,
+            starts,
+        }
+    }
+
+    /// The rank of `key` (a block with a hex file name), if the hint has it.
+    /// Two 64-bit hashes stand for the key: a file taken for another key
+    /// would need both to collide.
+    fn rank_of(&self, key: &[u8]) -> Option<u32> {
+        let fan = layout::fan_of(key);
+        let group = &self.entries[self.starts[fan]..self.starts[fan + 1]];
+        let hashes = (xxh64(key, 0), xxh64(key, 1));
+        let at = group
+            .binary_search_by(|&(h0, h1, _)| (h0, h1).cmp(&hashes))
+            .ok()?;
+        Some(group[at].2)
     }
 }
 
@@ -59,7 +112,8 @@ struct Want {
 impl DiskBackend {
     /// Blocks on disk from earlier runs, oldest first, deleting temporary files
     /// (in shared mode only stale ones) and files of the wrong size.
-    pub(crate) fn scan(&self, hint: Option<&OrderHint>) -> Result<Vec<Recovered>> {
+    pub(crate) fn scan(&self, order_hint: Option<OrderHint>) -> Result<Vec<Vec<u8>>> {
+        let hint = order_hint.as_ref();
         let fans = match std::fs::read_dir(&self.ns_dir) {
             Ok(d) => d,
             Err(e) => bail!(Io, "cannot scan {}: {e}", self.ns_dir.display()),
@@ -86,13 +140,13 @@ impl DiskBackend {
         };
         let next = AtomicUsize::new(0);
         let work = || {
-            let mut found = Vec::new();
+            let mut found = Found::default();
             while let Some(fan) = fans.get(next.fetch_add(1, Ordering::Relaxed)) {
                 self.scan_fan(fan, &want, hint, &mut found);
             }
             found
         };
-        let mut found = std::thread::scope(|s| {
+        let found = std::thread::scope(|s| {
             // A helper that cannot be started leaves its share to the others.
             let helpers: Vec<_> = (1..SCAN_THREADS.min(fans.len()))
                 .map_while(|_| {
@@ -105,7 +159,10 @@ impl DiskBackend {
             let mut found = work();
             for helper in helpers {
                 match helper.join() {
-                    Ok(mut more) => found.append(&mut more),
+                    Ok(mut more) => {
+                        found.hinted.append(&mut more.hinted);
+                        found.others.append(&mut more.others);
+                    }
                     Err(panic) => std::panic::resume_unwind(panic),
                 }
             }
@@ -114,15 +171,21 @@ impl DiskBackend {
         // Hinted blocks first, in the hint's order; then the others by mtime
         // (stored since the hint was written), the key breaking ties, so the
         // order does not depend on which thread scanned what.
-        found.sort_unstable_by(|a, b| {
-            (a.hinted.is_none(), a.hinted, a.modified, &a.key).cmp(&(
-                b.hinted.is_none(),
-                b.hinted,
-                b.modified,
-                &b.key,
-            ))
-        });
-        Ok(found)
+        let Found { hinted, mut others } = found;
+        others.sort_unstable_by(|a, b| (a.modified, &a.key).cmp(&(b.modified, &b.key)));
+        let mut keys = Vec::with_capacity(hinted.len() + others.len());
+        if let Some(hint) = order_hint {
+            let mut listed = vec![false; hint.keys.len()];
+            hinted.iter().for_each(|&rank| listed[rank as usize] = true);
+            let in_order = hint
+                .keys
+                .into_iter()
+                .zip(listed)
+                .filter(|(_, listed)| *listed);
+            keys.extend(in_order.map(|(key, _)| key));
+        }
+        keys.extend(others.into_iter().map(|r| r.key));
+        Ok(keys)
     }
 
     /// One fan-out directory's blocks into `found`, deleting debris and
@@ -130,13 +193,7 @@ impl DiskBackend {
     /// then reads each inode-table block once, in order, instead of
     /// seeking back and forth in name-hash order (measured at 100,000
     /// blocks, one thread: 2.2 s in name order, 1.4-1.6 s in inode order).
-    fn scan_fan(
-        &self,
-        fan: &OsStr,
-        want: &Want,
-        hint: Option<&OrderHint>,
-        found: &mut Vec<Recovered>,
-    ) {
+    fn scan_fan(&self, fan: &OsStr, want: &Want, hint: Option<&OrderHint>, found: &mut Found) {
         let fan_path = self.ns_dir.join(fan);
         let Ok(dir) = io::open_dir(&fan_path) else {
             self.left_unindexed();
@@ -161,15 +218,13 @@ impl DiskBackend {
             // A regular file the hint orders: no inode read (only unsealed,
             // unshared tiers have hints; a hashed name needs its header).
             if let Some(hint) = hint.filter(|_| kind == libc::DT_REG) {
-                let rank = layout::key_from_name(name)
+                let mut key = [0u8; layout::LONG_KEY];
+                let rank = layout::key_from_name_into(name, &mut key)
+                    .map(|len| &key[..len])
                     .filter(|key| layout::is_hex_block_path(fan, name, key))
-                    .and_then(|key| Some((hint.rank.get(&key).copied()?, key)));
-                if let Some((rank, key)) = rank {
-                    found.push(Recovered {
-                        key,
-                        hinted: Some(rank),
-                        modified: SystemTime::UNIX_EPOCH,
-                    });
+                    .and_then(|key| hint.rank_of(key));
+                if let Some(rank) = rank {
+                    found.hinted.push(rank);
                     continue;
                 }
             }
@@ -242,11 +297,7 @@ impl DiskBackend {
                     if let Some(nonce) = sealed_nonce {
                         self.ledger.record(&key, nonce);
                     }
-                    found.push(Recovered {
-                        key,
-                        hinted: None,
-                        modified,
-                    })
+                    found.others.push(Recovered { key, modified })
                 }
                 // Read and found misplaced or not a block header: no
                 // lookup would ever find it.
