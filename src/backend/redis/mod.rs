@@ -576,10 +576,23 @@ impl RedisBackend {
                         let Ok(port) = port.parse::<u16>() else {
                             continue;
                         };
-                        let info = seed
-                            .get_connection_info()
-                            .clone()
-                            .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
+                        let info = seed.get_connection_info();
+                        // Over the seed's transport: a TLS cluster's
+                        // nodes announce their TLS ports.
+                        let addr = match info.addr() {
+                            ConnectionAddr::TcpTls {
+                                insecure,
+                                tls_params,
+                                ..
+                            } => ConnectionAddr::TcpTls {
+                                host: host.to_string(),
+                                port,
+                                insecure: *insecure,
+                                tls_params: tls_params.clone(),
+                            },
+                            _ => ConnectionAddr::Tcp(host.to_string(), port),
+                        };
+                        let info = info.clone().set_addr(addr);
                         masters.push(Client::open(info).map_err(|e| io_error("cluster node", &e))?);
                     }
                     return Ok(masters);
