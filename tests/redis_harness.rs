@@ -2,7 +2,8 @@
 //! standalone server starts, answers, dies and comes back empty, refuses
 //! clients without the password, and is gone after drop (also after a
 //! panic); a cluster forms, routes keys between nodes, and its nodes see a
-//! killed master fail, come back, and a replica take over.
+//! killed master fail, come back, and a replica take over; a TLS-only
+//! cluster forms and announces its TLS ports.
 //!
 //! Skips (with a printed reason) without redis-server, unless
 //! KVTIER_REQUIRE_REDIS=1.
@@ -156,6 +157,51 @@ fn cluster_of_three_masters_forms_and_routes_keys() {
     let holders = masters
         .iter()
         .filter(|m| cluster.server(m.port).cli(&["DBSIZE"]) != "0")
+        .count();
+    assert_eq!(holders, 3, "12 keys land on every master");
+}
+
+/// A TLS-only cluster: no node answers plaintext on its port, every node
+/// announces its TLS port (`CLUSTER SLOTS` asked over TLS names the ports
+/// the harness started), and redis-cli -c routes keys over TLS.
+#[test]
+fn tls_cluster_forms_announces_its_tls_ports_and_routes_keys() {
+    let Some(certs) = common::redis::TestCerts::make() else {
+        return;
+    };
+    let cluster = redis_or_skip!(RedisCluster::start_tls(3, 0, &certs));
+    let ports = cluster.ports();
+    assert_eq!(
+        cluster.url(),
+        ports
+            .iter()
+            .map(|p| format!("rediss://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    for &p in &ports {
+        assert_ne!(raw_ping(p).as_deref(), Some("+PONG"), "plaintext on {p}");
+        assert_eq!(cluster.state(p), "ok");
+    }
+    let mut announced: Vec<u16> = cluster
+        .cli(&["CLUSTER", "SLOTS"])
+        .lines()
+        .filter_map(|l| l.trim().parse::<u16>().ok())
+        .filter(|p| ports.contains(p))
+        .collect();
+    announced.sort_unstable();
+    let mut sorted = ports.clone();
+    sorted.sort_unstable();
+    assert_eq!(announced, sorted, "CLUSTER SLOTS names the TLS ports");
+    assert_eq!(cluster.masters().len(), 3);
+    let keys: Vec<String> = (0..12).map(|i| format!("key-{i}")).collect();
+    for k in &keys {
+        assert_eq!(cluster.cli_at(ports[0], &["SET", k, "v"]), "OK");
+        assert_eq!(cluster.cli_at(ports[2], &["GET", k]), "v");
+    }
+    let holders = ports
+        .iter()
+        .filter(|&&p| cluster.server(p).cli(&["DBSIZE"]) != "0")
         .count();
     assert_eq!(holders, 3, "12 keys land on every master");
 }

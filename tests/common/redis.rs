@@ -246,8 +246,12 @@ pub struct RedisServer {
     port: u16,
     /// The cluster bus port of a cluster node.
     bus_port: Option<u16>,
-    /// The TLS port of a server started with `start_tls`.
+    /// The TLS port of a server started with `start_tls`, or of a TLS-only
+    /// cluster node (where it is `port` too).
     tls_port: Option<u16>,
+    /// A TLS-only server (`--port 0`: no plain port): the CA its clients
+    /// trust, for the harness's own redis-cli (readiness, `cli`).
+    tls_ca: Option<PathBuf>,
     dir: PathBuf,
     /// The test's `--key value` arguments.
     extra: Vec<String>,
@@ -270,7 +274,7 @@ impl RedisServer {
         if !redis_available() {
             return None;
         }
-        Some(Self::launch(config, false, false))
+        Some(Self::launch(config, false, false, None))
     }
 
     /// A server that also speaks TLS, on `tls_port()` (`tls_url()`), with
@@ -291,10 +295,19 @@ impl RedisServer {
             ("tls-ca-cert-file", &*ca),
             ("tls-auth-clients", "no"),
         ];
-        Some(Self::launch(&config, false, true))
+        Some(Self::launch(&config, false, true, None))
     }
 
-    fn launch(config: &[(&str, &str)], cluster: bool, tls: bool) -> RedisServer {
+    /// The server of `launch` on `tls` with no plain port when `tls_ca` is
+    /// given (`port` is then the TLS port; the harness's redis-cli speaks
+    /// TLS, trusting `tls_ca`).
+    fn launch(
+        config: &[(&str, &str)],
+        cluster: bool,
+        tls: bool,
+        tls_ca: Option<&Path>,
+    ) -> RedisServer {
+        assert!(tls || tls_ca.is_none(), "a TLS-only server speaks TLS");
         let dir = super::scratch_dir();
         fs::create_dir_all(&dir).expect("create the server's scratch directory");
         let mut server = RedisServer {
@@ -302,15 +315,20 @@ impl RedisServer {
             port: 0,
             bus_port: None,
             tls_port: None,
+            tls_ca: tls_ca.map(Path::to_path_buf),
             dir,
             extra: config_args(config),
             password: password_of(config),
         };
+        let tls_only = server.tls_ca.is_some();
         for _ in 0..PORT_ATTEMPTS {
-            let ports = free_ports(1 + cluster as usize + tls as usize);
+            let ports = free_ports(1 + cluster as usize + (tls && !tls_only) as usize);
             server.port = ports[0];
             server.bus_port = cluster.then(|| ports[1]);
             server.tls_port = tls.then(|| ports[ports.len() - 1]);
+            if tls_only {
+                server.tls_port = Some(server.port);
+            }
             match server.spawn() {
                 Ok(()) => return server,
                 Err(LaunchError::PortTaken) => continue,
@@ -337,7 +355,8 @@ impl RedisServer {
             "--bind",
             "127.0.0.1",
             "--port",
-            &self.port.to_string(),
+            // A TLS-only server's port is its --tls-port (below).
+            &if self.tls_ca.is_some() { 0 } else { self.port }.to_string(),
             "--dir",
             &self.dir.to_string_lossy(),
             "--daemonize",
@@ -402,7 +421,7 @@ impl RedisServer {
                     ))
                 });
             }
-            if self.log().contains("Ready to accept connections") && raw_ping(self.port).is_some() {
+            if self.log().contains("Ready to accept connections") && self.answers_ping() {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -417,9 +436,24 @@ impl RedisServer {
         }
     }
 
-    /// `redis://127.0.0.1:<port>`.
+    /// Whether something answers PING on `port` (any reply: a server that
+    /// wants a password answers NOAUTH), over TLS for a TLS-only server.
+    fn answers_ping(&self) -> bool {
+        match &self.tls_ca {
+            None => raw_ping(self.port).is_some(),
+            Some(ca) => {
+                let out = cli_output(self.port, None, Some(ca), &["PING"]);
+                out.status.success() && !stdout_of(&out).is_empty()
+            }
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>`, or `rediss://` for a TLS-only server.
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match self.tls_ca {
+            Some(_) => self.tls_url(),
+            None => format!("redis://127.0.0.1:{}", self.port),
+        }
     }
 
     pub fn port(&self) -> u16 {
@@ -534,12 +568,17 @@ impl RedisServer {
     /// `cli_authed`. redis-cli prints error replies on stdout (`NOAUTH ...`)
     /// and a nil as an empty line.
     pub fn cli(&self, args: &[&str]) -> String {
-        stdout_of(&cli_output(self.port, None, args))
+        stdout_of(&cli_output(self.port, None, self.tls_ca.as_deref(), args))
     }
 
     /// `cli` with `-a <requirepass>` when the server has one.
     pub fn cli_authed(&self, args: &[&str]) -> String {
-        stdout_of(&cli_output(self.port, self.password.as_deref(), args))
+        stdout_of(&cli_output(
+            self.port,
+            self.password.as_deref(),
+            self.tls_ca.as_deref(),
+            args,
+        ))
     }
 }
 
@@ -676,9 +715,13 @@ fn kill_group(child: &mut Child) {
     let _ = child.wait();
 }
 
-fn cli_output(port: u16, password: Option<&str>, args: &[&str]) -> Output {
+/// `redis-cli` against 127.0.0.1:`port`, over TLS trusting `tls_ca` if given.
+fn cli_output(port: u16, password: Option<&str>, tls_ca: Option<&Path>, args: &[&str]) -> Output {
     let mut cmd = Command::new(&tools().expect("redis-cli on PATH").cli);
     cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()]);
+    if let Some(ca) = tls_ca {
+        cmd.arg("--tls").arg("--cacert").arg(ca);
+    }
     if let Some(pw) = password {
         cmd.args(["-a", pw, "--no-auth-warning"]);
     }
@@ -808,6 +851,9 @@ impl ClusterNode {
 pub struct RedisCluster {
     servers: Vec<RedisServer>,
     password: Option<String>,
+    /// A TLS-only cluster (`start_tls`): the CA its nodes' certificates
+    /// chain to, for the harness's redis-cli.
+    tls_ca: Option<PathBuf>,
 }
 
 impl RedisCluster {
@@ -826,18 +872,65 @@ impl RedisCluster {
         replicas_per_master: usize,
         config: &[(&str, &str)],
     ) -> Option<RedisCluster> {
-        assert!(masters >= 3, "a Redis cluster needs at least 3 masters");
         if !redis_available() {
             return None;
         }
+        Some(Self::form(masters, replicas_per_master, config, None))
+    }
+
+    /// As `start`, a cluster that speaks TLS only: every node has its TLS
+    /// port and no plain one (`--port 0`; `port()`, `ports()` and `url()`,
+    /// `rediss://...`, are the TLS ports), with `certs` (no client
+    /// certificate asked for), the cluster bus and replication over TLS too
+    /// (`tls-cluster yes`, so nodes announce their TLS ports;
+    /// `tls-replication yes`). The harness's redis-cli speaks TLS.
+    pub fn start_tls(
+        masters: usize,
+        replicas_per_master: usize,
+        certs: &TestCerts,
+    ) -> Option<RedisCluster> {
+        if !redis_available() {
+            return None;
+        }
+        let (cert, key, ca) = (
+            certs.cert.to_string_lossy(),
+            certs.key.to_string_lossy(),
+            certs.ca.to_string_lossy(),
+        );
+        let config = [
+            ("tls-cert-file", &*cert),
+            ("tls-key-file", &*key),
+            ("tls-ca-cert-file", &*ca),
+            ("tls-auth-clients", "no"),
+            ("tls-cluster", "yes"),
+            ("tls-replication", "yes"),
+        ];
+        Some(Self::form(
+            masters,
+            replicas_per_master,
+            &config,
+            Some(&certs.ca),
+        ))
+    }
+
+    /// Starts the nodes (TLS-only ones trusting `tls_ca` when given) and
+    /// creates the cluster.
+    fn form(
+        masters: usize,
+        replicas_per_master: usize,
+        config: &[(&str, &str)],
+        tls_ca: Option<&Path>,
+    ) -> RedisCluster {
+        assert!(masters >= 3, "a Redis cluster needs at least 3 masters");
         let count = masters * (1 + replicas_per_master);
         // Each node is dropped (killed) if a later step panics.
         let servers: Vec<RedisServer> = (0..count)
-            .map(|_| RedisServer::launch(config, true, false))
+            .map(|_| RedisServer::launch(config, true, tls_ca.is_some(), tls_ca))
             .collect();
         let cluster = RedisCluster {
             servers,
             password: password_of(config),
+            tls_ca: tls_ca.map(Path::to_path_buf),
         };
         let mut create: Vec<String> = vec!["--cluster".into(), "create".into()];
         create.extend(
@@ -853,7 +946,12 @@ impl RedisCluster {
         ]);
         let create: Vec<&str> = create.iter().map(String::as_str).collect();
         let port = cluster.servers[0].port;
-        let output = cli_output(port, cluster.password.as_deref(), &create);
+        let output = cli_output(
+            port,
+            cluster.password.as_deref(),
+            cluster.tls_ca.as_deref(),
+            &create,
+        );
         assert!(
             output.status.success() && stdout_of(&output).contains("All 16384 slots covered"),
             "redis-cli --cluster create failed:\n{}\n{}",
@@ -886,10 +984,11 @@ impl RedisCluster {
             });
             assert!(synced, "replica {} never synced with its master", node.port);
         }
-        Some(cluster)
+        cluster
     }
 
-    /// Every node as a seed: `redis://127.0.0.1:p1,redis://127.0.0.1:p2,...`.
+    /// Every node as a seed: `redis://127.0.0.1:p1,redis://127.0.0.1:p2,...`
+    /// (`rediss://` for a TLS cluster).
     pub fn url(&self) -> String {
         let urls: Vec<String> = self.servers.iter().map(|s| s.url()).collect();
         urls.join(",")
@@ -1036,7 +1135,12 @@ impl RedisCluster {
     pub fn cli_at(&self, port: u16, args: &[&str]) -> String {
         let mut with_c = vec!["-c"];
         with_c.extend_from_slice(args);
-        stdout_of(&cli_output(port, self.password.as_deref(), &with_c))
+        stdout_of(&cli_output(
+            port,
+            self.password.as_deref(),
+            self.tls_ca.as_deref(),
+            &with_c,
+        ))
     }
 }
 

@@ -1,8 +1,12 @@
-//! Routing a plain-TCP Redis Cluster tier's data path: which master serves
-//! a key name (its slot, and a slot map read with `CLUSTER SLOTS`), and a
-//! pool of kvtier's own connections (`resp`) per master, so that a job's
-//! blocks for one node travel in one direct pipeline (`direct`) instead of
-//! the crate's cluster pipeline, which parses every value into a `Vec`.
+//! Routing a Redis Cluster tier's data path: which master serves a key
+//! name (its slot, and a slot map read with `CLUSTER SLOTS`), and a pool of
+//! kvtier's own connections (`resp`, over TCP or TLS as the seeds are) per
+//! master, so that a job's blocks for one node travel in one direct
+//! pipeline (`direct`) instead of the crate's cluster pipeline, which
+//! parses every value into a `Vec`. Over TLS, every master's pool shares
+//! the tier's one client configuration (`tls::SharedConfig`); the cluster
+//! must announce its TLS ports (`tls-cluster yes`: `CLUSTER SLOTS` asked
+//! over TLS answers them).
 //!
 //! The map is asked from any known node (masters of the current map, then
 //! the seeds). It is refreshed when a node answers MOVED or fails, at most
@@ -11,6 +15,7 @@
 //! node redirected or failed is `routed`'s business.
 
 use super::conn::{Conn, Pool, Target};
+use super::tls::SharedConfig;
 use redis::{Client, ConnectionAddr, ConnectionInfo, Value};
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -227,12 +232,26 @@ pub(super) fn redirection(message: &str) -> Option<Redirection> {
     }
 }
 
-/// The slot map and a pool per node, for a cluster reached over plain TCP.
+/// How the seeds, hence every node, are reached.
+#[derive(Clone, Copy, PartialEq)]
+enum Transport {
+    Tcp,
+    /// TLS, with the seeds' `#insecure` flag (refused when connecting).
+    Tls {
+        insecure: bool,
+    },
+}
+
+/// The slot map and a pool per node, for a cluster reached over plain TCP
+/// or TLS.
 pub(super) struct Router {
     /// A seed's connection settings (user, password): every node's
     /// connections use them, with the node's address.
     template: ConnectionInfo,
     seeds: Vec<(String, u16)>,
+    transport: Transport,
+    /// The tier's TLS configuration, shared by every node's pool.
+    tls: SharedConfig,
     connections: usize,
     timeout: Duration,
     map: Mutex<Arc<SlotMap>>,
@@ -248,21 +267,49 @@ pub(super) struct Router {
 }
 
 impl Router {
-    /// A router over `seeds`, or None when one is not a plain TCP address
-    /// (TLS stays on the crate's connections). The first map is read now; a
-    /// cluster that does not answer yet leaves it empty (every block then
-    /// goes through the crate's connection, and each job asks again).
-    pub(super) fn new(seeds: &[Client], connections: usize, timeout: Duration) -> Option<Router> {
+    /// A router over `seeds`, or None unless all are plain TCP addresses or
+    /// all TLS ones from URLs (no certificates in memory, one `#insecure`
+    /// flag): anything else stays on the crate's connections. Every node's
+    /// pool uses `tls`, the tier's TLS configuration. The first map is read
+    /// now; a cluster that does not answer yet leaves it empty (every block
+    /// then goes through the crate's connection, and each job asks again).
+    pub(super) fn new(
+        seeds: &[Client],
+        connections: usize,
+        timeout: Duration,
+        tls: SharedConfig,
+    ) -> Option<Router> {
         let mut addrs = Vec::new();
+        let mut transports = Vec::new();
         for seed in seeds {
-            match seed.get_connection_info().addr() {
-                ConnectionAddr::Tcp(host, port) => addrs.push((host.clone(), *port)),
+            let (host, port, transport) = match seed.get_connection_info().addr() {
+                ConnectionAddr::Tcp(host, port) => (host, port, Transport::Tcp),
+                ConnectionAddr::TcpTls {
+                    host,
+                    port,
+                    insecure,
+                    tls_params: None,
+                } => (
+                    host,
+                    port,
+                    Transport::Tls {
+                        insecure: *insecure,
+                    },
+                ),
                 _ => return None,
-            }
+            };
+            addrs.push((host.clone(), *port));
+            transports.push(transport);
+        }
+        let transport = *transports.first()?;
+        if transports.iter().any(|&t| t != transport) {
+            return None;
         }
         let router = Router {
             template: seeds.first()?.get_connection_info().clone(),
             seeds: addrs,
+            transport,
+            tls,
             connections,
             timeout,
             map: Mutex::new(Arc::new(SlotMap::empty())),
@@ -286,15 +333,25 @@ impl Router {
         if let Some(node) = known.iter().find(|n| n.is(host, port)) {
             return Some(Arc::clone(node));
         }
-        let info = self
-            .template
-            .clone()
-            .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
-        let client = Client::open(info).ok()?;
+        let addr = match self.transport {
+            Transport::Tcp => ConnectionAddr::Tcp(host.to_string(), port),
+            Transport::Tls { insecure } => ConnectionAddr::TcpTls {
+                host: host.to_string(),
+                port,
+                insecure,
+                tls_params: None,
+            },
+        };
+        let client = Client::open(self.template.clone().set_addr(addr)).ok()?;
         let node = Arc::new(Node::new(
             host,
             port,
-            Pool::new(Target::Single(client), self.connections, self.timeout),
+            Pool::new(
+                Target::Single(client),
+                self.connections,
+                self.timeout,
+                self.tls.clone(),
+            ),
         ));
         known.push(Arc::clone(&node));
         Some(node)
@@ -459,7 +516,12 @@ mod tests {
             map.nodes.push(Arc::new(Node::new(
                 "127.0.0.1",
                 port,
-                Pool::new(Target::Single(client.clone()), 1, Duration::from_secs(1)),
+                Pool::new(
+                    Target::Single(client.clone()),
+                    1,
+                    Duration::from_secs(1),
+                    SharedConfig::default(),
+                ),
             )));
         }
         // Node 0 serves the lower half, node 1 the upper half but the last

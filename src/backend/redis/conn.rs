@@ -4,11 +4,11 @@
 //! fast failure instead of a connect timeout per block.
 
 use super::resp::RespConn;
+use super::tls::SharedConfig;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
 use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
-use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 /// What the pool connects to.
@@ -58,8 +58,9 @@ pub(super) struct Pool {
     state: Mutex<PoolState>,
     returned: Condvar,
     /// The TLS client configuration of a `rediss://` server, built by the
-    /// first connection (see `tls`) and shared by the others.
-    tls: OnceLock<Arc<rustls::ClientConfig>>,
+    /// first connection and shared by the others, and by the tier's other
+    /// pools (see `tls`).
+    tls: SharedConfig,
 }
 
 /// A Redis failure as a kvtier error: the server's or the network's words,
@@ -75,7 +76,9 @@ fn connection_survives(e: &RedisError) -> bool {
 }
 
 impl Pool {
-    pub(super) fn new(target: Target, max: usize, timeout: Duration) -> Pool {
+    /// A pool of at most `max` connections to `target`; its TLS
+    /// connections (if any) use the tier's configuration `tls`.
+    pub(super) fn new(target: Target, max: usize, timeout: Duration, tls: SharedConfig) -> Pool {
         Pool {
             target,
             max: max.max(1),
@@ -87,7 +90,7 @@ impl Pool {
                 backoff: MIN_BACKOFF,
             }),
             returned: Condvar::new(),
-            tls: OnceLock::new(),
+            tls,
         }
     }
 
@@ -113,7 +116,7 @@ impl Pool {
                         port,
                         insecure,
                         tls_params: None,
-                    } => Some((host, *port, Some(self.tls_config(*insecure)?))),
+                    } => Some((host, *port, Some(self.tls.get(*insecure)?))),
                     _ => None,
                 };
                 if let Some((host, port, tls)) = direct {
@@ -132,18 +135,6 @@ impl Pool {
             }
             Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
         }
-    }
-
-    /// The TLS configuration, built once per pool.
-    fn tls_config(
-        &self,
-        insecure: bool,
-    ) -> std::result::Result<Arc<rustls::ClientConfig>, RedisError> {
-        if let Some(config) = self.tls.get() {
-            return Ok(config.clone());
-        }
-        let config = super::tls::client_config(insecure)?;
-        Ok(self.tls.get_or_init(|| config).clone())
     }
 
     /// Opens the first connection and PINGs through it, keeping it in the

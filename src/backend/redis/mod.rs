@@ -20,19 +20,21 @@
 //!   total.
 //! - A URL's password never appears in a message or in `tier_describe`.
 //! - `rediss://` uses TLS (rustls, on kvtier's own connection: the same
-//!   data path as plain TCP); the server's certificate is checked against
-//!   the system's roots (`SSL_CERT_FILE` names another bundle), as the
-//!   crate checks it.
+//!   data path as plain TCP, for a single server and for a cluster's
+//!   masters alike); the server's certificate is checked against the
+//!   system's roots (`SSL_CERT_FILE` names another bundle), as the crate
+//!   checks it. One client configuration per tier, shared by its pools.
 //!
 //! Files: `format` (key names and the value layout), `conn` (the pool),
 //! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
-//! `tls` (its TLS configuration), `direct` (the data path over it:
-//! payloads written from and read into rows), `cluster` (a plain-TCP
-//! cluster's slot map and a pool per master), `routed` (a cluster's data
-//! path: a direct pipeline per master, blocks redirected retried through the
-//! crate), `pipe` (the crate's pipelines, for redirected blocks, a TLS
-//! cluster, and everything but the data path of a cluster), `sealed`
-//! (sealed names and values).
+//! `tls` (its TLS configuration, one per tier), `direct` (the data path
+//! over it: payloads written from and read into rows), `cluster` (a
+//! cluster's slot map and a pool per master, over TCP or TLS), `routed`
+//! (a cluster's data path: a direct pipeline per master, blocks redirected
+//! retried through the crate), `pipe` (the crate's pipelines, for
+//! redirected blocks, a cluster whose seeds mix TCP and TLS, and
+//! everything but the data path of a cluster), `sealed` (sealed names and
+//! values).
 
 mod cluster;
 mod conn;
@@ -49,6 +51,7 @@ use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
 use self::sealed::SealedLayout;
+use self::tls::SharedConfig;
 use super::checksum::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
@@ -138,7 +141,7 @@ pub(crate) struct RedisBackend {
     seal: Option<Sealer>,
     /// The version of each sealed block this process last wrote or saw.
     ledger: NonceLedger,
-    /// A cluster over plain TCP: the data path's routing to its masters
+    /// A cluster over TCP or TLS: the data path's routing to its masters
     /// (`pool` still serves every other command).
     router: Option<Router>,
 }
@@ -243,13 +246,16 @@ impl RedisBackend {
             Target::Single(seeds[0].clone())
         };
         let connections = cfg.connections.unwrap_or(io_threads);
+        // Built by the first TLS connection, shared by every pool of the
+        // tier (a cluster's masters each have one).
+        let tls = SharedConfig::default();
         let router = if cluster {
-            Router::new(&seeds, connections, timeout)
+            Router::new(&seeds, connections, timeout, tls.clone())
         } else {
             None
         };
         let backend = RedisBackend {
-            pool: Pool::new(target, connections, timeout),
+            pool: Pool::new(target, connections, timeout, tls),
             name_prefix: format!(
                 "{}:{:016x}:b{block_bytes}:",
                 cfg.key_prefix,
@@ -457,8 +463,9 @@ impl RedisBackend {
         }
     }
 
-    /// The crate's SET pipeline (redirected blocks, a TLS cluster) for `blocks`, each value
-    /// packed into the command; block i's outcome is `replies[i]`.
+    /// The crate's SET pipeline (redirected blocks, a cluster without a
+    /// router) for `blocks`, each value packed into the command; block i's
+    /// outcome is `replies[i]`.
     fn store_by_crate(
         &self,
         conn: &mut Conn,
@@ -485,7 +492,8 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// The crate's DEL pipeline (redirected keys, a TLS cluster) for `keys`.
+    /// The crate's DEL pipeline (redirected keys, a cluster without a
+    /// router) for `keys`.
     fn del_by_crate(
         &self,
         conn: &mut Conn,
@@ -495,8 +503,8 @@ impl RedisBackend {
         pipelined::<redis::Value>(conn, keys.len(), del).map(drop)
     }
 
-    /// The crate's GET pipeline (redirected blocks, a TLS cluster) for the blocks named
-    /// `names`: one reply per name (judge it with `check_value`), or the
+    /// The crate's GET pipeline (redirected blocks, a cluster without a
+    /// router) for the blocks named `names`: one reply per name (judge it with `check_value`), or the
     /// pipeline's failure.
     fn get_by_crate(&self, names: &[String]) -> Result<Vec<redis::RedisResult<Option<Vec<u8>>>>> {
         let get = |i: usize| redis::cmd("GET").arg(&names[i]).take();
@@ -512,7 +520,8 @@ impl RedisBackend {
         Ok(values)
     }
 
-    /// The crate's GET pipeline (a TLS cluster, a Unix socket): each value
+    /// The crate's GET pipeline (a cluster without a router, a Unix
+    /// socket): each value
     /// copied into its row once verified.
     fn load_batch_by_crate(
         &self,
@@ -567,10 +576,23 @@ impl RedisBackend {
                         let Ok(port) = port.parse::<u16>() else {
                             continue;
                         };
-                        let info = seed
-                            .get_connection_info()
-                            .clone()
-                            .set_addr(ConnectionAddr::Tcp(host.to_string(), port));
+                        let info = seed.get_connection_info();
+                        // Over the seed's transport: a TLS cluster's
+                        // nodes announce their TLS ports.
+                        let addr = match info.addr() {
+                            ConnectionAddr::TcpTls {
+                                insecure,
+                                tls_params,
+                                ..
+                            } => ConnectionAddr::TcpTls {
+                                host: host.to_string(),
+                                port,
+                                insecure: *insecure,
+                                tls_params: tls_params.clone(),
+                            },
+                            _ => ConnectionAddr::Tcp(host.to_string(), port),
+                        };
+                        let info = info.clone().set_addr(addr);
                         masters.push(Client::open(info).map_err(|e| io_error("cluster node", &e))?);
                     }
                     return Ok(masters);

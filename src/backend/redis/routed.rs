@@ -1,4 +1,4 @@
-//! A Redis Cluster tier's data path over plain TCP: a job's blocks grouped
+//! A Redis Cluster tier's data path over TCP or TLS: a job's blocks grouped
 //! by the master serving their slot (`cluster`), one direct pipeline
 //! (`direct`) per master on that master's own connections, the outcomes
 //! reported in the job's order. Loads land in the caller's rows with at
@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 /// kvtier's own connection, which a node's pool always makes (its address
-/// is plain TCP), its next request ending by the job's `deadline`.
+/// is TCP, or TLS from a URL), its next request ending by the job's
+/// `deadline`.
 fn own(conn: &mut Conn, deadline: Instant) -> std::io::Result<&mut RespConn> {
     match conn {
         Conn::Direct(c) => {

@@ -13,11 +13,33 @@
 use redis::{ErrorKind, RedisError, RedisResult};
 use rustls::pki_types::ServerName;
 use rustls::{ClientConfig, RootCertStore};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
-/// The client configuration for every TLS connection of one pool (built
-/// once per pool: loading the system's roots parses every certificate).
-pub(super) fn client_config(insecure: bool) -> RedisResult<Arc<ClientConfig>> {
+/// One tier's TLS client configuration, built by the first connection that
+/// needs it and shared by every pool of the tier (a cluster's masters each
+/// have one): loading the system's roots parses every certificate, once per
+/// tier rather than once per node. Clones share it.
+#[derive(Clone, Default)]
+pub(super) struct SharedConfig(Arc<OnceLock<Arc<ClientConfig>>>);
+
+impl SharedConfig {
+    /// The configuration, built now if no connection has built it yet. An
+    /// `#insecure` address is refused every time (it is never what the
+    /// cache holds).
+    pub(super) fn get(&self, insecure: bool) -> RedisResult<Arc<ClientConfig>> {
+        if !insecure {
+            if let Some(config) = self.0.get() {
+                return Ok(Arc::clone(config));
+            }
+        }
+        let config = client_config(insecure)?;
+        Ok(Arc::clone(self.0.get_or_init(|| config)))
+    }
+}
+
+/// The client configuration for kvtier's TLS connections (see
+/// [`SharedConfig`]).
+fn client_config(insecure: bool) -> RedisResult<Arc<ClientConfig>> {
     if insecure {
         // The crate's own message, for the same refusal.
         return Err(RedisError::from((
