@@ -225,10 +225,13 @@ fn steady_state_jobs_allocate_per_job_not_per_block() {
         // buffer when it empties), which no public API avoids: 2-3 per 16
         // KiB block measured (2.1 on stores, where the server answers SETs
         // in records of their own; 2.3-2.8 on loads), by how the server cuts
-        // its records. Hence the allowance above the plain server's limits. The crate's connection, which TLS
-        // tiers used before, allocated 12-13 per block on stores and 10-11
-        // on loads here (its reply values, commands and key names).
-        let rustls = 3.5;
+        // its records. Hence the allowance above the plain server's limits,
+        // with room for a loaded machine, where the server's writes meet a
+        // fuller socket and cut more, smaller records. The crate's
+        // connection, which TLS tiers used before, allocated 12-13 per block
+        // on stores and 10-11 on loads here (its reply values, commands and
+        // key names): still well above these limits.
+        let rustls = 5.0;
         let limits = (1.2 + rustls, 0.2 + rustls);
         check("redis tls", &config, &keys, limits, &mut failures);
         // A TLS cluster's jobs go direct too, a pipeline of kvtier's own TLS
