@@ -622,6 +622,19 @@ fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
     assert_eq!(described_count(&h, " blocks rerouted"), rerouted);
 }
 
+/// After garbage was written under block 3's name (blocks 3, 4 and 5 stored
+/// by `h`, events on): its load fails Corrupt, it is a MISS with a Removed
+/// (Corrupt) event, and the connection serves the next load.
+fn garbage_in_block_3_is_corrupt_then_a_miss(h: &Harness) {
+    let r = h.load(3, &[3], &[0]);
+    assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
+    assert_eq!(h.lookup(&[3]), [Miss]);
+    let corrupt = EventKind::Removed(RemovedReason::Corrupt);
+    assert_eq!(h.events(), [(corrupt, 3)]);
+    let r = h.load(4, &[4, 5], &[0, 1]);
+    assert!(r.is_ok() && h.row_holds(0, 4) && h.row_holds(1, 5), "{r:?}");
+}
+
 /// Blocks of several TLS records each.
 const TLS_BB: usize = 256 << 10;
 
@@ -668,13 +681,7 @@ fn tls_child() {
         .unwrap_or_else(|| panic!("block 3's name in {names:?}"))
         .to_string();
     assert_eq!(cli(&["SET", &three, "garbage"]), "OK");
-    let r = h.load(3, &[3], &[0]);
-    assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
-    assert_eq!(h.lookup(&[3]), [Miss]);
-    let corrupt = EventKind::Removed(RemovedReason::Corrupt);
-    assert_eq!(h.events(), [(corrupt, 3)]);
-    let r = h.load(4, &[4, 5], &[0, 1]);
-    assert!(r.is_ok() && h.row_holds(0, 4) && h.row_holds(1, 5), "{r:?}");
+    garbage_in_block_3_is_corrupt_then_a_miss(&h);
     println!("tls child: done");
 }
 
@@ -798,13 +805,7 @@ fn tls_cluster_child() {
         })
         .expect("block 3's name on a master");
     assert_eq!(cli(port, &["SET", &three, "garbage"]), "OK");
-    let r = h.load(3, &[3], &[0]);
-    assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
-    assert_eq!(h.lookup(&[3]), [Miss]);
-    let corrupt = EventKind::Removed(RemovedReason::Corrupt);
-    assert_eq!(h.events(), [(corrupt, 3)]);
-    let r = h.load(4, &[4, 5], &[0, 1]);
-    assert!(r.is_ok() && h.row_holds(0, 4) && h.row_holds(1, 5), "{r:?}");
+    garbage_in_block_3_is_corrupt_then_a_miss(&h);
     assert_eq!(described_count(&h, " blocks rerouted"), 0);
     println!("tls cluster child: done");
 }

@@ -284,17 +284,8 @@ impl RedisServer {
         if !redis_available() {
             return None;
         }
-        let (cert, key, ca) = (
-            certs.cert.to_string_lossy(),
-            certs.key.to_string_lossy(),
-            certs.ca.to_string_lossy(),
-        );
-        let config = [
-            ("tls-cert-file", &*cert),
-            ("tls-key-file", &*key),
-            ("tls-ca-cert-file", &*ca),
-            ("tls-auth-clients", "no"),
-        ];
+        let settings = certs.server_settings();
+        let config: Vec<(&str, &str)> = settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
         Some(Self::launch(&config, false, true, None))
     }
 
@@ -594,6 +585,18 @@ pub struct TestCerts {
 }
 
 impl TestCerts {
+    /// A server's settings to speak TLS with these certificates, asking no
+    /// client certificate.
+    fn server_settings(&self) -> [(&'static str, String); 4] {
+        let path = |p: &PathBuf| p.to_string_lossy().into_owned();
+        [
+            ("tls-cert-file", path(&self.cert)),
+            ("tls-key-file", path(&self.key)),
+            ("tls-ca-cert-file", path(&self.ca)),
+            ("tls-auth-clients", "no".to_string()),
+        ]
+    }
+
     /// New certificates, or None (after printing why) without openssl; a
     /// panic instead when `KVTIER_REQUIRE_REDIS=1`.
     pub fn make() -> Option<TestCerts> {
@@ -892,19 +895,10 @@ impl RedisCluster {
         if !redis_available() {
             return None;
         }
-        let (cert, key, ca) = (
-            certs.cert.to_string_lossy(),
-            certs.key.to_string_lossy(),
-            certs.ca.to_string_lossy(),
-        );
-        let config = [
-            ("tls-cert-file", &*cert),
-            ("tls-key-file", &*key),
-            ("tls-ca-cert-file", &*ca),
-            ("tls-auth-clients", "no"),
-            ("tls-cluster", "yes"),
-            ("tls-replication", "yes"),
-        ];
+        let settings = certs.server_settings();
+        let mut config: Vec<(&str, &str)> =
+            settings.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        config.extend([("tls-cluster", "yes"), ("tls-replication", "yes")]);
         Some(Self::form(
             masters,
             replicas_per_master,
