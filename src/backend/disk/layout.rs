@@ -84,7 +84,12 @@ pub(crate) fn fan_dir(key: &[u8]) -> String {
 
 /// Which fan-out directory (0..FAN_DIRS) holds a key's block.
 pub(crate) fn fan_of(key: &[u8]) -> usize {
-    (xxh64(key, 0) >> 52) as usize
+    fan_of_hash(xxh64(key, 0))
+}
+
+/// [`fan_of`] from the key's XXH64 (seed 0), for callers that have it.
+pub(crate) fn fan_of_hash(hash: u64) -> usize {
+    (hash >> 52) as usize
 }
 
 /// Fan-out directory `i`'s name: three lowercase hex digits.

@@ -63,17 +63,6 @@ pub(super) const MANIFEST: &str = ".manifest";
 pub(super) const MANIFEST_NEW: &str = ".manifest.new";
 /// A consumed manifest, kept for its order only (see the module's doc).
 pub(super) const ORDER_HINT: &str = ".order-hint";
-
-/// What the last clean close's manifest gives an open.
-pub(super) enum Taken {
-    /// Nothing changed since the close: these keys, least recently used
-    /// first, are exactly the blocks on disk.
-    Trusted(Vec<Vec<u8>>),
-    /// Keys in the LRU order of the last clean close, for a scan to order
-    /// what it finds (see `scan`); no proof of what is on disk.
-    Hint(Vec<Vec<u8>>),
-    Nothing,
-}
 const MAGIC: [u8; 8] = *b"KVTIERM\0";
 const VERSION: u32 = 2;
 const HEAD_LEN: usize = 40;
@@ -86,6 +75,17 @@ const STAMP_THREADS: usize = 16;
 const TRAILER_LEN: usize = 16;
 const CHUNK: usize = 64 << 10;
 const SEED: u64 = 0x6d61_6e69_6665_7374;
+
+/// What the last clean close's manifest gives an open.
+pub(super) enum Taken {
+    /// Nothing changed since the close: these keys, least recently used
+    /// first, are exactly the blocks on disk.
+    Trusted(Vec<Vec<u8>>),
+    /// Keys in the LRU order of the last clean close, for a scan to order
+    /// what it finds (see `scan`); no proof of what is on disk.
+    Hint(Vec<Vec<u8>>),
+    Nothing,
+}
 
 /// The manifest's checksum, fed in pieces: the same value for the same bytes
 /// however they were split.

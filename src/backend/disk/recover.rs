@@ -62,8 +62,8 @@ impl OrderHint {
             .enumerate()
             .filter(|(_, key)| key.len() <= layout::LONG_KEY)
             .map(|(rank, key)| {
-                let entry = (xxh64(key, 0), xxh64(key, 1), rank as u32);
-                (layout::fan_of(key), entry)
+                let h0 = xxh64(key, 0);
+                (layout::fan_of_hash(h0), (h0, xxh64(key, 1), rank as u32))
             })
             .collect();
         for &(fan, _) in &named {
@@ -92,9 +92,9 @@ impl OrderHint {
     /// Two 64-bit hashes stand for the key: a file taken for another key
     /// would need both to collide.
     fn rank_of(&self, key: &[u8]) -> Option<u32> {
-        let fan = layout::fan_of(key);
-        let group = &self.entries[self.starts[fan]..self.starts[fan + 1]];
         let hashes = (xxh64(key, 0), xxh64(key, 1));
+        let fan = layout::fan_of_hash(hashes.0);
+        let group = &self.entries[self.starts[fan]..self.starts[fan + 1]];
         let at = group
             .binary_search_by(|&(h0, h1, _)| (h0, h1).cmp(&hashes))
             .ok()?;

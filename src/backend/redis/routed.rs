@@ -24,19 +24,28 @@ use crate::error::{Error, ErrorKind, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// kvtier's own connection, which a node's pool always makes (its address
-/// is TCP, or TLS from a URL), its next request ending by the job's
-/// `deadline`.
-fn own(conn: &mut Conn, deadline: Instant) -> std::io::Result<&mut RespConn> {
-    match conn {
+/// Runs `pipeline` on one of `node`'s connections (kvtier's own: a node's
+/// address is plain TCP or TLS), its requests ending by the job's
+/// `deadline`, and records how the node answered (see `Node::answered`).
+/// None: the deadline had passed, nothing was sent.
+fn on_node(
+    node: &Node,
+    what: &str,
+    deadline: Instant,
+    pipeline: impl FnOnce(&mut RespConn) -> std::io::Result<()>,
+) -> Option<Result<()>> {
+    if past(deadline) {
+        return None;
+    }
+    let sent = node.pool.with_conn(what, |conn| match conn {
         Conn::Direct(c) => {
             c.cap_next(deadline);
-            Ok(c)
+            Ok(pipeline(c)?)
         }
-        _ => Err(std::io::Error::other(
-            "a cluster node's connection is not kvtier's own",
-        )),
-    }
+        _ => Err(std::io::Error::other("a cluster node's connection is not kvtier's own").into()),
+    });
+    node.answered(sent.is_ok());
+    Some(sent)
 }
 
 /// One deadline for a whole job: its pipelines to the masters run one
@@ -189,20 +198,17 @@ impl RedisBackend {
                 order.iter().for_each(|&i| outcomes[i] = None);
                 continue;
             };
-            if past(deadline) {
+            part.clear();
+            part.extend(order.iter().map(|&i| blocks[i]));
+            let sent = on_node(map.node(*node), "SET pipeline", deadline, |c| {
+                direct::set_pipeline(c, &layout, &part, &mut replies)
+            });
+            let Some(sent) = sent else {
                 order
                     .iter()
                     .for_each(|&i| outcomes[i] = Some(Err(out_of_time())));
                 continue;
-            }
-            part.clear();
-            part.extend(order.iter().map(|&i| blocks[i]));
-            let node = map.node(*node);
-            let sent = node.pool.with_conn("SET pipeline", |conn| {
-                direct::set_pipeline(own(conn, deadline)?, &layout, &part, &mut replies)?;
-                Ok(())
-            });
-            node.answered(sent.is_ok());
+            };
             match sent {
                 Ok(()) => {
                     for (&i, reply) in order.iter().zip(replies.drain(..)) {
@@ -311,19 +317,16 @@ impl RedisBackend {
                 order.iter().for_each(|&i| got[i] = Got::Retry);
                 continue;
             };
-            if past(deadline) {
+            let rows = &mut sorted[range.clone()];
+            let read = on_node(map.node(*node), "GET pipeline", deadline, |c| {
+                direct::get_pipeline(c, &layout, rows, &mut fetched)
+            });
+            let Some(read) = read else {
                 order
                     .iter()
                     .for_each(|&i| got[i] = Got::Failed(out_of_time()));
                 continue;
-            }
-            let rows = &mut sorted[range.clone()];
-            let node = map.node(*node);
-            let read = node.pool.with_conn("GET pipeline", |conn| {
-                direct::get_pipeline(own(conn, deadline)?, &layout, rows, &mut fetched)?;
-                Ok(())
-            });
-            node.answered(read.is_ok());
+            };
             match read {
                 Ok(()) => {
                     for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
@@ -397,18 +400,14 @@ impl RedisBackend {
                 order.iter().for_each(|&i| retry[i] = true);
                 continue;
             };
-            if past(deadline) {
-                break;
-            }
             part.clear();
             part.extend(order.iter().map(|&i| dead[i]));
             refused.clear();
-            let node = map.node(*node);
-            let sent = node.pool.with_conn("DEL pipeline", |conn| {
-                direct::del_pipeline(own(conn, deadline)?, &layout, &part, &mut refused)?;
-                Ok(())
+            let sent = on_node(map.node(*node), "DEL pipeline", deadline, |c| {
+                direct::del_pipeline(c, &layout, &part, &mut refused)
             });
-            node.answered(sent.is_ok());
+            // Best effort: past the deadline, the rest stay (see `discard`).
+            let Some(sent) = sent else { break };
             match sent {
                 Ok(()) => {
                     for (k, message) in refused.drain(..) {
