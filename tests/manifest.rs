@@ -319,6 +319,125 @@ fn a_scan_after_a_crash_takes_the_last_clean_close_order_from_the_hint() {
     assert!(ns.join(MANIFEST).is_file() && !hint.exists());
 }
 
+/// The order in which the journal test's child stores its keys: no file
+/// time or key order can tell it.
+fn journal_order(n: u64) -> Vec<u64> {
+    (0..n).map(|i| (i * 17 + 5) % n).collect()
+}
+
+/// The other process of the journal tests (ignored when run directly): a
+/// first run in an empty directory (no manifest was ever written) that
+/// stores `KVTIER_CHILD_KEYS` keys in `journal_order`, then crashes.
+#[test]
+#[ignore]
+fn journal_child() {
+    let Ok(dir) = std::env::var("KVTIER_CHILD_DIR") else {
+        return;
+    };
+    let capacity: usize = std::env::var("KVTIER_CHILD_CAPACITY")
+        .unwrap()
+        .parse()
+        .unwrap();
+    let n: u64 = std::env::var("KVTIER_CHILD_KEYS").unwrap().parse().unwrap();
+    let h = open(&config(Path::new(&dir), capacity), 8);
+    assert_eq!(recovered_by(&h), "scan");
+    for i in journal_order(n) {
+        h.store_all(i, &[i]);
+    }
+    std::process::exit(0);
+}
+
+fn run_journal_child(root: &Path, capacity: usize, keys: u64) {
+    let status = test_child("journal_child")
+        .env("KVTIER_CHILD_DIR", root)
+        .env("KVTIER_CHILD_CAPACITY", capacity.to_string())
+        .env("KVTIER_CHILD_KEYS", keys.to_string())
+        .stdout(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "child: {status}");
+}
+
+fn recovered_ids(h: &Harness) -> Vec<u64> {
+    h.events()
+        .into_iter()
+        .filter(|&(kind, _)| kind == EventKind::Stored(StoredReason::Recovered))
+        .map(|(_, id)| id)
+        .collect()
+}
+
+/// A crash of a run that never opened from a manifest (a first fill): the
+/// scan takes the order of its stores from the store journal, which file
+/// times cannot tell (they were all stored within a few milliseconds). A
+/// clean close then writes a manifest and deletes the journal, which is
+/// older than it.
+#[test]
+fn a_scan_after_a_crash_takes_the_order_of_stores_from_the_journal() {
+    let root = root();
+    let c = config(&root.0, 64);
+    run_journal_child(&root.0, 64, 40);
+    let ns = ns_dir_of(&root.0, "contract", BB);
+    assert!(!ns.join(MANIFEST).exists() && !ns.join(".order-hint").exists());
+    assert!(ns.join(".order-journal").is_file());
+    // A block the journal names, deleted behind the tier's back: nothing.
+    let gone = journal_order(40)[3];
+    let gone_name = format!("{}.kvb", hex(&key(gone)));
+    let gone_file = files(&ns, ".kvb")
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_str() == Some(gone_name.as_str()))
+        .unwrap();
+    std::fs::remove_file(gone_file).unwrap();
+
+    let h = open(&with_events(c.clone(), 256), 8);
+    let line = h.tier().describe();
+    assert!(
+        line.contains("recovered=scan ordered by the store journal"),
+        "{line}"
+    );
+    let want: Vec<u64> = journal_order(40)
+        .into_iter()
+        .filter(|&i| i != gone)
+        .collect();
+    assert_eq!(recovered_ids(&h), want, "the order of the child's stores");
+    assert_eq!(h.lookup(&[gone]), [Miss]);
+    // This run goes on with the journal; a clean close supersedes it.
+    h.store_all(1000, &[1000]);
+    drop(h);
+    assert!(ns.join(MANIFEST).is_file());
+    assert!(!ns.join(".order-journal").exists() && !ns.join(".order-journal.old").exists());
+    let h = open(&with_events(c, 256), 8);
+    assert_eq!(recovered_by(&h), "manifest");
+    let mut want = want;
+    want.push(1000);
+    assert_eq!(recovered_ids(&h), want);
+}
+
+/// The journal is bounded: at the tier's capacity in blocks it becomes the
+/// old generation and a new one starts, and the two still order every block
+/// a full tier holds after many more stores than it has room for.
+#[test]
+fn the_journal_rotates_at_the_capacity_and_still_orders_a_full_tier() {
+    let root = root();
+    let capacity = 10;
+    run_journal_child(&root.0, capacity, 45);
+    let ns = ns_dir_of(&root.0, "contract", BB);
+    let journal_len = |name: &str| std::fs::metadata(ns.join(name)).unwrap().len();
+    // 45 stores in generations of 10: the old one holds 10 entries, the
+    // current one 5 (each entry a length byte and the key, after a
+    // 32-byte head).
+    let entry = 1 + KEY_LEN as u64;
+    assert_eq!(journal_len(".order-journal.old"), 32 + 10 * entry);
+    assert_eq!(journal_len(".order-journal"), 32 + 5 * entry);
+    let h = open(&with_events(config(&root.0, capacity), 64), 8);
+    let line = h.tier().describe();
+    assert!(
+        line.contains("recovered=scan ordered by the store journal"),
+        "{line}"
+    );
+    let stored = journal_order(45);
+    assert_eq!(recovered_ids(&h), stored[45 - capacity..].to_vec());
+}
+
 #[test]
 fn a_damaged_manifest_is_ignored_deleted_and_the_scan_finds_everything() {
     let root = root();

@@ -301,7 +301,7 @@ mod tests {
             path: Some(root.clone()),
             ..DiskConfig::default()
         };
-        let disk = DiskBackend::open(&cfg, "", BB, None).unwrap();
+        let disk = DiskBackend::open(&cfg, "", BB, 64, None).unwrap();
         round_trip(&disk);
         // A load under another key finds no file; a damaged file is corrupt.
         let mut out = vec![0u8; BB];

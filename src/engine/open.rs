@@ -58,6 +58,7 @@ impl Tier {
                 &config.disk,
                 &config.namespace,
                 block_bytes,
+                blocks as usize,
                 sealer,
             )?),
             #[cfg(feature = "redis-backend")]

@@ -171,6 +171,8 @@ impl DiskBackend {
             Err(e) if io::is_missing(&e) => return self.read_hint(),
             Err(_) => None,
         };
+        // The journals describe the run before that clean close.
+        super::journal::remove(&self.ns_dir);
         let parsed = bytes
             .filter(|_| self.manifest_applies())
             .and_then(|bytes| self.parse_manifest(&bytes, true));
@@ -317,6 +319,10 @@ impl DiskBackend {
             // The manifest's order is newer; a hint left behind would only
             // be read if this manifest were lost.
             let _ = std::fs::remove_file(self.manifest_path(ORDER_HINT));
+            match self.journal.get() {
+                Some(journal) => journal.remove(),
+                None => super::journal::remove(&self.ns_dir),
+            }
             io::sync_dir(&self.ns_dir)
         });
         if done.is_err() {

@@ -36,11 +36,13 @@
 // Files: `format` (the block file format and its checksum), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
 // `recover` (reopening a directory), `manifest` (the index written at a clean
-// close, read at the next open); this file: opening, storing, deleting.
+// close, read at the next open), `journal` (the order of stores since, for
+// the scan after a crash); this file: opening, storing, deleting.
 mod format;
 #[cfg(feature = "test-hooks")]
 pub(crate) mod hang;
 mod io;
+mod journal;
 mod layout;
 mod manifest;
 mod read;
@@ -75,6 +77,8 @@ const RECOVERED_NOT_YET: u8 = 0;
 const RECOVERED_BY_SCAN: u8 = 1;
 const RECOVERED_FROM_MANIFEST: u8 = 2;
 const RECOVERED_BY_HINTED_SCAN: u8 = 3;
+const RECOVERED_BY_JOURNALED_SCAN: u8 = 4;
+const RECOVERED_BY_HINTED_JOURNALED_SCAN: u8 = 5;
 
 thread_local! {
     /// Per-worker aligned scratch: header, and a bounce buffer for rows that
@@ -136,6 +140,11 @@ pub(crate) struct DiskBackend {
     unindexed: AtomicBool,
     /// How the index was rebuilt at open (`RECOVERED_*`), for `describe`.
     recovered_by: AtomicU8,
+    /// The tier's capacity in blocks: a journal generation's length.
+    capacity_blocks: usize,
+    /// The order of this run's stores (see `journal`), set by `recover`
+    /// for non-shared, unsealed tiers.
+    journal: std::sync::OnceLock<journal::Journal>,
     /// Test seam for a full device where no small file system can be mounted.
     #[cfg(feature = "test-hooks")]
     simulate_full: AtomicBool,
@@ -177,6 +186,7 @@ impl DiskBackend {
         cfg: &DiskConfig,
         namespace: &str,
         block_bytes: usize,
+        capacity_blocks: usize,
         seal: Option<Sealer>,
     ) -> Result<DiskBackend> {
         let Some(root) = cfg.path.clone() else {
@@ -232,6 +242,8 @@ impl DiskBackend {
                 .collect(),
             unindexed: AtomicBool::new(false),
             recovered_by: AtomicU8::new(RECOVERED_NOT_YET),
+            capacity_blocks,
+            journal: std::sync::OnceLock::new(),
             #[cfg(feature = "test-hooks")]
             simulate_full: AtomicBool::new(false),
             #[cfg(feature = "test-hooks")]
@@ -581,6 +593,9 @@ impl DiskBackend {
             };
             bail!(Io, "{what} {}: {e}", path.display());
         }
+        if let Some(journal) = self.journal.get() {
+            journal.record(key);
+        }
         if self.sync == SyncMode::Data {
             if let Err(e) = io::sync_dir(path.parent().expect("fan-out dir")) {
                 bail!(Io, "cannot sync directory of {}: {e}", path.display());
@@ -591,6 +606,23 @@ impl DiskBackend {
 }
 
 impl DiskBackend {
+    /// Starts this run's store journal (non-shared, unsealed tiers), going
+    /// on with the one a crashed run left; returns that one's keys, oldest
+    /// first (empty if there is none).
+    fn start_journal(&self) -> Vec<Vec<u8>> {
+        if !self.manifest_applies() {
+            return Vec::new();
+        }
+        let head = journal::head(self.ns_fp, self.block_bytes);
+        let found = journal::read(&self.ns_dir, &head);
+        let opened =
+            journal::Journal::open(&self.ns_dir, head, self.capacity_blocks, found.current);
+        if let Some(journal) = opened {
+            let _ = self.journal.set(journal);
+        }
+        found.keys
+    }
+
     fn discard_one(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
         let _guard = self.stripe(key).lock();
         // A newer store of the key may have published (or be about to publish)
@@ -643,19 +675,29 @@ impl Backend for DiskBackend {
 
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         // Whether used or not, the manifest is gone from disk before the
-        // tier accepts a store.
-        let hint = match self.take_manifest() {
-            Taken::Trusted(keys) => {
+        // tier accepts a store (and with it any journal older than it).
+        let taken = self.take_manifest();
+        let journaled = self.start_journal();
+        let (hint, how) = match (taken, journaled) {
+            (Taken::Trusted(keys), _) => {
                 self.recovered_by
                     .store(RECOVERED_FROM_MANIFEST, Ordering::Relaxed);
                 return Ok(keys);
             }
-            Taken::Hint(keys) => Some(OrderHint::new(keys)),
-            Taken::Nothing => None,
-        };
-        let how = match hint {
-            Some(_) => RECOVERED_BY_HINTED_SCAN,
-            None => RECOVERED_BY_SCAN,
+            (Taken::Hint(keys), journaled) if journaled.is_empty() => {
+                (Some(OrderHint::new(keys)), RECOVERED_BY_HINTED_SCAN)
+            }
+            (Taken::Hint(mut keys), journaled) => {
+                keys.extend(journaled);
+                (
+                    Some(OrderHint::new(keys)),
+                    RECOVERED_BY_HINTED_JOURNALED_SCAN,
+                )
+            }
+            (Taken::Nothing, journaled) if journaled.is_empty() => (None, RECOVERED_BY_SCAN),
+            (Taken::Nothing, journaled) => {
+                (Some(OrderHint::new(journaled)), RECOVERED_BY_JOURNALED_SCAN)
+            }
         };
         let keys = self.scan(hint)?;
         self.recovered_by.store(how, Ordering::Relaxed);
@@ -718,6 +760,9 @@ impl Backend for DiskBackend {
     }
 
     fn release_in_forked_child(&self) {
+        if let Some(journal) = self.journal.get() {
+            journal.stop();
+        }
         // The directory lock is a flock on an open file description, which
         // the child's copy of the descriptor shares with the parent. While
         // the child holds it the lock outlives the parent's tier: the parent
@@ -752,6 +797,10 @@ impl Backend for DiskBackend {
             match self.recovered_by.load(Ordering::Relaxed) {
                 RECOVERED_BY_SCAN => ", recovered=scan",
                 RECOVERED_BY_HINTED_SCAN => ", recovered=scan ordered by the last close's manifest",
+                RECOVERED_BY_JOURNALED_SCAN => ", recovered=scan ordered by the store journal",
+                RECOVERED_BY_HINTED_JOURNALED_SCAN => {
+                    ", recovered=scan ordered by the last close's manifest and the store journal"
+                }
                 RECOVERED_FROM_MANIFEST => ", recovered=manifest",
                 _ => "",
             }
