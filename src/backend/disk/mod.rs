@@ -17,9 +17,11 @@
 //!   seen in the engine's row alone: a private read confirms it first.
 //! - Reopening a directory after a clean close reads the manifest `tier_free`
 //!   wrote (the index in LRU order, see `manifest`) and deletes it. Without a
-//!   valid one it rebuilds the index from the files (LRU order by
-//!   modification time, oldest first), deleting leftover temporary files and
-//!   files it read and found bad, never a file it could not read.
+//!   valid one it rebuilds the index from the files, deleting leftover
+//!   temporary files and files it read and found bad, never a file it could
+//!   not read: in the order of the last clean close's hint and the store
+//!   journal (`journal`) for the files they name, by modification time
+//!   (oldest first) for the others.
 //! - Eviction deletes files, on a worker, never a file that a newer store of the
 //!   same key has published (publish and delete of one key are serialized by a
 //!   striped lock, and deletion re-checks that the key is not live).
