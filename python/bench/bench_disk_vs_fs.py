@@ -17,7 +17,12 @@ a new one under /var/tmp, which is on the same device as /tmp here):
   before the clock starts, open + pwrite/pread + close, on N C threads
   (``raw_odirect.c``, built here with ``cc``; N = 4, 16 and 32 by default, 32
   being kvtier's io_threads): no checksum, no header, no
-  rename. The bound is the best of the raw rows, per repetition.
+  rename. The bound is the best of the raw rows, per repetition;
+- ``raw-32 on kvtier's files``: after kvtier's load pass, the same raw reads
+  (32 threads, O_DIRECT, header and payload in one ``preadv``, oldest file
+  first) of the block files kvtier wrote in that repetition: what kvtier's
+  code costs against its own files, whatever their layout (size, fan-out,
+  placement) does to the device.
 
 For each row size (2 MiB and 64 KiB by default) and repetition: every
 contender stores the same source rows under fresh keys in 16-row jobs with
@@ -205,6 +210,16 @@ def build_raw(workdir: str):
         return None, "no C compiler on PATH: raw bound skipped"
     subprocess.run([cc, "-O2", "-shared", "-fPIC", "-pthread", "-o", out, str(src)], check=True)
     lib = ctypes.CDLL(out)
+    lib.raw_read_files.restype = ctypes.c_double
+    lib.raw_read_files.argtypes = [
+        ctypes.POINTER(ctypes.c_char_p),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_long),
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     lib.raw_pass.restype = ctypes.c_double
     lib.raw_pass.argtypes = [
         ctypes.c_char_p,
@@ -216,6 +231,36 @@ def build_raw(workdir: str):
         ctypes.c_int,
     ]
     return lib, None
+
+
+SAME_FILES = "raw-32 on kvtier's files"
+
+
+def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, drop: bool) -> float | None:
+    """Seconds for raw O_DIRECT reads of the block files kvtier left in
+    `directory` into the destination rows (oldest file first, as kvtier
+    loads them in store order), the page cache dropped first; None if they
+    are not one file per row."""
+    files = sorted(Path(directory).rglob("*.kvb"), key=lambda f: (f.stat().st_mtime_ns, f.name))
+    row = primary.shape[1]
+    if len(files) != n_rows or files[0].stat().st_size <= row:
+        return None
+    header = files[0].stat().st_size - row
+    paths = (ctypes.c_char_p * n_rows)(*[str(f).encode() for f in files])
+    rows = np.arange(n_rows, 2 * n_rows, dtype=np.int64)
+    drop_caches(drop)
+    secs = raw_lib.raw_read_files(
+        paths,
+        header,
+        ctypes.c_void_p(primary.ctypes.data),
+        row,
+        rows.ctypes.data_as(ctypes.POINTER(ctypes.c_long)),
+        n_rows,
+        32,
+    )
+    if secs < 0:
+        raise OSError(int(-secs), os.strerror(int(-secs)))
+    return secs
 
 
 def stats(xs):
@@ -258,6 +303,8 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
     if raw_lib is not None:
         contenders += [RawContender(raw_lib, t, primary) for t in args.raw_threads]
     times = {c.name: {"store": [], "load": []} for c in contenders}
+    # kvtier's load and the raw read of its files, per repetition.
+    same_files = []
     dropped = True
     for rep in range(args.repeat):
         # Fresh keys per repetition (nothing is skipped as already stored),
@@ -284,6 +331,10 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
                 times[c.name]["load"].append(c.run(load_jobs, load=True))
                 if not np.array_equal(primary[n_rows:], primary[:n_rows]):
                     raise RuntimeError(f"{c.name}: loaded bytes differ from the stored rows")
+                if c.name == "kvtier" and raw_lib is not None:
+                    secs = read_tier_files(raw_lib, directory, primary, n_rows, args.drop_caches)
+                    if secs is not None:
+                        same_files.append((times[c.name]["load"][-1], secs))
             finally:
                 c.close()
             shutil.rmtree(directory)
@@ -298,6 +349,9 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
     out = {"row_bytes": row, "rows": n_rows, "bytes_per_pass": total, "page_cache_dropped": dropped}
     for name, d in times.items():
         out[name] = {k: stats([total / t / 1e9 for t in v]) for k, v in d.items()}
+    if same_files:
+        out[SAME_FILES] = {"load": stats([total / raw / 1e9 for _, raw in same_files])}
+        out["load_kvtier_over_raw_on_its_files"] = stats([raw / t for t, raw in same_files])
     raw_names = [c.name for c in contenders if isinstance(c, RawContender)]
     for k in ("store", "load"):
         kv = times["kvtier"][k]
@@ -367,12 +421,18 @@ def main() -> None:
                     f"  {name:24} store {s['median']:5.2f} [{s['min']:.2f}, {s['max']:.2f}]"
                     f"   load {lo['median']:5.2f} [{lo['min']:.2f}, {lo['max']:.2f}]"
                 )
+        if SAME_FILES in r:
+            lo = r[SAME_FILES]["load"]
+            print(f"  {SAME_FILES:24} {'store     -':24}   load {lo['median']:5.2f} [{lo['min']:.2f}, {lo['max']:.2f}]")
         for k in ("store", "load"):
             fs = r[f"{k}_kvtier_over_vllm_fs"]
             line = f"  {k}: kvtier/vllm-fs {fs['median']:.3f} [{fs['min']:.2f}, {fs['max']:.2f}]"
             if f"{k}_kvtier_over_raw" in r:
                 raw = r[f"{k}_kvtier_over_raw"]
                 line += f"   kvtier/raw {raw['median']:.3f} [{raw['min']:.2f}, {raw['max']:.2f}]"
+            if k == "load" and "load_kvtier_over_raw_on_its_files" in r:
+                same = r["load_kvtier_over_raw_on_its_files"]
+                line += f"   kvtier/raw on its files {same['median']:.3f} [{same['min']:.2f}, {same['max']:.2f}]"
             print(line)
 
 
