@@ -78,6 +78,25 @@ fn recovered_by(h: &Harness) -> &'static str {
     }
 }
 
+/// The ids of the blocks the open recovered, in its events' order (oldest
+/// first).
+fn recovered_ids(h: &Harness) -> Vec<u64> {
+    h.events()
+        .into_iter()
+        .filter(|&(kind, _)| kind == EventKind::Stored(StoredReason::Recovered))
+        .map(|(_, id)| id)
+        .collect()
+}
+
+/// Block `id`'s file under the namespace directory `ns`.
+fn block_file(ns: &Path, id: u64) -> PathBuf {
+    let name = format!("{}.kvb", hex(&key(id)));
+    files(ns, ".kvb")
+        .into_iter()
+        .find(|p| p.file_name().unwrap().to_str() == Some(name.as_str()))
+        .unwrap()
+}
+
 const LONG: usize = 128;
 
 fn long_key(i: u8) -> Vec<u8> {
@@ -267,20 +286,11 @@ fn a_scan_after_a_crash_takes_the_last_clean_close_order_from_the_hint() {
     );
     // A block the hint names, deleted behind the tier's back.
     let gone = 7u64;
-    let gone_name = format!("{}.kvb", hex(&key(gone)));
-    let gone_file = files(&ns, ".kvb")
-        .into_iter()
-        .find(|p| p.file_name().unwrap().to_str() == Some(gone_name.as_str()))
-        .unwrap();
-    std::fs::remove_file(gone_file).unwrap();
+    std::fs::remove_file(block_file(&ns, gone)).unwrap();
     // And one cut short: the hinted scan reads no inode, so its first load
     // finds it out (Corrupt: the file is condemned, the key forgotten).
     let torn = 20u64;
-    let torn_name = format!("{}.kvb", hex(&key(torn)));
-    let torn_file = files(&ns, ".kvb")
-        .into_iter()
-        .find(|p| p.file_name().unwrap().to_str() == Some(torn_name.as_str()))
-        .unwrap();
+    let torn_file = block_file(&ns, torn);
     std::fs::OpenOptions::new()
         .write(true)
         .open(&torn_file)
@@ -296,15 +306,13 @@ fn a_scan_after_a_crash_takes_the_last_clean_close_order_from_the_hint() {
         "{}",
         h.tier().describe()
     );
-    let recovered: Vec<u64> = h
-        .events()
-        .into_iter()
-        .filter(|&(kind, _)| kind == EventKind::Stored(StoredReason::Recovered))
-        .map(|(_, id)| id)
-        .collect();
     let mut want: Vec<u64> = expected_lru().into_iter().filter(|&i| i != gone).collect();
     want.extend(100..108);
-    assert_eq!(recovered, want, "hint order first, then the newer blocks");
+    assert_eq!(
+        recovered_ids(&h),
+        want,
+        "hint order first, then the newer blocks"
+    );
     assert_eq!(h.lookup(&[gone, torn]), [Miss, Hit]);
     let r = h.load(2, &[torn], &[0]);
     assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
@@ -358,14 +366,6 @@ fn run_journal_child(root: &Path, capacity: usize, keys: u64) {
     assert!(status.success(), "child: {status}");
 }
 
-fn recovered_ids(h: &Harness) -> Vec<u64> {
-    h.events()
-        .into_iter()
-        .filter(|&(kind, _)| kind == EventKind::Stored(StoredReason::Recovered))
-        .map(|(_, id)| id)
-        .collect()
-}
-
 /// A crash of a run that never opened from a manifest (a first fill): the
 /// scan takes the order of its stores from the store journal, which file
 /// times cannot tell (they were all stored within a few milliseconds). A
@@ -381,12 +381,7 @@ fn a_scan_after_a_crash_takes_the_order_of_stores_from_the_journal() {
     assert!(ns.join(".order-journal").is_file());
     // A block the journal names, deleted behind the tier's back: nothing.
     let gone = journal_order(40)[3];
-    let gone_name = format!("{}.kvb", hex(&key(gone)));
-    let gone_file = files(&ns, ".kvb")
-        .into_iter()
-        .find(|p| p.file_name().unwrap().to_str() == Some(gone_name.as_str()))
-        .unwrap();
-    std::fs::remove_file(gone_file).unwrap();
+    std::fs::remove_file(block_file(&ns, gone)).unwrap();
 
     let h = open(&with_events(c.clone(), 256), 8);
     let line = h.tier().describe();

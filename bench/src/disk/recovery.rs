@@ -170,46 +170,47 @@ pub fn run(p: &Params) -> Result<Results, String> {
     let close_secs = t.elapsed().as_secs_f64();
     let (tier, warm_secs) = reopen(&primary, &cfg, n, "manifest", false)?;
     drop(tier);
-    // As after a crash of a run that opened from the manifest: that open
-    // renamed it to the order hint, and no close wrote a new one.
-    let crash_after_clean_open = |what: &str| -> Result<(), String> {
-        let m = manifest_in(&dir).ok_or(format!("no manifest after a clean close ({what})"))?;
-        let hint = m.with_file_name(".order-hint");
-        std::fs::rename(&m, &hint).map_err(|e| format!("rename {}: {e}", m.display()))
+    // A crash, cold then warm: `crash` turns the manifest the last clean
+    // close left into what that crash would have left; the warm tier is
+    // returned open.
+    let after_crash = |how: &str,
+                       crash: &dyn Fn(&Path) -> Result<(), String>|
+     -> Result<(f64, crate::capi::Tier<'_>, f64), String> {
+        let crashed = || {
+            let m = manifest_in(&dir).ok_or(format!(
+                "no manifest after a clean close (before a {how} reopen)"
+            ))?;
+            crash(&m)
+        };
+        crashed()?;
+        let (tier, cold_secs) = reopen(&primary, &cfg, n, how, cold)?;
+        drop(tier);
+        crashed()?;
+        let (tier, warm_secs) = reopen(&primary, &cfg, n, how, false)?;
+        Ok((cold_secs, tier, warm_secs))
     };
-    crash_after_clean_open("before the cold hinted scan")?;
-    let (tier, hinted_secs) = reopen(&primary, &cfg, n, HINTED, cold)?;
+    // A crash of a run that opened from the manifest: that open renamed it
+    // to the order hint, and no close wrote a new one.
+    let (hinted_secs, tier, hinted_warm_secs) = after_crash(HINTED, &|m| {
+        let hint = m.with_file_name(".order-hint");
+        std::fs::rename(m, &hint).map_err(|e| format!("rename {}: {e}", m.display()))
+    })?;
     drop(tier);
-    crash_after_clean_open("before the warm hinted scan")?;
-    let (tier, hinted_warm_secs) = reopen(&primary, &cfg, n, HINTED, false)?;
-    drop(tier);
-    // As after a crash of the run that filled the directory: no manifest,
-    // no hint, and that run's journal.
-    let crash_after_fill = |what: &str| -> Result<(), String> {
-        let m = manifest_in(&dir).ok_or(format!("no manifest after a clean close ({what})"))?;
-        std::fs::remove_file(&m).map_err(|e| format!("remove {}: {e}", m.display()))?;
+    // A crash of the run that filled the directory: no manifest, no hint,
+    // and that run's journal.
+    let (journaled_secs, tier, journaled_warm_secs) = after_crash(JOURNALED, &|m| {
+        std::fs::remove_file(m).map_err(|e| format!("remove {}: {e}", m.display()))?;
         let journal = m.with_file_name(".order-journal");
         std::fs::copy(&saved_journal, &journal)
             .map(|_| ())
             .map_err(|e| format!("copy to {}: {e}", journal.display()))
-    };
-    crash_after_fill("before the cold journaled scan")?;
-    let (tier, journaled_secs) = reopen(&primary, &cfg, n, JOURNALED, cold)?;
+    })?;
     drop(tier);
-    crash_after_fill("before the warm journaled scan")?;
-    let (tier, journaled_warm_secs) = reopen(&primary, &cfg, n, JOURNALED, false)?;
-    drop(tier);
-    // As after a crash with no manifest and no hint: the open scans every
-    // directory and reads every inode. (A clean close removes the hint.)
-    let forget = |what: &str| -> Result<(), String> {
-        let m = manifest_in(&dir).ok_or(format!("no manifest after a clean close ({what})"))?;
-        std::fs::remove_file(&m).map_err(|e| format!("remove {}: {e}", m.display()))
-    };
-    forget("before the cold scan")?;
-    let (tier, scan_secs) = reopen(&primary, &cfg, n, "scan", cold)?;
-    drop(tier);
-    forget("before the warm scan")?;
-    let (tier, scan_warm_secs) = reopen(&primary, &cfg, n, "scan", false)?;
+    // A crash with no manifest, hint or journal: the open scans every
+    // directory and reads every inode. (A clean close removes the others.)
+    let (scan_secs, tier, scan_warm_secs) = after_crash("scan", &|m| {
+        std::fs::remove_file(m).map_err(|e| format!("remove {}: {e}", m.display()))
+    })?;
     let mut verified_bytes = 0;
     for i in (0..n).step_by(SAMPLE) {
         let id = ids.next();
