@@ -188,9 +188,14 @@ impl Journal {
         let bytes = read_regular(path).ok()?;
         let keys = parse(&bytes, head)?;
         let whole = HEAD_LEN + keys.iter().map(|k| 1 + k.len()).sum::<usize>();
-        let file = io::open(path, libc::O_WRONLY | libc::O_APPEND, 0)
-            .ok()?
-            .into_file();
+        // O_NONBLOCK: something other than the file read above, put there
+        // since (a FIFO), must not block the open; on a regular file it
+        // changes nothing.
+        let fd = io::open(path, libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK, 0).ok()?;
+        if !io::fstat(&fd).ok()?.is_regular() {
+            return None;
+        }
+        let file = fd.into_file();
         file.set_len(whole as u64).ok()?;
         Some(file)
     }
@@ -309,6 +314,29 @@ mod tests {
         // Generation of 3: [3, 4, 5] became old, [6] is current.
         assert_eq!(names, vec![3, 4, 5, 6]);
         assert_eq!(r.current, 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_fifo_or_directory_in_the_journals_place_never_blocks_the_open() {
+        let dir = std::env::temp_dir().join(format!("kvtier-journal-odd-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        let head = head(1, 4096);
+        let fifo = std::ffi::CString::new(dir.join(JOURNAL).to_str().unwrap()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o600) }, 0);
+        assert!(read(&dir, &head).keys.is_empty());
+        // Told it has entries to continue (as if read before the swap): the
+        // FIFO is neither waited on nor written; a new journal replaces it.
+        let j = Journal::open(&dir, head, 8, 5).expect("a new journal");
+        j.record(b"k");
+        drop(j);
+        assert_eq!(read(&dir, &head).keys, vec![b"k".to_vec()]);
+        // A directory there: no journal (the tier works without one).
+        std::fs::remove_file(dir.join(JOURNAL)).unwrap();
+        std::fs::create_dir(dir.join(JOURNAL)).unwrap();
+        assert!(Journal::open(&dir, head, 8, 0).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
