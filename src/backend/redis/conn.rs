@@ -213,6 +213,15 @@ impl Pool {
         self.returned.notify_all();
     }
 
+    /// A connection of this pool held until the lease drops: for a job that
+    /// keeps several nodes' connections at once (see `routed`).
+    pub(super) fn lease(&self) -> Result<Lease<'_>> {
+        Ok(Lease {
+            pool: self,
+            conn: Some(self.take()?),
+        })
+    }
+
     /// Runs `f` on a pooled connection. A connection that failed at the
     /// socket level is dropped (the next use reconnects).
     pub(super) fn with<T>(
@@ -241,6 +250,40 @@ impl Pool {
                 self.give_back(keep.then_some(conn));
                 Err(io_error(what, &e))
             }
+        }
+    }
+}
+
+/// A pooled connection in use (see `Pool::lease`): given back when dropped,
+/// or dropped with the pool's idle ones if it broke (as `Pool::with_conn`
+/// does after a failure at the socket level).
+pub(super) struct Lease<'a> {
+    pool: &'a Pool,
+    conn: Option<Conn>,
+}
+
+impl Lease<'_> {
+    pub(super) fn conn(&mut self) -> &mut Conn {
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until dropped")
+    }
+
+    /// Closes this connection alone (replies it was sent are left unread,
+    /// so its stream is out of step), leaving the pool's others be.
+    pub(super) fn close(mut self) {
+        if self.conn.take().is_some() {
+            self.pool.state.lock().open -= 1;
+            self.pool.returned.notify_all();
+        }
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        if let Some(mut conn) = self.conn.take() {
+            let open = conn.like().is_open();
+            self.pool.give_back(open.then_some(conn));
         }
     }
 }

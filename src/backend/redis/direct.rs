@@ -122,6 +122,19 @@ pub(super) fn set_pipeline(
     blocks: &[(u32, &[u8], &[u8])],
     replies: &mut Vec<Result<(), String>>,
 ) -> io::Result<()> {
+    let nonces = set_send(conn, layout, blocks)?;
+    set_receive(conn, layout, blocks, &nonces, replies)
+}
+
+/// The first half of [`set_pipeline`]: starts a request on `conn` and
+/// writes the SETs; returns the versions a sealed tier's values carry (for
+/// [`set_receive`]). A cluster job sends to all its masters before reading
+/// any reply, so that they work at once.
+pub(super) fn set_send(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &[(u32, &[u8], &[u8])],
+) -> io::Result<Vec<Nonce>> {
     let argc = if layout.ttl_s > 0 { 5 } else { 3 };
     let mut nonces: Vec<Nonce> = Vec::new();
     let mut sealed_values = SEALED_VALUES.with(|buf| buf.take());
@@ -201,6 +214,18 @@ pub(super) fn set_pipeline(
         first = last;
     }
     SEALED_VALUES.with(|buf| *buf.borrow_mut() = sealed_values);
+    Ok(nonces)
+}
+
+/// The second half of [`set_pipeline`]: reads the replies of the SETs
+/// [`set_send`] wrote on `conn` for `blocks`.
+pub(super) fn set_receive(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &[(u32, &[u8], &[u8])],
+    nonces: &[Nonce],
+    replies: &mut Vec<Result<(), String>>,
+) -> io::Result<()> {
     replies.clear();
     for (i, &(_, key, _)) in blocks.iter().enumerate() {
         replies.push(match conn.read_head()? {
@@ -244,6 +269,25 @@ pub(super) fn get_pipeline(
     blocks: &mut [(u32, &[u8], &mut [u8])],
     fetched: &mut Vec<Fetched>,
 ) -> io::Result<()> {
+    let started = get_send(conn, layout, blocks)?;
+    get_receive(conn, layout, blocks, started, fetched)
+}
+
+/// GETs of a pipeline sent and not all answered yet (see [`get_send`]).
+#[derive(Clone, Copy)]
+pub(super) struct GetsSent {
+    window: usize,
+    sent: usize,
+}
+
+/// The first half of [`get_pipeline`]: starts a request on `conn`, frames
+/// the GETs and sends the first window of them. A cluster job sends to all
+/// its masters before reading any reply, so that they work at once.
+pub(super) fn get_send(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &[(u32, &[u8], &mut [u8])],
+) -> io::Result<GetsSent> {
     conn.out.clear();
     conn.cuts.clear();
     let mut value_len = 0;
@@ -262,8 +306,24 @@ pub(super) fn get_pipeline(
     }
     let window = get_window(value_len);
     conn.begin();
+    let sent = window.min(conn.cuts.len());
+    if sent > 0 {
+        conn.send_out_range(0, conn.cuts[sent - 1])?;
+    }
+    Ok(GetsSent { window, sent })
+}
+
+/// The second half of [`get_pipeline`]: reads the replies of the GETs
+/// [`get_send`] started on `conn` for `blocks`, keeping the window full.
+pub(super) fn get_receive(
+    conn: &mut RespConn,
+    layout: &Layout,
+    blocks: &mut [(u32, &[u8], &mut [u8])],
+    started: GetsSent,
+    fetched: &mut Vec<Fetched>,
+) -> io::Result<()> {
+    let GetsSent { window, mut sent } = started;
     fetched.clear();
-    let mut sent = 0;
     for (i, (_, key, dst)) in blocks.iter_mut().enumerate() {
         // Replies i.. are outstanding: top them up to the window.
         let upto = (i + window).min(conn.cuts.len());
@@ -293,6 +353,13 @@ pub(super) fn del_pipeline(
     keys: &[&[u8]],
     refused: &mut Vec<(usize, String)>,
 ) -> io::Result<()> {
+    del_send(conn, layout, keys)?;
+    del_receive(conn, keys.len(), refused)
+}
+
+/// The first half of [`del_pipeline`]: starts a request on `conn` and
+/// writes the DELs.
+pub(super) fn del_send(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> io::Result<()> {
     conn.out.clear();
     for key in keys {
         frame_command(&mut conn.out, 2);
@@ -303,8 +370,17 @@ pub(super) fn del_pipeline(
     }
     conn.begin();
     let len = conn.out.len();
-    conn.send_out_range(0, len)?;
-    for i in 0..keys.len() {
+    conn.send_out_range(0, len)
+}
+
+/// The second half of [`del_pipeline`]: reads the replies of the `n` DELs
+/// [`del_send`] wrote on `conn`.
+pub(super) fn del_receive(
+    conn: &mut RespConn,
+    n: usize,
+    refused: &mut Vec<(usize, String)>,
+) -> io::Result<()> {
+    for i in 0..n {
         match conn.read_head()? {
             Head::Int(_) => {}
             Head::Error(message) => refused.push((i, message)),

@@ -16,7 +16,7 @@
 //! as on a single server.
 
 use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
-use super::conn::{io_error, Conn};
+use super::conn::{io_error, Conn, Lease};
 use super::direct::{self, Fetched};
 use super::resp::RespConn;
 use super::{server_error, RedisBackend};
@@ -24,33 +24,62 @@ use crate::error::{Error, ErrorKind, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Runs `pipeline` on one of `node`'s connections (kvtier's own: a node's
-/// address is plain TCP or TLS), its requests ending by the job's
-/// `deadline`, and records how the node answered (see `Node::answered`).
-/// None: the deadline had passed, nothing was sent.
-fn on_node(
-    node: &Node,
+/// The first half of a node's pipeline: one of `node`'s connections
+/// (kvtier's own: a node's address is plain TCP or TLS) leased, its request
+/// ending by the job's `deadline`, and `send` run on it; the lease is kept
+/// for [`receive_on`]. None: the deadline had passed, nothing was sent.
+fn send_on<'n, S>(
+    node: &'n Node,
     what: &str,
     deadline: Instant,
-    pipeline: impl FnOnce(&mut RespConn) -> std::io::Result<()>,
-) -> Option<Result<()>> {
+    send: impl FnOnce(&mut RespConn) -> std::io::Result<S>,
+) -> Option<Result<(Lease<'n>, S)>> {
     if past(deadline) {
         return None;
     }
-    let sent = node.pool.with_conn(what, |conn| match conn {
-        Conn::Direct(c) => {
-            c.cap_next(deadline);
-            Ok(pipeline(c)?)
-        }
-        _ => Err(std::io::Error::other("a cluster node's connection is not kvtier's own").into()),
+    let sent = node.pool.lease().and_then(|mut lease| {
+        let Conn::Direct(c) = lease.conn() else {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("redis: {what}: a cluster node's connection is not kvtier's own"),
+            ));
+        };
+        c.cap_next(deadline);
+        let state = send(c).map_err(|e| io_error(what, &e.into()))?;
+        Ok((lease, state))
     });
-    node.answered(sent.is_ok());
+    if sent.is_err() {
+        node.answered(false);
+    }
     Some(sent)
 }
 
-/// One deadline for a whole job: its pipelines to the masters run one
-/// after another, and the job is reported within `io_timeout_ms` even if
-/// several masters hang.
+/// The second half: `receive` on the connection [`send_on`] leased, and
+/// how the node answered recorded (see `Node::answered`). None: the
+/// deadline passed before this node's turn (its replies are left unread
+/// and its connection closed; the node is not blamed).
+fn receive_on(
+    node: &Node,
+    mut lease: Lease<'_>,
+    what: &str,
+    deadline: Instant,
+    receive: impl FnOnce(&mut RespConn) -> std::io::Result<()>,
+) -> Option<Result<()>> {
+    if past(deadline) {
+        lease.close();
+        return None;
+    }
+    let Conn::Direct(c) = lease.conn() else {
+        unreachable!("send_on leases kvtier's own connections only")
+    };
+    let read = receive(c).map_err(|e| io_error(what, &e.into()));
+    node.answered(read.is_ok());
+    Some(read)
+}
+
+/// One deadline for a whole job: its pipelines to the masters (all sent,
+/// then all read) share it, and the job is reported within `io_timeout_ms`
+/// even if several masters hang.
 fn job_deadline(backend: &RedisBackend) -> Instant {
     Instant::now() + backend.pool.timeout()
 }
@@ -189,28 +218,49 @@ impl RedisBackend {
         let routes = Routes::new(map, blocks.len(), include, |i, name| {
             layout.write_name(name, blocks[i].1)
         });
-        let mut part = Vec::with_capacity(routes.largest());
-        let mut replies = Vec::with_capacity(routes.largest());
+        // The blocks in the routes' order: a node's blocks are one slice.
+        let mut sorted = Vec::with_capacity(routes.order.len());
+        sorted.extend(routes.order.iter().map(|&i| blocks[i]));
         let mut trouble = Trouble::default();
+        // Every master's SETs are written before any reply is read, so that
+        // the masters work at once; suspect masters come last either way.
+        let mut sent = Vec::with_capacity(routes.groups.len());
         for (g, (node, range)) in routes.groups.iter().enumerate() {
             let order = &routes.order[range.clone()];
             let Some(node) = node else {
                 order.iter().for_each(|&i| outcomes[i] = None);
                 continue;
             };
-            part.clear();
-            part.extend(order.iter().map(|&i| blocks[i]));
-            let sent = on_node(map.node(*node), "SET pipeline", deadline, |c| {
-                direct::set_pipeline(c, &layout, &part, &mut replies)
-            });
-            let Some(sent) = sent else {
-                order
+            let node = map.node(*node);
+            let part = &sorted[range.clone()];
+            match send_on(node, "SET pipeline", deadline, |c| {
+                direct::set_send(c, &layout, part)
+            }) {
+                None => order
                     .iter()
-                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time())));
-                continue;
-            };
-            match sent {
-                Ok(()) => {
+                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
+                Some(Err(e)) => {
+                    trouble.failed.push(g);
+                    order
+                        .iter()
+                        .for_each(|&i| outcomes[i] = Some(Err(e.clone())));
+                }
+                Some(Ok((lease, nonces))) => sent.push((g, node, lease, nonces)),
+            }
+        }
+        let mut replies = Vec::with_capacity(routes.largest());
+        for (g, node, lease, nonces) in sent {
+            let range = routes.groups[g].1.clone();
+            let order = &routes.order[range.clone()];
+            let part = &sorted[range];
+            let read = receive_on(node, lease, "SET pipeline", deadline, |c| {
+                direct::set_receive(c, &layout, part, &nonces, &mut replies)
+            });
+            match read {
+                None => order
+                    .iter()
+                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
+                Some(Ok(())) => {
                     for (&i, reply) in order.iter().zip(replies.drain(..)) {
                         outcomes[i] = match reply {
                             Ok(()) => Some(Ok(())),
@@ -224,7 +274,7 @@ impl RedisBackend {
                         };
                     }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     trouble.failed.push(g);
                     for &i in order {
                         outcomes[i] = Some(Err(e.clone()));
@@ -309,26 +359,44 @@ impl RedisBackend {
             .collect();
         let mut sorted: Vec<LoadBlock> = Vec::with_capacity(routes.order.len());
         sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
-        let mut fetched = Vec::with_capacity(routes.largest());
         let mut trouble = Trouble::default();
+        // Every master's first GETs are sent before any reply is read, so
+        // that the masters work at once; suspect masters come last.
+        let mut sent = Vec::with_capacity(routes.groups.len());
         for (g, (node, range)) in routes.groups.iter().enumerate() {
             let order = &routes.order[range.clone()];
             let Some(node) = node else {
                 order.iter().for_each(|&i| got[i] = Got::Retry);
                 continue;
             };
-            let rows = &mut sorted[range.clone()];
-            let read = on_node(map.node(*node), "GET pipeline", deadline, |c| {
-                direct::get_pipeline(c, &layout, rows, &mut fetched)
-            });
-            let Some(read) = read else {
-                order
+            let node = map.node(*node);
+            let rows = &sorted[range.clone()];
+            match send_on(node, "GET pipeline", deadline, |c| {
+                direct::get_send(c, &layout, rows)
+            }) {
+                None => order
                     .iter()
-                    .for_each(|&i| got[i] = Got::Failed(out_of_time()));
-                continue;
-            };
+                    .for_each(|&i| got[i] = Got::Failed(out_of_time())),
+                Some(Err(e)) => {
+                    trouble.failed.push(g);
+                    order.iter().for_each(|&i| got[i] = Got::Failed(e.clone()));
+                }
+                Some(Ok((lease, started))) => sent.push((g, node, lease, started)),
+            }
+        }
+        let mut fetched = Vec::with_capacity(routes.largest());
+        for (g, node, lease, started) in sent {
+            let range = routes.groups[g].1.clone();
+            let order = &routes.order[range.clone()];
+            let rows = &mut sorted[range];
+            let read = receive_on(node, lease, "GET pipeline", deadline, |c| {
+                direct::get_receive(c, &layout, rows, started, &mut fetched)
+            });
             match read {
-                Ok(()) => {
+                None => order
+                    .iter()
+                    .for_each(|&i| got[i] = Got::Failed(out_of_time())),
+                Some(Ok(())) => {
                     for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
                         got[i] = match outcome {
                             Fetched::Refused(message) => match redirection(&message) {
@@ -342,7 +410,7 @@ impl RedisBackend {
                         };
                     }
                 }
-                Err(e) => {
+                Some(Err(e)) => {
                     trouble.failed.push(g);
                     for &i in order {
                         got[i] = Got::Failed(e.clone());
@@ -391,25 +459,38 @@ impl RedisBackend {
         let routes = Routes::new(map, dead.len(), include, |i, name| {
             layout.write_name(name, dead[i])
         });
-        let mut part = Vec::with_capacity(routes.largest());
-        let mut refused = Vec::new();
+        let mut sorted = Vec::with_capacity(routes.order.len());
+        sorted.extend(routes.order.iter().map(|&i| dead[i]));
         let mut trouble = Trouble::default();
+        // Every master's DELs are written before any reply is read.
+        let mut sent = Vec::with_capacity(routes.groups.len());
         for (g, (node, range)) in routes.groups.iter().enumerate() {
             let order = &routes.order[range.clone()];
             let Some(node) = node else {
                 order.iter().for_each(|&i| retry[i] = true);
                 continue;
             };
-            part.clear();
-            part.extend(order.iter().map(|&i| dead[i]));
+            let node = map.node(*node);
+            let part = &sorted[range.clone()];
+            match send_on(node, "DEL pipeline", deadline, |c| {
+                direct::del_send(c, &layout, part)
+            }) {
+                // Best effort: past the deadline, the rest stay (see `discard`).
+                None => break,
+                Some(Err(_)) => trouble.failed.push(g),
+                Some(Ok((lease, ()))) => sent.push((g, node, lease)),
+            }
+        }
+        let mut refused = Vec::new();
+        for (g, node, lease) in sent {
+            let range = routes.groups[g].1.clone();
+            let order = &routes.order[range.clone()];
             refused.clear();
-            let sent = on_node(map.node(*node), "DEL pipeline", deadline, |c| {
-                direct::del_pipeline(c, &layout, &part, &mut refused)
-            });
-            // Best effort: past the deadline, the rest stay (see `discard`).
-            let Some(sent) = sent else { break };
-            match sent {
-                Ok(()) => {
+            match receive_on(node, lease, "DEL pipeline", deadline, |c| {
+                direct::del_receive(c, range.len(), &mut refused)
+            }) {
+                None => {}
+                Some(Ok(())) => {
                     for (k, message) in refused.drain(..) {
                         if let Some(how) = redirection(&message) {
                             trouble.redirected(how);
@@ -417,7 +498,7 @@ impl RedisBackend {
                         }
                     }
                 }
-                Err(_) => trouble.failed.push(g),
+                Some(Err(_)) => trouble.failed.push(g),
             }
         }
         (routes, trouble)
