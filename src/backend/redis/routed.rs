@@ -1,6 +1,7 @@
 //! A Redis Cluster tier's data path over TCP or TLS: a job's blocks grouped
 //! by the master serving their slot (`cluster`), one direct pipeline
-//! (`direct`) per master on that master's own connections, the outcomes
+//! (`direct`) per master on that master's own connections, every master's
+//! sent before any reply is read (the masters work at once), the outcomes
 //! reported in the job's order. Loads land in the caller's rows with at
 //! most one copy beyond the socket read, as on a single server.
 //!
