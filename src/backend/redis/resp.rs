@@ -419,6 +419,23 @@ impl RespConn {
         self.flush_tls()
     }
 
+    /// What a reader must wait on before a reply can be read: None when
+    /// something can be read now (bytes read and not consumed yet, plaintext
+    /// rustls holds, or an error for the read to report), else the socket.
+    /// Lets a cluster job read first the master that answered first.
+    pub(super) fn waits_on(&mut self) -> Option<std::os::fd::RawFd> {
+        if self.end > self.start {
+            return None;
+        }
+        match &mut self.stream {
+            Stream::Tcp(sock) => Some(sock.as_raw_fd()),
+            Stream::Tls(tls) => match tls.conn.process_new_packets() {
+                Ok(state) if state.plaintext_bytes_to_read() == 0 => Some(tls.sock.as_raw_fd()),
+                _ => None,
+            },
+        }
+    }
+
     /// Completes a TLS handshake (nothing to do over plain TCP).
     fn handshake(&mut self) -> io::Result<()> {
         let r = (|| loop {

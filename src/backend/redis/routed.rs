@@ -78,6 +78,59 @@ fn receive_on(
     Some(read)
 }
 
+/// Which of the pipelines `sent` (their leased connections: `conn_of`)
+/// to read next: the first whose node has begun to answer, waiting for one
+/// until the deadline; the first in order (suspect nodes last) if none
+/// has by then, or if the sockets cannot be polled. A hung master then
+/// costs the job its own blocks only, whatever its place in the order.
+fn next_to_read<T>(
+    sent: &mut [T],
+    conn_of: impl Fn(&mut T) -> &mut Conn,
+    deadline: Instant,
+) -> usize {
+    if sent.len() < 2 {
+        return 0;
+    }
+    // On the stack for a job's usual few masters: steady-state jobs
+    // allocate per job, and this runs once per master.
+    const ON_STACK: usize = 32;
+    let unset = libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut stack = [unset; ON_STACK];
+    let mut heap = Vec::new();
+    let fds: &mut [libc::pollfd] = if sent.len() <= ON_STACK {
+        &mut stack[..sent.len()]
+    } else {
+        heap.resize(sent.len(), unset);
+        &mut heap
+    };
+    for (k, item) in sent.iter_mut().enumerate() {
+        let waits_on = match conn_of(item) {
+            Conn::Direct(c) => c.waits_on(),
+            _ => None,
+        };
+        match waits_on {
+            None => return k,
+            Some(fd) => fds[k].fd = fd,
+        }
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            return fds.iter().position(|p| p.revents != 0).unwrap_or(0);
+        }
+        if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 0;
+        }
+    }
+}
+
 /// One deadline for a whole job: its pipelines to the masters (all sent,
 /// then all read) share it, and the job is reported within `io_timeout_ms`
 /// even if several masters hang.
@@ -250,7 +303,9 @@ impl RedisBackend {
             }
         }
         let mut replies = Vec::with_capacity(routes.largest());
-        for (g, node, lease, nonces) in sent {
+        while !sent.is_empty() {
+            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+            let (g, node, lease, nonces) = sent.remove(next);
             let range = routes.groups[g].1.clone();
             let order = &routes.order[range.clone()];
             let part = &sorted[range];
@@ -386,7 +441,9 @@ impl RedisBackend {
             }
         }
         let mut fetched = Vec::with_capacity(routes.largest());
-        for (g, node, lease, started) in sent {
+        while !sent.is_empty() {
+            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+            let (g, node, lease, started) = sent.remove(next);
             let range = routes.groups[g].1.clone();
             let order = &routes.order[range.clone()];
             let rows = &mut sorted[range];
@@ -483,7 +540,9 @@ impl RedisBackend {
             }
         }
         let mut refused = Vec::new();
-        for (g, node, lease) in sent {
+        while !sent.is_empty() {
+            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+            let (g, node, lease) = sent.remove(next);
             let range = routes.groups[g].1.clone();
             let order = &routes.order[range.clone()];
             refused.clear();
