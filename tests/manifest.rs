@@ -42,6 +42,10 @@ fn manifest(root: &Path) -> PathBuf {
     ns_dir_of(root, "contract", BB).join(MANIFEST)
 }
 
+fn journal(root: &Path) -> PathBuf {
+    ns_dir_of(root, "contract", BB).join(".order-journal")
+}
+
 /// Removes a scratch root when the test ends, whatever happens.
 struct Root(PathBuf);
 
@@ -552,6 +556,10 @@ fn a_manifest_of_another_namespace_block_size_or_sealing_is_ignored() {
     h.store_all(2, &[9]);
     drop(h);
     assert!(!manifest(&root.0).exists(), "a sealed tier writes none");
+    assert!(
+        !journal(&root.0).exists(),
+        "nor a store journal (its keys are written nowhere)"
+    );
     // The unsealed tier scans, and finds its own blocks only.
     let h = open(&c, 8);
     assert_eq!(recovered_by(&h), "scan");
@@ -568,6 +576,7 @@ fn a_shared_tier_never_writes_a_manifest_and_deletes_one_it_finds() {
     h.store_all(1, &[1, 2]);
     drop(h);
     assert!(!manifest(&root.0).exists(), "shared: no manifest");
+    assert!(!journal(&root.0).exists(), "shared: no store journal");
     // A clean close of an exclusive tier writes one; a shared open deletes it.
     drop(open(&c, 8));
     assert!(manifest(&root.0).is_file());
