@@ -529,6 +529,70 @@ fn a_cluster_job_over_every_master_lands_in_its_rows_byte_exact() {
     assert_eq!(described_count(&h, " blocks rerouted"), 0);
 }
 
+/// Fewer connections per master than I/O threads: concurrent jobs over
+/// every master take turns for the connections (a job never waits for one
+/// master's connection while it holds another's; a master it could not get
+/// at once is served once it holds none), and every block lands byte-exact.
+#[test]
+fn concurrent_cluster_jobs_share_one_connection_per_master() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("cluster", "on").unwrap();
+    config.set("connections", "1").unwrap();
+    config.set("io_threads", "6").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    const JOBS: u64 = 16;
+    const PER_JOB: u64 = 4;
+    let job_ids = |j: u64| -> Vec<u64> { (j * PER_JOB..(j + 1) * PER_JOB).collect() };
+    let job_rows = |j: u64| -> Vec<i64> {
+        (0..PER_JOB as i64)
+            .map(|k| (j * PER_JOB) as i64 + k)
+            .collect()
+    };
+    for j in 0..JOBS {
+        for (&i, &row) in job_ids(j).iter().zip(&job_rows(j)) {
+            h.fill(row as usize, i);
+        }
+    }
+    let all_done = |kind: &str| {
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while seen.len() < JOBS as usize {
+            assert!(
+                Instant::now() < deadline,
+                "{kind}: {} of {JOBS} jobs finished",
+                seen.len()
+            );
+            for r in h.tier().poll(64) {
+                assert!(r.is_ok(), "{kind}: {r:?}");
+                seen.push(r.job_id);
+            }
+            h.tier().wait(Duration::from_millis(10));
+        }
+    };
+    for j in 0..JOBS {
+        h.tier()
+            .submit_store(j, &keys(&job_ids(j)), KEY_LEN, &job_rows(j))
+            .unwrap();
+    }
+    all_done("stores");
+    for row in 0..64 {
+        h.write_row(row, &[0u8; BB]);
+    }
+    for j in 0..JOBS {
+        h.tier()
+            .submit_load(100 + j, &keys(&job_ids(j)), KEY_LEN, &job_rows(j))
+            .unwrap();
+    }
+    all_done("loads");
+    for j in 0..JOBS {
+        for (&i, &row) in job_ids(j).iter().zip(&job_rows(j)) {
+            assert!(h.row_holds(row as usize, i), "block {i} in row {row}");
+        }
+    }
+    assert_eq!(described_count(&h, " blocks rerouted"), 0);
+}
+
 /// Slots move between two jobs of one tier: the second job's blocks on the
 /// moved slots meet MOVED from their old master (the tier's slot map is
 /// stale), are stored and loaded byte-exact all the same, and the map is

@@ -152,11 +152,18 @@ impl Pool {
     /// Takes an idle connection, opens one (within `max`), or waits for one
     /// to come back, all within the deadline.
     fn take(&self) -> Result<Conn> {
+        self.take_or_wait(true)
+            .map(|conn| conn.expect("a connection, having waited for one"))
+    }
+
+    /// `take`, or None at once instead of waiting when `wait` is false and
+    /// every connection the pool may open is in use.
+    fn take_or_wait(&self, wait: bool) -> Result<Option<Conn>> {
         let deadline = Instant::now() + self.timeout;
         let mut st = self.state.lock();
         loop {
             if let Some(conn) = st.idle.pop() {
-                return Ok(conn);
+                return Ok(Some(conn));
             }
             if st.open < self.max {
                 if let Some(at) = st.retry_at {
@@ -178,7 +185,7 @@ impl Pool {
                     Ok(conn) => {
                         st.retry_at = None;
                         st.backoff = MIN_BACKOFF;
-                        Ok(conn)
+                        Ok(Some(conn))
                     }
                     Err(e) => {
                         st.open -= 1;
@@ -187,6 +194,9 @@ impl Pool {
                         Err(io_error("cannot connect", &e))
                     }
                 };
+            }
+            if !wait {
+                return Ok(None);
             }
             if self.returned.wait_until(&mut st, deadline).timed_out() {
                 return Err(Error::new(
@@ -214,12 +224,15 @@ impl Pool {
     }
 
     /// A connection of this pool held until the lease drops: for a job that
-    /// keeps several nodes' connections at once (see `routed`).
-    pub(super) fn lease(&self) -> Result<Lease<'_>> {
-        Ok(Lease {
+    /// keeps several nodes' connections at once (see `routed`). Without
+    /// `wait`, None at once when every connection the pool may open is in
+    /// use: a job that holds another node's connection must not wait for
+    /// this one (two jobs could then wait on each other).
+    pub(super) fn lease(&self, wait: bool) -> Result<Option<Lease<'_>>> {
+        Ok(self.take_or_wait(wait)?.map(|conn| Lease {
             pool: self,
-            conn: Some(self.take()?),
-        })
+            conn: Some(conn),
+        }))
     }
 
     /// Runs `f` on a pooled connection. A connection that failed at the

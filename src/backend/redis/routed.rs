@@ -25,20 +25,36 @@ use crate::error::{Error, ErrorKind, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// How the first half of a node's pipeline went (see [`send_on`]).
+enum Sending<'n, S> {
+    /// Sent; the connection is held for [`receive_on`].
+    Sent(Lease<'n>, S),
+    /// No connection to be had without waiting while the job holds
+    /// another node's: the node is served in a later round.
+    Busy,
+    /// The job's deadline had passed: nothing was sent.
+    Late,
+    Failed(Error),
+}
+
 /// The first half of a node's pipeline: one of `node`'s connections
-/// (kvtier's own: a node's address is plain TCP or TLS) leased, its request
-/// ending by the job's `deadline`, and `send` run on it; the lease is kept
-/// for [`receive_on`]. None: the deadline had passed, nothing was sent.
+/// (kvtier's own: a node's address is plain TCP or TLS) leased, waiting for
+/// one only if `wait`, its request ending by the job's `deadline`, and
+/// `send` run on it.
 fn send_on<'n, S>(
     node: &'n Node,
     what: &str,
     deadline: Instant,
+    wait: bool,
     send: impl FnOnce(&mut RespConn) -> std::io::Result<S>,
-) -> Option<Result<(Lease<'n>, S)>> {
+) -> Sending<'n, S> {
     if past(deadline) {
-        return None;
+        return Sending::Late;
     }
-    let sent = node.pool.lease().and_then(|mut lease| {
+    let sent = node.pool.lease(wait).and_then(|lease| {
+        let Some(mut lease) = lease else {
+            return Ok(Sending::Busy);
+        };
         let Conn::Direct(c) = lease.conn() else {
             return Err(Error::new(
                 ErrorKind::Io,
@@ -47,12 +63,33 @@ fn send_on<'n, S>(
         };
         c.cap_next(deadline);
         let state = send(c).map_err(|e| io_error(what, &e.into()))?;
-        Ok((lease, state))
+        Ok(Sending::Sent(lease, state))
     });
-    if sent.is_err() {
+    sent.unwrap_or_else(|e| {
         node.answered(false);
+        Sending::Failed(e)
+    })
+}
+
+/// The groups (indices into `Routes::groups`) of one round of a pass: all
+/// of them at first, then those that were `Busy` (see `Sending`), served
+/// when the job holds no other connection. A job never waits for a node's
+/// connection while it holds another's, so two jobs (with fewer
+/// `connections` than I/O threads) never wait on each other.
+enum Round {
+    All(std::ops::Range<usize>),
+    Busy(std::vec::IntoIter<usize>),
+}
+
+impl Iterator for Round {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Round::All(groups) => groups.next(),
+            Round::Busy(groups) => groups.next(),
+        }
     }
-    Some(sent)
 }
 
 /// The second half: `receive` on the connection [`send_on`] leased, and
@@ -278,65 +315,75 @@ impl RedisBackend {
         let mut trouble = Trouble::default();
         // Every master's SETs are written before any reply is read, so that
         // the masters work at once; suspect masters come last either way.
-        let mut sent = Vec::with_capacity(routes.groups.len());
-        for (g, (node, range)) in routes.groups.iter().enumerate() {
-            let order = &routes.order[range.clone()];
-            let Some(node) = node else {
-                order.iter().for_each(|&i| outcomes[i] = None);
-                continue;
-            };
-            let node = map.node(*node);
-            let part = &sorted[range.clone()];
-            match send_on(node, "SET pipeline", deadline, |c| {
-                direct::set_send(c, &layout, part)
-            }) {
-                None => order
-                    .iter()
-                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
-                Some(Err(e)) => {
-                    trouble.failed.push(g);
-                    order
+        let mut round = Round::All(0..routes.groups.len());
+        loop {
+            let mut busy = Vec::new();
+            let mut sent = Vec::with_capacity(routes.groups.len());
+            for g in round {
+                let (node, range) = &routes.groups[g];
+                let order = &routes.order[range.clone()];
+                let Some(node) = node else {
+                    order.iter().for_each(|&i| outcomes[i] = None);
+                    continue;
+                };
+                let node = map.node(*node);
+                let part = &sorted[range.clone()];
+                match send_on(node, "SET pipeline", deadline, sent.is_empty(), |c| {
+                    direct::set_send(c, &layout, part)
+                }) {
+                    Sending::Busy => busy.push(g),
+                    Sending::Late => order
                         .iter()
-                        .for_each(|&i| outcomes[i] = Some(Err(e.clone())));
-                }
-                Some(Ok((lease, nonces))) => sent.push((g, node, lease, nonces)),
-            }
-        }
-        let mut replies = Vec::with_capacity(routes.largest());
-        while !sent.is_empty() {
-            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-            let (g, node, lease, nonces) = sent.remove(next);
-            let range = routes.groups[g].1.clone();
-            let order = &routes.order[range.clone()];
-            let part = &sorted[range];
-            let read = receive_on(node, lease, "SET pipeline", deadline, |c| {
-                direct::set_receive(c, &layout, part, &nonces, &mut replies)
-            });
-            match read {
-                None => order
-                    .iter()
-                    .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
-                Some(Ok(())) => {
-                    for (&i, reply) in order.iter().zip(replies.drain(..)) {
-                        outcomes[i] = match reply {
-                            Ok(()) => Some(Ok(())),
-                            Err(message) => match redirection(&message) {
-                                Some(how) => {
-                                    trouble.redirected(how);
-                                    None
-                                }
-                                None => Some(Err(server_error("SET", &message))),
-                            },
-                        };
+                        .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
+                    Sending::Failed(e) => {
+                        trouble.failed.push(g);
+                        order
+                            .iter()
+                            .for_each(|&i| outcomes[i] = Some(Err(e.clone())));
                     }
-                }
-                Some(Err(e)) => {
-                    trouble.failed.push(g);
-                    for &i in order {
-                        outcomes[i] = Some(Err(e.clone()));
-                    }
+                    Sending::Sent(lease, nonces) => sent.push((g, node, lease, nonces)),
                 }
             }
+            let mut replies = Vec::with_capacity(routes.largest());
+            while !sent.is_empty() {
+                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+                let (g, node, lease, nonces) = sent.remove(next);
+                let range = routes.groups[g].1.clone();
+                let order = &routes.order[range.clone()];
+                let part = &sorted[range];
+                let read = receive_on(node, lease, "SET pipeline", deadline, |c| {
+                    direct::set_receive(c, &layout, part, &nonces, &mut replies)
+                });
+                match read {
+                    None => order
+                        .iter()
+                        .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
+                    Some(Ok(())) => {
+                        for (&i, reply) in order.iter().zip(replies.drain(..)) {
+                            outcomes[i] = match reply {
+                                Ok(()) => Some(Ok(())),
+                                Err(message) => match redirection(&message) {
+                                    Some(how) => {
+                                        trouble.redirected(how);
+                                        None
+                                    }
+                                    None => Some(Err(server_error("SET", &message))),
+                                },
+                            };
+                        }
+                    }
+                    Some(Err(e)) => {
+                        trouble.failed.push(g);
+                        for &i in order {
+                            outcomes[i] = Some(Err(e.clone()));
+                        }
+                    }
+                }
+            }
+            if busy.is_empty() {
+                break;
+            }
+            round = Round::Busy(busy.into_iter());
         }
         (routes, trouble)
     }
@@ -418,63 +465,73 @@ impl RedisBackend {
         let mut trouble = Trouble::default();
         // Every master's first GETs are sent before any reply is read, so
         // that the masters work at once; suspect masters come last.
-        let mut sent = Vec::with_capacity(routes.groups.len());
-        for (g, (node, range)) in routes.groups.iter().enumerate() {
-            let order = &routes.order[range.clone()];
-            let Some(node) = node else {
-                order.iter().for_each(|&i| got[i] = Got::Retry);
-                continue;
-            };
-            let node = map.node(*node);
-            let rows = &sorted[range.clone()];
-            match send_on(node, "GET pipeline", deadline, |c| {
-                direct::get_send(c, &layout, rows)
-            }) {
-                None => order
-                    .iter()
-                    .for_each(|&i| got[i] = Got::Failed(out_of_time())),
-                Some(Err(e)) => {
-                    trouble.failed.push(g);
-                    order.iter().for_each(|&i| got[i] = Got::Failed(e.clone()));
-                }
-                Some(Ok((lease, started))) => sent.push((g, node, lease, started)),
-            }
-        }
-        let mut fetched = Vec::with_capacity(routes.largest());
-        while !sent.is_empty() {
-            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-            let (g, node, lease, started) = sent.remove(next);
-            let range = routes.groups[g].1.clone();
-            let order = &routes.order[range.clone()];
-            let rows = &mut sorted[range];
-            let read = receive_on(node, lease, "GET pipeline", deadline, |c| {
-                direct::get_receive(c, &layout, rows, started, &mut fetched)
-            });
-            match read {
-                None => order
-                    .iter()
-                    .for_each(|&i| got[i] = Got::Failed(out_of_time())),
-                Some(Ok(())) => {
-                    for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
-                        got[i] = match outcome {
-                            Fetched::Refused(message) => match redirection(&message) {
-                                Some(how) => {
-                                    trouble.redirected(how);
-                                    Got::Retry
-                                }
-                                None => Got::Fetched(Fetched::Refused(message)),
-                            },
-                            outcome => Got::Fetched(outcome),
-                        };
+        let mut round = Round::All(0..routes.groups.len());
+        loop {
+            let mut busy = Vec::new();
+            let mut sent = Vec::with_capacity(routes.groups.len());
+            for g in round {
+                let (node, range) = &routes.groups[g];
+                let order = &routes.order[range.clone()];
+                let Some(node) = node else {
+                    order.iter().for_each(|&i| got[i] = Got::Retry);
+                    continue;
+                };
+                let node = map.node(*node);
+                let rows = &sorted[range.clone()];
+                match send_on(node, "GET pipeline", deadline, sent.is_empty(), |c| {
+                    direct::get_send(c, &layout, rows)
+                }) {
+                    Sending::Busy => busy.push(g),
+                    Sending::Late => order
+                        .iter()
+                        .for_each(|&i| got[i] = Got::Failed(out_of_time())),
+                    Sending::Failed(e) => {
+                        trouble.failed.push(g);
+                        order.iter().for_each(|&i| got[i] = Got::Failed(e.clone()));
                     }
-                }
-                Some(Err(e)) => {
-                    trouble.failed.push(g);
-                    for &i in order {
-                        got[i] = Got::Failed(e.clone());
-                    }
+                    Sending::Sent(lease, started) => sent.push((g, node, lease, started)),
                 }
             }
+            let mut fetched = Vec::with_capacity(routes.largest());
+            while !sent.is_empty() {
+                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+                let (g, node, lease, started) = sent.remove(next);
+                let range = routes.groups[g].1.clone();
+                let order = &routes.order[range.clone()];
+                let rows = &mut sorted[range];
+                let read = receive_on(node, lease, "GET pipeline", deadline, |c| {
+                    direct::get_receive(c, &layout, rows, started, &mut fetched)
+                });
+                match read {
+                    None => order
+                        .iter()
+                        .for_each(|&i| got[i] = Got::Failed(out_of_time())),
+                    Some(Ok(())) => {
+                        for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
+                            got[i] = match outcome {
+                                Fetched::Refused(message) => match redirection(&message) {
+                                    Some(how) => {
+                                        trouble.redirected(how);
+                                        Got::Retry
+                                    }
+                                    None => Got::Fetched(Fetched::Refused(message)),
+                                },
+                                outcome => Got::Fetched(outcome),
+                            };
+                        }
+                    }
+                    Some(Err(e)) => {
+                        trouble.failed.push(g);
+                        for &i in order {
+                            got[i] = Got::Failed(e.clone());
+                        }
+                    }
+                }
+            }
+            if busy.is_empty() {
+                break;
+            }
+            round = Round::Busy(busy.into_iter());
         }
         (routes, trouble)
     }
@@ -521,45 +578,55 @@ impl RedisBackend {
         sorted.extend(routes.order.iter().map(|&i| dead[i]));
         let mut trouble = Trouble::default();
         // Every master's DELs are written before any reply is read.
-        let mut sent = Vec::with_capacity(routes.groups.len());
-        for (g, (node, range)) in routes.groups.iter().enumerate() {
-            let order = &routes.order[range.clone()];
-            let Some(node) = node else {
-                order.iter().for_each(|&i| retry[i] = true);
-                continue;
-            };
-            let node = map.node(*node);
-            let part = &sorted[range.clone()];
-            match send_on(node, "DEL pipeline", deadline, |c| {
-                direct::del_send(c, &layout, part)
-            }) {
-                // Best effort: past the deadline, the rest stay (see `discard`).
-                None => break,
-                Some(Err(_)) => trouble.failed.push(g),
-                Some(Ok((lease, ()))) => sent.push((g, node, lease)),
+        let mut round = Round::All(0..routes.groups.len());
+        loop {
+            let mut busy = Vec::new();
+            let mut sent = Vec::with_capacity(routes.groups.len());
+            for g in round {
+                let (node, range) = &routes.groups[g];
+                let order = &routes.order[range.clone()];
+                let Some(node) = node else {
+                    order.iter().for_each(|&i| retry[i] = true);
+                    continue;
+                };
+                let node = map.node(*node);
+                let part = &sorted[range.clone()];
+                match send_on(node, "DEL pipeline", deadline, sent.is_empty(), |c| {
+                    direct::del_send(c, &layout, part)
+                }) {
+                    // Best effort: past the deadline, the rest stay (see `discard`).
+                    Sending::Busy => busy.push(g),
+                    Sending::Late => break,
+                    Sending::Failed(_) => trouble.failed.push(g),
+                    Sending::Sent(lease, ()) => sent.push((g, node, lease)),
+                }
             }
-        }
-        let mut refused = Vec::new();
-        while !sent.is_empty() {
-            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-            let (g, node, lease) = sent.remove(next);
-            let range = routes.groups[g].1.clone();
-            let order = &routes.order[range.clone()];
-            refused.clear();
-            match receive_on(node, lease, "DEL pipeline", deadline, |c| {
-                direct::del_receive(c, range.len(), &mut refused)
-            }) {
-                None => {}
-                Some(Ok(())) => {
-                    for (k, message) in refused.drain(..) {
-                        if let Some(how) = redirection(&message) {
-                            trouble.redirected(how);
-                            retry[order[k]] = true;
+            let mut refused = Vec::new();
+            while !sent.is_empty() {
+                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+                let (g, node, lease) = sent.remove(next);
+                let range = routes.groups[g].1.clone();
+                let order = &routes.order[range.clone()];
+                refused.clear();
+                match receive_on(node, lease, "DEL pipeline", deadline, |c| {
+                    direct::del_receive(c, range.len(), &mut refused)
+                }) {
+                    None => {}
+                    Some(Ok(())) => {
+                        for (k, message) in refused.drain(..) {
+                            if let Some(how) = redirection(&message) {
+                                trouble.redirected(how);
+                                retry[order[k]] = true;
+                            }
                         }
                     }
+                    Some(Err(_)) => trouble.failed.push(g),
                 }
-                Some(Err(_)) => trouble.failed.push(g),
             }
+            if busy.is_empty() {
+                break;
+            }
+            round = Round::Busy(busy.into_iter());
         }
         (routes, trouble)
     }
