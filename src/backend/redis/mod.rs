@@ -29,9 +29,10 @@
 //! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
 //! `tls` (its TLS configuration, one per tier), `direct` (the data path
 //! over it: payloads written from and read into rows), `cluster` (a
-//! cluster's slot map and a pool per master, over TCP or TLS), `routed`
-//! (a cluster's data path: a direct pipeline per master, blocks redirected
-//! retried through the crate), `pipe` (the crate's pipelines, for
+//! cluster's slot map and a pool per master, over TCP or TLS), `fanout`
+//! (one pass of a cluster job over its masters: pipelines sent to all,
+//! replies read first-come), `routed` (a cluster's data path: what each
+//! pass carries, blocks redirected retried through the crate), `pipe` (the crate's pipelines, for
 //! redirected blocks, a cluster whose seeds mix TCP and TLS, and
 //! everything but the data path of a cluster), `sealed` (sealed names and
 //! values).
@@ -39,6 +40,7 @@
 mod cluster;
 mod conn;
 mod direct;
+mod fanout;
 mod format;
 mod pipe;
 mod resp;

@@ -1,8 +1,9 @@
 //! A Redis Cluster tier's data path over TCP or TLS: a job's blocks grouped
 //! by the master serving their slot (`cluster`), one direct pipeline
 //! (`direct`) per master on that master's own connections, every master's
-//! sent before any reply is read (the masters work at once), the outcomes
-//! reported in the job's order. Loads land in the caller's rows with at
+//! sent before any reply is read (`fanout`: the masters work at once), the
+//! outcomes reported in the job's order. This file: what a pass of SETs,
+//! GETs or DELs makes of each master's answer, and the retries. Loads land in the caller's rows with at
 //! most one copy beyond the socket read, as on a single server.
 //!
 //! A node that fails (connection refused, broken, past the deadline) gets
@@ -17,168 +18,22 @@
 //! as on a single server.
 
 use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
-use super::conn::{io_error, Conn, Lease};
-use super::direct::{self, Fetched};
+use super::conn::io_error;
+use super::direct::{self, Fetched, GetsSent, Layout};
+use super::fanout::{past, run_pass, Pass};
 use super::resp::RespConn;
 use super::{server_error, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
+use crate::seal::Nonce;
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
-
-/// How the first half of a node's pipeline went (see [`send_on`]).
-enum Sending<'n, S> {
-    /// Sent; the connection is held for [`receive_on`].
-    Sent(Lease<'n>, S),
-    /// No connection to be had without waiting while the job holds
-    /// another node's: the node is served in a later round.
-    Busy,
-    /// The job's deadline had passed: nothing was sent.
-    Late,
-    Failed(Error),
-}
-
-/// The first half of a node's pipeline: one of `node`'s connections
-/// (kvtier's own: a node's address is plain TCP or TLS) leased, waiting for
-/// one only if `wait`, its request ending by the job's `deadline`, and
-/// `send` run on it.
-fn send_on<'n, S>(
-    node: &'n Node,
-    what: &str,
-    deadline: Instant,
-    wait: bool,
-    send: impl FnOnce(&mut RespConn) -> std::io::Result<S>,
-) -> Sending<'n, S> {
-    if past(deadline) {
-        return Sending::Late;
-    }
-    let sent = node.pool.lease(wait).and_then(|lease| {
-        let Some(mut lease) = lease else {
-            return Ok(Sending::Busy);
-        };
-        let Conn::Direct(c) = lease.conn() else {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("redis: {what}: a cluster node's connection is not kvtier's own"),
-            ));
-        };
-        c.cap_next(deadline);
-        let state = send(c).map_err(|e| io_error(what, &e.into()))?;
-        Ok(Sending::Sent(lease, state))
-    });
-    sent.unwrap_or_else(|e| {
-        node.answered(false);
-        Sending::Failed(e)
-    })
-}
-
-/// The groups (indices into `Routes::groups`) of one round of a pass: all
-/// of them at first, then those that were `Busy` (see `Sending`), served
-/// when the job holds no other connection. A job never waits for a node's
-/// connection while it holds another's, so two jobs (with fewer
-/// `connections` than I/O threads) never wait on each other.
-enum Round {
-    All(std::ops::Range<usize>),
-    Busy(std::vec::IntoIter<usize>),
-}
-
-impl Iterator for Round {
-    type Item = usize;
-
-    fn next(&mut self) -> Option<usize> {
-        match self {
-            Round::All(groups) => groups.next(),
-            Round::Busy(groups) => groups.next(),
-        }
-    }
-}
-
-/// The second half: `receive` on the connection [`send_on`] leased, and
-/// how the node answered recorded (see `Node::answered`). None: the
-/// deadline passed before this node's turn (its replies are left unread
-/// and its connection closed; the node is not blamed).
-fn receive_on(
-    node: &Node,
-    mut lease: Lease<'_>,
-    what: &str,
-    deadline: Instant,
-    receive: impl FnOnce(&mut RespConn) -> std::io::Result<()>,
-) -> Option<Result<()>> {
-    if past(deadline) {
-        lease.close();
-        return None;
-    }
-    let Conn::Direct(c) = lease.conn() else {
-        unreachable!("send_on leases kvtier's own connections only")
-    };
-    let read = receive(c).map_err(|e| io_error(what, &e.into()));
-    node.answered(read.is_ok());
-    Some(read)
-}
-
-/// Which of the pipelines `sent` (their leased connections: `conn_of`)
-/// to read next: the first whose node has begun to answer, waiting for one
-/// until the deadline; the first in order (suspect nodes last) if none
-/// has by then, or if the sockets cannot be polled. A hung master then
-/// costs the job its own blocks only, whatever its place in the order.
-fn next_to_read<T>(
-    sent: &mut [T],
-    conn_of: impl Fn(&mut T) -> &mut Conn,
-    deadline: Instant,
-) -> usize {
-    if sent.len() < 2 {
-        return 0;
-    }
-    // On the stack for a job's usual few masters: steady-state jobs
-    // allocate per job, and this runs once per master.
-    const ON_STACK: usize = 32;
-    let unset = libc::pollfd {
-        fd: -1,
-        events: libc::POLLIN,
-        revents: 0,
-    };
-    let mut stack = [unset; ON_STACK];
-    let mut heap = Vec::new();
-    let fds: &mut [libc::pollfd] = if sent.len() <= ON_STACK {
-        &mut stack[..sent.len()]
-    } else {
-        heap.resize(sent.len(), unset);
-        &mut heap
-    };
-    for (k, item) in sent.iter_mut().enumerate() {
-        let waits_on = match conn_of(item) {
-            Conn::Direct(c) => c.waits_on(),
-            _ => None,
-        };
-        match waits_on {
-            None => return k,
-            Some(fd) => fds[k].fd = fd,
-        }
-    }
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let ms = left.as_millis().min(i32::MAX as u128) as i32;
-        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
-        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-        if n > 0 {
-            return fds.iter().position(|p| p.revents != 0).unwrap_or(0);
-        }
-        if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
-            return 0;
-        }
-    }
-}
-
 /// One deadline for a whole job: its pipelines to the masters (all sent,
 /// then all read) share it, and the job is reported within `io_timeout_ms`
 /// even if several masters hang.
 fn job_deadline(backend: &RedisBackend) -> Instant {
     Instant::now() + backend.pool.timeout()
 }
-
-fn past(deadline: Instant) -> bool {
-    Instant::now() >= deadline
-}
-
 /// Blocks not sent because the job's deadline passed on other masters.
 fn out_of_time() -> Error {
     Error::new(
@@ -193,15 +48,15 @@ fn unsettled() -> Error {
 
 /// What a pass over a job's masters met besides answers.
 #[derive(Default)]
-struct Trouble {
+pub(super) struct Trouble {
     /// A node answered MOVED: the map is stale.
     moved: bool,
     /// Groups (indices into `Routes::groups`) whose node failed.
-    failed: Vec<usize>,
+    pub(super) failed: Vec<usize>,
 }
 
 impl Trouble {
-    fn redirected(&mut self, how: Redirection) {
+    pub(super) fn redirected(&mut self, how: Redirection) {
         self.moved |= how == Redirection::Moved;
     }
 
@@ -312,79 +167,13 @@ impl RedisBackend {
         // The blocks in the routes' order: a node's blocks are one slice.
         let mut sorted = Vec::with_capacity(routes.order.len());
         sorted.extend(routes.order.iter().map(|&i| blocks[i]));
-        let mut trouble = Trouble::default();
-        // Every master's SETs are written before any reply is read, so that
-        // the masters work at once; suspect masters come last either way.
-        let mut round = Round::All(0..routes.groups.len());
-        loop {
-            let mut busy = Vec::new();
-            let mut sent = Vec::with_capacity(routes.groups.len());
-            for g in round {
-                let (node, range) = &routes.groups[g];
-                let order = &routes.order[range.clone()];
-                let Some(node) = node else {
-                    order.iter().for_each(|&i| outcomes[i] = None);
-                    continue;
-                };
-                let node = map.node(*node);
-                let part = &sorted[range.clone()];
-                match send_on(node, "SET pipeline", deadline, sent.is_empty(), |c| {
-                    direct::set_send(c, &layout, part)
-                }) {
-                    Sending::Busy => busy.push(g),
-                    Sending::Late => order
-                        .iter()
-                        .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
-                    Sending::Failed(e) => {
-                        trouble.failed.push(g);
-                        order
-                            .iter()
-                            .for_each(|&i| outcomes[i] = Some(Err(e.clone())));
-                    }
-                    Sending::Sent(lease, nonces) => sent.push((g, node, lease, nonces)),
-                }
-            }
-            let mut replies = Vec::with_capacity(routes.largest());
-            while !sent.is_empty() {
-                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-                let (g, node, lease, nonces) = sent.remove(next);
-                let range = routes.groups[g].1.clone();
-                let order = &routes.order[range.clone()];
-                let part = &sorted[range];
-                let read = receive_on(node, lease, "SET pipeline", deadline, |c| {
-                    direct::set_receive(c, &layout, part, &nonces, &mut replies)
-                });
-                match read {
-                    None => order
-                        .iter()
-                        .for_each(|&i| outcomes[i] = Some(Err(out_of_time()))),
-                    Some(Ok(())) => {
-                        for (&i, reply) in order.iter().zip(replies.drain(..)) {
-                            outcomes[i] = match reply {
-                                Ok(()) => Some(Ok(())),
-                                Err(message) => match redirection(&message) {
-                                    Some(how) => {
-                                        trouble.redirected(how);
-                                        None
-                                    }
-                                    None => Some(Err(server_error("SET", &message))),
-                                },
-                            };
-                        }
-                    }
-                    Some(Err(e)) => {
-                        trouble.failed.push(g);
-                        for &i in order {
-                            outcomes[i] = Some(Err(e.clone()));
-                        }
-                    }
-                }
-            }
-            if busy.is_empty() {
-                break;
-            }
-            round = Round::Busy(busy.into_iter());
-        }
+        let mut pass = Sets {
+            layout,
+            sorted,
+            outcomes,
+            replies: Vec::with_capacity(routes.largest()),
+        };
+        let trouble = run_pass(&routes, map, deadline, &mut pass);
         (routes, trouble)
     }
 
@@ -462,77 +251,13 @@ impl RedisBackend {
             .collect();
         let mut sorted: Vec<LoadBlock> = Vec::with_capacity(routes.order.len());
         sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
-        let mut trouble = Trouble::default();
-        // Every master's first GETs are sent before any reply is read, so
-        // that the masters work at once; suspect masters come last.
-        let mut round = Round::All(0..routes.groups.len());
-        loop {
-            let mut busy = Vec::new();
-            let mut sent = Vec::with_capacity(routes.groups.len());
-            for g in round {
-                let (node, range) = &routes.groups[g];
-                let order = &routes.order[range.clone()];
-                let Some(node) = node else {
-                    order.iter().for_each(|&i| got[i] = Got::Retry);
-                    continue;
-                };
-                let node = map.node(*node);
-                let rows = &sorted[range.clone()];
-                match send_on(node, "GET pipeline", deadline, sent.is_empty(), |c| {
-                    direct::get_send(c, &layout, rows)
-                }) {
-                    Sending::Busy => busy.push(g),
-                    Sending::Late => order
-                        .iter()
-                        .for_each(|&i| got[i] = Got::Failed(out_of_time())),
-                    Sending::Failed(e) => {
-                        trouble.failed.push(g);
-                        order.iter().for_each(|&i| got[i] = Got::Failed(e.clone()));
-                    }
-                    Sending::Sent(lease, started) => sent.push((g, node, lease, started)),
-                }
-            }
-            let mut fetched = Vec::with_capacity(routes.largest());
-            while !sent.is_empty() {
-                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-                let (g, node, lease, started) = sent.remove(next);
-                let range = routes.groups[g].1.clone();
-                let order = &routes.order[range.clone()];
-                let rows = &mut sorted[range];
-                let read = receive_on(node, lease, "GET pipeline", deadline, |c| {
-                    direct::get_receive(c, &layout, rows, started, &mut fetched)
-                });
-                match read {
-                    None => order
-                        .iter()
-                        .for_each(|&i| got[i] = Got::Failed(out_of_time())),
-                    Some(Ok(())) => {
-                        for (&i, outcome) in order.iter().zip(fetched.drain(..)) {
-                            got[i] = match outcome {
-                                Fetched::Refused(message) => match redirection(&message) {
-                                    Some(how) => {
-                                        trouble.redirected(how);
-                                        Got::Retry
-                                    }
-                                    None => Got::Fetched(Fetched::Refused(message)),
-                                },
-                                outcome => Got::Fetched(outcome),
-                            };
-                        }
-                    }
-                    Some(Err(e)) => {
-                        trouble.failed.push(g);
-                        for &i in order {
-                            got[i] = Got::Failed(e.clone());
-                        }
-                    }
-                }
-            }
-            if busy.is_empty() {
-                break;
-            }
-            round = Round::Busy(busy.into_iter());
-        }
+        let mut pass = Gets {
+            layout,
+            sorted,
+            got,
+            fetched: Vec::with_capacity(routes.largest()),
+        };
+        let trouble = run_pass(&routes, map, deadline, &mut pass);
         (routes, trouble)
     }
 
@@ -576,58 +301,179 @@ impl RedisBackend {
         });
         let mut sorted = Vec::with_capacity(routes.order.len());
         sorted.extend(routes.order.iter().map(|&i| dead[i]));
-        let mut trouble = Trouble::default();
-        // Every master's DELs are written before any reply is read.
-        let mut round = Round::All(0..routes.groups.len());
-        loop {
-            let mut busy = Vec::new();
-            let mut sent = Vec::with_capacity(routes.groups.len());
-            for g in round {
-                let (node, range) = &routes.groups[g];
-                let order = &routes.order[range.clone()];
-                let Some(node) = node else {
-                    order.iter().for_each(|&i| retry[i] = true);
-                    continue;
-                };
-                let node = map.node(*node);
-                let part = &sorted[range.clone()];
-                match send_on(node, "DEL pipeline", deadline, sent.is_empty(), |c| {
-                    direct::del_send(c, &layout, part)
-                }) {
-                    // Best effort: past the deadline, the rest stay (see `discard`).
-                    Sending::Busy => busy.push(g),
-                    Sending::Late => break,
-                    Sending::Failed(_) => trouble.failed.push(g),
-                    Sending::Sent(lease, ()) => sent.push((g, node, lease)),
-                }
-            }
-            let mut refused = Vec::new();
-            while !sent.is_empty() {
-                let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-                let (g, node, lease) = sent.remove(next);
-                let range = routes.groups[g].1.clone();
-                let order = &routes.order[range.clone()];
-                refused.clear();
-                match receive_on(node, lease, "DEL pipeline", deadline, |c| {
-                    direct::del_receive(c, range.len(), &mut refused)
-                }) {
-                    None => {}
-                    Some(Ok(())) => {
-                        for (k, message) in refused.drain(..) {
-                            if let Some(how) = redirection(&message) {
-                                trouble.redirected(how);
-                                retry[order[k]] = true;
-                            }
-                        }
-                    }
-                    Some(Err(_)) => trouble.failed.push(g),
-                }
-            }
-            if busy.is_empty() {
-                break;
-            }
-            round = Round::Busy(busy.into_iter());
-        }
+        let mut pass = Dels {
+            layout,
+            sorted,
+            retry,
+            refused: Vec::new(),
+        };
+        let trouble = run_pass(&routes, map, deadline, &mut pass);
         (routes, trouble)
+    }
+}
+/// A pass of SETs: `outcomes[i]` None means to send through the crate.
+struct Sets<'a, 'o> {
+    layout: Layout<'a>,
+    sorted: Vec<(u32, &'a [u8], &'a [u8])>,
+    outcomes: &'o mut [Option<Result<()>>],
+    replies: Vec<std::result::Result<(), String>>,
+}
+
+impl Pass for Sets<'_, '_> {
+    type Sent = Vec<Nonce>;
+    const WHAT: &'static str = "SET pipeline";
+
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<Vec<Nonce>> {
+        direct::set_send(c, &self.layout, &self.sorted[range])
+    }
+
+    fn receive(
+        &mut self,
+        range: Range<usize>,
+        c: &mut RespConn,
+        nonces: Vec<Nonce>,
+    ) -> std::io::Result<()> {
+        direct::set_receive(
+            c,
+            &self.layout,
+            &self.sorted[range],
+            &nonces,
+            &mut self.replies,
+        )
+    }
+
+    fn unrouted(&mut self, order: &[usize]) {
+        order.iter().for_each(|&i| self.outcomes[i] = None);
+    }
+
+    fn late(&mut self, order: &[usize]) {
+        order
+            .iter()
+            .for_each(|&i| self.outcomes[i] = Some(Err(out_of_time())));
+    }
+
+    fn failed(&mut self, order: &[usize], e: &Error) {
+        order
+            .iter()
+            .for_each(|&i| self.outcomes[i] = Some(Err(e.clone())));
+    }
+
+    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        for (&i, reply) in order.iter().zip(self.replies.drain(..)) {
+            self.outcomes[i] = match reply {
+                Ok(()) => Some(Ok(())),
+                Err(message) => match redirection(&message) {
+                    Some(how) => {
+                        trouble.redirected(how);
+                        None
+                    }
+                    None => Some(Err(server_error("SET", &message))),
+                },
+            };
+        }
+    }
+}
+
+/// A pass of GETs, each payload read into its row.
+struct Gets<'a, 'r, 'g> {
+    layout: Layout<'a>,
+    sorted: Vec<LoadBlock<'r>>,
+    got: &'g mut [Got],
+    fetched: Vec<Fetched>,
+}
+
+impl Pass for Gets<'_, '_, '_> {
+    type Sent = GetsSent;
+    const WHAT: &'static str = "GET pipeline";
+
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<GetsSent> {
+        direct::get_send(c, &self.layout, &self.sorted[range])
+    }
+
+    fn receive(
+        &mut self,
+        range: Range<usize>,
+        c: &mut RespConn,
+        started: GetsSent,
+    ) -> std::io::Result<()> {
+        direct::get_receive(
+            c,
+            &self.layout,
+            &mut self.sorted[range],
+            started,
+            &mut self.fetched,
+        )
+    }
+
+    fn unrouted(&mut self, order: &[usize]) {
+        order.iter().for_each(|&i| self.got[i] = Got::Retry);
+    }
+
+    fn late(&mut self, order: &[usize]) {
+        order
+            .iter()
+            .for_each(|&i| self.got[i] = Got::Failed(out_of_time()));
+    }
+
+    fn failed(&mut self, order: &[usize], e: &Error) {
+        order
+            .iter()
+            .for_each(|&i| self.got[i] = Got::Failed(e.clone()));
+    }
+
+    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        for (&i, outcome) in order.iter().zip(self.fetched.drain(..)) {
+            self.got[i] = match outcome {
+                Fetched::Refused(message) => match redirection(&message) {
+                    Some(how) => {
+                        trouble.redirected(how);
+                        Got::Retry
+                    }
+                    None => Got::Fetched(Fetched::Refused(message)),
+                },
+                outcome => Got::Fetched(outcome),
+            };
+        }
+    }
+}
+
+/// A pass of DELs, best effort: `retry[i]` means to send through the
+/// crate; past the deadline, the rest stay (see `discard`).
+struct Dels<'a, 'k, 'r> {
+    layout: Layout<'a>,
+    sorted: Vec<&'k [u8]>,
+    retry: &'r mut [bool],
+    refused: Vec<(usize, String)>,
+}
+
+impl Pass for Dels<'_, '_, '_> {
+    type Sent = ();
+    const WHAT: &'static str = "DEL pipeline";
+    const STOP_WHEN_LATE: bool = true;
+
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
+        direct::del_send(c, &self.layout, &self.sorted[range])
+    }
+
+    fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
+        self.refused.clear();
+        direct::del_receive(c, range.len(), &mut self.refused)
+    }
+
+    fn unrouted(&mut self, order: &[usize]) {
+        order.iter().for_each(|&i| self.retry[i] = true);
+    }
+
+    fn late(&mut self, _order: &[usize]) {}
+
+    fn failed(&mut self, _order: &[usize], _e: &Error) {}
+
+    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        for (k, message) in self.refused.drain(..) {
+            if let Some(how) = redirection(&message) {
+                trouble.redirected(how);
+                self.retry[order[k]] = true;
+            }
+        }
     }
 }

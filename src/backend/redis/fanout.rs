@@ -1,0 +1,248 @@
+//! One pass of a cluster job over its masters: every master's pipeline
+//! sent on a connection of its own (suspect masters last), then the
+//! replies read from the master that has begun to answer first, all by the
+//! job's deadline. A job never waits for one master's connection while it
+//! holds another's: a master whose connections are all in use is served in
+//! a later round, when the job holds none. What a pipeline carries (SETs,
+//! GETs, DELs) and what becomes of its blocks is a [`Pass`] (see `routed`).
+
+use super::cluster::{Node, Routes, SlotMap};
+use super::conn::{io_error, Conn, Lease};
+use super::resp::RespConn;
+use super::routed::Trouble;
+use crate::error::{Error, ErrorKind, Result};
+use std::ops::Range;
+use std::time::Instant;
+
+pub(super) fn past(deadline: Instant) -> bool {
+    Instant::now() >= deadline
+}
+
+/// One kind of pipeline a pass sends each master (SETs, GETs or DELs),
+/// and what becomes of its blocks. `range` is a group's place in the
+/// routes' order, `order` its blocks (indices into the job).
+pub(super) trait Pass {
+    /// What the send half hands the receive half.
+    type Sent;
+    const WHAT: &'static str;
+    /// Whether a group found past the deadline ends the sending (a best
+    /// effort pass) instead of failing its blocks and going on.
+    const STOP_WHEN_LATE: bool = false;
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<Self::Sent>;
+    fn receive(
+        &mut self,
+        range: Range<usize>,
+        c: &mut RespConn,
+        sent: Self::Sent,
+    ) -> std::io::Result<()>;
+    /// No master is known to serve these blocks' slots.
+    fn unrouted(&mut self, order: &[usize]);
+    /// The job's deadline passed before these blocks were sent or read.
+    fn late(&mut self, order: &[usize]);
+    fn failed(&mut self, order: &[usize], e: &Error);
+    /// The node answered (what `receive` kept): each block's outcome, a
+    /// redirection noted in `trouble`.
+    fn answered(&mut self, order: &[usize], trouble: &mut Trouble);
+}
+
+/// Runs a pass over the masters of `routes`: every master's pipeline sent
+/// (suspect masters last), then the replies read from the master that
+/// answers first, all by the job's `deadline`; masters whose connections
+/// were all in use while the job held another's come in a later round.
+pub(super) fn run_pass<P: Pass>(
+    routes: &Routes,
+    map: &SlotMap,
+    deadline: Instant,
+    pass: &mut P,
+) -> Trouble {
+    let mut trouble = Trouble::default();
+    let mut round = Round::All(0..routes.groups.len());
+    loop {
+        let mut busy = Vec::new();
+        let mut sent = Vec::with_capacity(routes.groups.len());
+        for g in round {
+            let (node, range) = &routes.groups[g];
+            let order = &routes.order[range.clone()];
+            let Some(node) = node else {
+                pass.unrouted(order);
+                continue;
+            };
+            let node = map.node(*node);
+            match send_on(node, P::WHAT, deadline, sent.is_empty(), |c| {
+                pass.send(range.clone(), c)
+            }) {
+                Sending::Busy => busy.push(g),
+                Sending::Late if P::STOP_WHEN_LATE => break,
+                Sending::Late => pass.late(order),
+                Sending::Failed(e) => {
+                    trouble.failed.push(g);
+                    pass.failed(order, &e);
+                }
+                Sending::Sent(lease, state) => sent.push((g, node, lease, state)),
+            }
+        }
+        while !sent.is_empty() {
+            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
+            let (g, node, lease, state) = sent.remove(next);
+            let range = routes.groups[g].1.clone();
+            let order = &routes.order[range.clone()];
+            match receive_on(node, lease, P::WHAT, deadline, |c| {
+                pass.receive(range, c, state)
+            }) {
+                None => pass.late(order),
+                Some(Ok(())) => pass.answered(order, &mut trouble),
+                Some(Err(e)) => {
+                    trouble.failed.push(g);
+                    pass.failed(order, &e);
+                }
+            }
+        }
+        if busy.is_empty() {
+            return trouble;
+        }
+        round = Round::Busy(busy.into_iter());
+    }
+}
+
+/// How the first half of a node's pipeline went (see [`send_on`]).
+enum Sending<'n, S> {
+    /// Sent; the connection is held for [`receive_on`].
+    Sent(Lease<'n>, S),
+    /// No connection to be had without waiting while the job holds
+    /// another node's: the node is served in a later round.
+    Busy,
+    /// The job's deadline had passed: nothing was sent.
+    Late,
+    Failed(Error),
+}
+
+/// The first half of a node's pipeline: one of `node`'s connections
+/// (kvtier's own: a node's address is plain TCP or TLS) leased, waiting for
+/// one only if `wait`, its request ending by the job's `deadline`, and
+/// `send` run on it.
+fn send_on<'n, S>(
+    node: &'n Node,
+    what: &str,
+    deadline: Instant,
+    wait: bool,
+    send: impl FnOnce(&mut RespConn) -> std::io::Result<S>,
+) -> Sending<'n, S> {
+    if past(deadline) {
+        return Sending::Late;
+    }
+    let sent = node.pool.lease(wait).and_then(|lease| {
+        let Some(mut lease) = lease else {
+            return Ok(Sending::Busy);
+        };
+        let Conn::Direct(c) = lease.conn() else {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("redis: {what}: a cluster node's connection is not kvtier's own"),
+            ));
+        };
+        c.cap_next(deadline);
+        let state = send(c).map_err(|e| io_error(what, &e.into()))?;
+        Ok(Sending::Sent(lease, state))
+    });
+    sent.unwrap_or_else(|e| {
+        node.answered(false);
+        Sending::Failed(e)
+    })
+}
+
+/// The groups (indices into `Routes::groups`) of one round of a pass: all
+/// of them at first, then those that were `Busy` (see `Sending`), served
+/// when the job holds no other connection. A job never waits for a node's
+/// connection while it holds another's, so two jobs (with fewer
+/// `connections` than I/O threads) never wait on each other.
+enum Round {
+    All(std::ops::Range<usize>),
+    Busy(std::vec::IntoIter<usize>),
+}
+
+impl Iterator for Round {
+    type Item = usize;
+
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            Round::All(groups) => groups.next(),
+            Round::Busy(groups) => groups.next(),
+        }
+    }
+}
+
+/// The second half: `receive` on the connection [`send_on`] leased, and
+/// how the node answered recorded (see `Node::answered`). None: the
+/// deadline passed before this node's turn (its replies are left unread
+/// and its connection closed; the node is not blamed).
+fn receive_on(
+    node: &Node,
+    mut lease: Lease<'_>,
+    what: &str,
+    deadline: Instant,
+    receive: impl FnOnce(&mut RespConn) -> std::io::Result<()>,
+) -> Option<Result<()>> {
+    if past(deadline) {
+        lease.close();
+        return None;
+    }
+    let Conn::Direct(c) = lease.conn() else {
+        unreachable!("send_on leases kvtier's own connections only")
+    };
+    let read = receive(c).map_err(|e| io_error(what, &e.into()));
+    node.answered(read.is_ok());
+    Some(read)
+}
+
+/// Which of the pipelines `sent` (their leased connections: `conn_of`)
+/// to read next: the first whose node has begun to answer, waiting for one
+/// until the deadline; the first in order (suspect nodes last) if none
+/// has by then, or if the sockets cannot be polled. A hung master then
+/// costs the job its own blocks only, whatever its place in the order.
+fn next_to_read<T>(
+    sent: &mut [T],
+    conn_of: impl Fn(&mut T) -> &mut Conn,
+    deadline: Instant,
+) -> usize {
+    if sent.len() < 2 {
+        return 0;
+    }
+    // On the stack for a job's usual few masters: steady-state jobs
+    // allocate per job, and this runs once per master.
+    const ON_STACK: usize = 32;
+    let unset = libc::pollfd {
+        fd: -1,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let mut stack = [unset; ON_STACK];
+    let mut heap = Vec::new();
+    let fds: &mut [libc::pollfd] = if sent.len() <= ON_STACK {
+        &mut stack[..sent.len()]
+    } else {
+        heap.resize(sent.len(), unset);
+        &mut heap
+    };
+    for (k, item) in sent.iter_mut().enumerate() {
+        let waits_on = match conn_of(item) {
+            Conn::Direct(c) => c.waits_on(),
+            _ => None,
+        };
+        match waits_on {
+            None => return k,
+            Some(fd) => fds[k].fd = fd,
+        }
+    }
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let ms = left.as_millis().min(i32::MAX as u128) as i32;
+        // SAFETY: `fds` is a valid array of `fds.len()` pollfd structs.
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        if n > 0 {
+            return fds.iter().position(|p| p.revents != 0).unwrap_or(0);
+        }
+        if n == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return 0;
+        }
+    }
+}
