@@ -87,6 +87,20 @@ pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<Fd> {
     open(path, libc::O_RDONLY | libc::O_NONBLOCK | direct, 0)
 }
 
+/// A small regular file's bytes (a manifest, a journal): no symlink
+/// followed, no FIFO waited on, anything but a regular file refused.
+pub(crate) fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
+    let fd = open_read(path, false)?;
+    let meta = fstat(&fd)?;
+    if !meta.is_regular() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(meta.len as usize)?;
+    std::io::Read::read_to_end(&mut fd.into_file(), &mut bytes)?;
+    Ok(bytes)
+}
+
 /// What a file is, as fstat/lstat say: enough to tell a regular block file of
 /// the right size, and whether a path still names the file a descriptor has.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

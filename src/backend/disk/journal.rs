@@ -42,7 +42,6 @@
 use super::io;
 use crate::key::MAX_KEY_LEN;
 use crate::sync::Mutex;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -51,7 +50,7 @@ pub(super) const JOURNAL: &str = ".order-journal";
 pub(super) const JOURNAL_OLD: &str = ".order-journal.old";
 const MAGIC: [u8; 8] = *b"KVTIERJ\0";
 const VERSION: u32 = 1;
-pub(super) const HEAD_LEN: usize = 32;
+const HEAD_LEN: usize = 32;
 
 /// The head of this tier's journals: files with another head (another
 /// namespace, block size or version) are not read, and are replaced.
@@ -84,19 +83,6 @@ fn parse(bytes: &[u8], head: &[u8; HEAD_LEN]) -> Option<Vec<Vec<u8>>> {
     Some(keys)
 }
 
-/// A regular file's bytes (no symlink followed, no FIFO waited on).
-fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let fd = io::open_read(path, false)?;
-    let meta = io::fstat(&fd)?;
-    if !meta.is_regular() {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    let mut bytes = Vec::new();
-    bytes.try_reserve_exact(meta.len as usize)?;
-    fd.into_file().read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
-
 /// What the journals in a directory say.
 #[derive(Default)]
 pub(super) struct Journaled {
@@ -105,13 +91,16 @@ pub(super) struct Journaled {
     pub keys: Vec<Vec<u8>>,
     /// Entries of the current generation, which a new run continues.
     pub current: usize,
+    /// Its length up to the end of its last whole entry (where a new run
+    /// appends, a torn tail cut off); 0 if there is none to continue.
+    pub current_len: u64,
 }
 
 /// Reads both generations of the journal in `dir` (missing or foreign
 /// files read as empty).
 pub(super) fn read(dir: &Path, head: &[u8; HEAD_LEN]) -> Journaled {
     let entries = |name: &str| {
-        read_regular(&dir.join(name))
+        io::read_regular(&dir.join(name))
             .ok()
             .and_then(|bytes| parse(&bytes, head))
             .unwrap_or_default()
@@ -119,8 +108,16 @@ pub(super) fn read(dir: &Path, head: &[u8; HEAD_LEN]) -> Journaled {
     let mut keys = entries(JOURNAL_OLD);
     let current = entries(JOURNAL);
     let n = current.len();
+    let current_len = match n {
+        0 => 0,
+        _ => (HEAD_LEN + current.iter().map(|k| 1 + k.len()).sum::<usize>()) as u64,
+    };
     keys.extend(current);
-    Journaled { keys, current: n }
+    Journaled {
+        keys,
+        current: n,
+        current_len,
+    }
 }
 
 /// Deletes both generations (an open found a manifest, or a close wrote
@@ -153,21 +150,21 @@ struct State {
 }
 
 impl Journal {
-    /// Continues the current generation if it has this tier's head and
-    /// `entries` whole entries (as `read` found), else starts a new one.
-    /// None if no journal can be written (the tier works without).
+    /// Continues the current generation `found` (as `read` found it), else
+    /// starts a new one. None if no journal can be written (the tier works
+    /// without).
     pub(super) fn open(
         dir: &Path,
         head: [u8; HEAD_LEN],
         generation: usize,
-        entries: usize,
+        found: &Journaled,
     ) -> Option<Journal> {
         let path = dir.join(JOURNAL);
-        let continued = (entries > 0)
-            .then(|| Self::continue_at(&path, &head))
+        let continued = (found.current > 0)
+            .then(|| Self::continue_at(&path, found.current_len))
             .flatten();
         let (file, entries) = match continued {
-            Some(file) => (file, entries),
+            Some(file) => (file, found.current),
             None => (Self::start(&path, &head).ok()?, 0),
         };
         Some(Journal {
@@ -183,20 +180,19 @@ impl Journal {
     }
 
     /// The journal at `path` opened for appending after its last whole
-    /// entry (a torn tail is cut off, so new entries are readable).
-    fn continue_at(path: &Path, head: &[u8; HEAD_LEN]) -> Option<std::fs::File> {
-        let bytes = read_regular(path).ok()?;
-        let keys = parse(&bytes, head)?;
-        let whole = HEAD_LEN + keys.iter().map(|k| 1 + k.len()).sum::<usize>();
-        // O_NONBLOCK: something other than the file read above, put there
+    /// entry, which ends at `whole` (a torn tail is cut off, so new entries
+    /// are readable).
+    fn continue_at(path: &Path, whole: u64) -> Option<std::fs::File> {
+        // O_NONBLOCK: something other than the file `read` read, put there
         // since (a FIFO), must not block the open; on a regular file it
         // changes nothing.
         let fd = io::open(path, libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK, 0).ok()?;
-        if !io::fstat(&fd).ok()?.is_regular() {
+        let now = io::fstat(&fd).ok()?;
+        if !now.is_regular() || now.len < whole {
             return None;
         }
         let file = fd.into_file();
-        file.set_len(whole as u64).ok()?;
+        file.set_len(whole).ok()?;
         Some(file)
     }
 
@@ -289,7 +285,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir(&dir).unwrap();
         let head = head(1, 4096);
-        let j = Journal::open(&dir, head, 3, 0).unwrap();
+        let j = Journal::open(&dir, head, 3, &Journaled::default()).unwrap();
         for k in 0..5u8 {
             j.record(&[b'k', k]);
         }
@@ -305,7 +301,7 @@ mod tests {
             .unwrap();
         std::io::Write::write_all(&mut file, &[9, b'x']).unwrap();
         drop(file);
-        let j = Journal::open(&dir, head, 3, read(&dir, &head).current).unwrap();
+        let j = Journal::open(&dir, head, 3, &read(&dir, &head)).unwrap();
         j.record(b"k\x05");
         j.record(b"k\x06");
         drop(j);
@@ -329,14 +325,19 @@ mod tests {
         assert!(read(&dir, &head).keys.is_empty());
         // Told it has entries to continue (as if read before the swap): the
         // FIFO is neither waited on nor written; a new journal replaces it.
-        let j = Journal::open(&dir, head, 8, 5).expect("a new journal");
+        let as_if_read = Journaled {
+            keys: Vec::new(),
+            current: 5,
+            current_len: 100,
+        };
+        let j = Journal::open(&dir, head, 8, &as_if_read).expect("a new journal");
         j.record(b"k");
         drop(j);
         assert_eq!(read(&dir, &head).keys, vec![b"k".to_vec()]);
         // A directory there: no journal (the tier works without one).
         std::fs::remove_file(dir.join(JOURNAL)).unwrap();
         std::fs::create_dir(dir.join(JOURNAL)).unwrap();
-        assert!(Journal::open(&dir, head, 8, 0).is_none());
+        assert!(Journal::open(&dir, head, 8, &Journaled::default()).is_none());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -83,7 +83,7 @@ pub(crate) fn fan_dir(key: &[u8]) -> String {
 }
 
 /// Which fan-out directory (0..FAN_DIRS) holds a key's block.
-pub(crate) fn fan_of(key: &[u8]) -> usize {
+fn fan_of(key: &[u8]) -> usize {
     fan_of_hash(xxh64(key, 0))
 }
 

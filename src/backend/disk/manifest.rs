@@ -54,7 +54,7 @@ use super::{io, DiskBackend};
 use crate::backend::checksum::xxh64;
 use crate::backend::EachBlock;
 use crate::key::MAX_KEY_LEN;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 
 pub(super) const MANIFEST: &str = ".manifest";
@@ -166,7 +166,7 @@ impl DiskBackend {
     pub(super) fn take_manifest(&self) -> Taken {
         let _ = std::fs::remove_file(self.manifest_path(MANIFEST_NEW));
         let path = self.manifest_path(MANIFEST);
-        let bytes = match Self::read_regular(&path) {
+        let bytes = match io::read_regular(&path) {
             Ok(bytes) => Some(bytes),
             Err(e) if io::is_missing(&e) => return self.read_hint(),
             Err(_) => None,
@@ -203,27 +203,13 @@ impl DiskBackend {
         if !self.manifest_applies() {
             return Taken::Nothing;
         }
-        match Self::read_regular(&self.manifest_path(ORDER_HINT)) {
+        match io::read_regular(&self.manifest_path(ORDER_HINT)) {
             Ok(bytes) => match self.parse_manifest(&bytes, false) {
                 Some((keys, _)) => Taken::Hint(keys),
                 None => Taken::Nothing,
             },
             Err(_) => Taken::Nothing,
         }
-    }
-
-    /// A regular file's bytes (no symlink followed, no FIFO waited on).
-    fn read_regular(path: &std::path::Path) -> std::io::Result<Vec<u8>> {
-        let fd = io::open_read(path, false)?;
-        let meta = io::fstat(&fd)?;
-        if !meta.is_regular() {
-            return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-        }
-        let mut file = fd.into_file();
-        let mut bytes = Vec::new();
-        bytes.try_reserve_exact(meta.len as usize)?;
-        file.read_to_end(&mut bytes)?;
-        Ok(bytes)
     }
 
     /// The keys of a manifest, and (if `stamped` asks) whether no fan-out

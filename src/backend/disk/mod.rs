@@ -617,8 +617,7 @@ impl DiskBackend {
         }
         let head = journal::head(self.ns_fp, self.block_bytes);
         let found = journal::read(&self.ns_dir, &head);
-        let opened =
-            journal::Journal::open(&self.ns_dir, head, self.capacity_blocks, found.current);
+        let opened = journal::Journal::open(&self.ns_dir, head, self.capacity_blocks, &found);
         if let Some(journal) = opened {
             let _ = self.journal.set(journal);
         }
@@ -679,28 +678,26 @@ impl Backend for DiskBackend {
         // Whether used or not, the manifest is gone from disk before the
         // tier accepts a store (and with it any journal older than it).
         let taken = self.take_manifest();
+        // Empty after a manifest (an open that finds one deletes the
+        // journals); else the stores since, newer than any hint's order.
         let journaled = self.start_journal();
-        let (hint, how) = match (taken, journaled) {
-            (Taken::Trusted(keys), _) => {
+        let (mut order, hinted) = match taken {
+            Taken::Trusted(keys) => {
                 self.recovered_by
                     .store(RECOVERED_FROM_MANIFEST, Ordering::Relaxed);
                 return Ok(keys);
             }
-            (Taken::Hint(keys), journaled) if journaled.is_empty() => {
-                (Some(OrderHint::new(keys)), RECOVERED_BY_HINTED_SCAN)
-            }
-            (Taken::Hint(mut keys), journaled) => {
-                keys.extend(journaled);
-                (
-                    Some(OrderHint::new(keys)),
-                    RECOVERED_BY_HINTED_JOURNALED_SCAN,
-                )
-            }
-            (Taken::Nothing, journaled) if journaled.is_empty() => (None, RECOVERED_BY_SCAN),
-            (Taken::Nothing, journaled) => {
-                (Some(OrderHint::new(journaled)), RECOVERED_BY_JOURNALED_SCAN)
-            }
+            Taken::Hint(keys) => (keys, true),
+            Taken::Nothing => (Vec::new(), false),
         };
+        let how = match (hinted, !journaled.is_empty()) {
+            (false, false) => RECOVERED_BY_SCAN,
+            (true, false) => RECOVERED_BY_HINTED_SCAN,
+            (false, true) => RECOVERED_BY_JOURNALED_SCAN,
+            (true, true) => RECOVERED_BY_HINTED_JOURNALED_SCAN,
+        };
+        order.extend(journaled);
+        let hint = (how != RECOVERED_BY_SCAN).then(|| OrderHint::new(order));
         let keys = self.scan(hint)?;
         self.recovered_by.store(how, Ordering::Relaxed);
         Ok(keys)

@@ -59,7 +59,7 @@ pub(super) fn run_pass<P: Pass>(
     let mut round = Round::All(0..routes.groups.len());
     loop {
         let mut busy = Vec::new();
-        let mut sent = Vec::with_capacity(routes.groups.len());
+        let mut sent: Vec<Pending<P::Sent>> = Vec::with_capacity(routes.groups.len());
         for g in round {
             let (node, range) = &routes.groups[g];
             let order = &routes.order[range.clone()];
@@ -78,12 +78,22 @@ pub(super) fn run_pass<P: Pass>(
                     trouble.failed.push(g);
                     pass.failed(order, &e);
                 }
-                Sending::Sent(lease, state) => sent.push((g, node, lease, state)),
+                Sending::Sent(lease, state) => sent.push(Pending {
+                    group: g,
+                    node,
+                    lease,
+                    state,
+                }),
             }
         }
         while !sent.is_empty() {
-            let next = next_to_read(&mut sent, |s| s.2.conn(), deadline);
-            let (g, node, lease, state) = sent.remove(next);
+            let next = next_to_read(&mut sent, deadline);
+            let Pending {
+                group: g,
+                node,
+                lease,
+                state,
+            } = sent.remove(next);
             let range = routes.groups[g].1.clone();
             let order = &routes.order[range.clone()];
             match receive_on(node, lease, P::WHAT, deadline, |c| {
@@ -102,6 +112,15 @@ pub(super) fn run_pass<P: Pass>(
         }
         round = Round::Busy(busy.into_iter());
     }
+}
+
+/// A group whose pipeline was sent and whose replies are still to read.
+struct Pending<'n, S> {
+    group: usize,
+    node: &'n Node,
+    lease: Lease<'n>,
+    /// What the send half handed the receive half.
+    state: S,
 }
 
 /// How the first half of a node's pipeline went (see [`send_on`]).
@@ -194,16 +213,11 @@ fn receive_on(
     Some(read)
 }
 
-/// Which of the pipelines `sent` (their leased connections: `conn_of`)
-/// to read next: the first whose node has begun to answer, waiting for one
+/// Which of the pipelines `sent` to read next: the first whose node has begun to answer, waiting for one
 /// until the deadline; the first in order (suspect nodes last) if none
 /// has by then, or if the sockets cannot be polled. A hung master then
 /// costs the job its own blocks only, whatever its place in the order.
-fn next_to_read<T>(
-    sent: &mut [T],
-    conn_of: impl Fn(&mut T) -> &mut Conn,
-    deadline: Instant,
-) -> usize {
+fn next_to_read<S>(sent: &mut [Pending<'_, S>], deadline: Instant) -> usize {
     if sent.len() < 2 {
         return 0;
     }
@@ -223,8 +237,8 @@ fn next_to_read<T>(
         heap.resize(sent.len(), unset);
         &mut heap
     };
-    for (k, item) in sent.iter_mut().enumerate() {
-        let waits_on = match conn_of(item) {
+    for (k, pending) in sent.iter_mut().enumerate() {
+        let waits_on = match pending.lease.conn() {
             Conn::Direct(c) => c.waits_on(),
             _ => None,
         };

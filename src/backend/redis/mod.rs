@@ -32,10 +32,10 @@
 //! cluster's slot map and a pool per master, over TCP or TLS), `fanout`
 //! (one pass of a cluster job over its masters: pipelines sent to all,
 //! replies read first-come), `routed` (a cluster's data path: what each
-//! pass carries, blocks redirected retried through the crate), `pipe` (the crate's pipelines, for
-//! redirected blocks, a cluster whose seeds mix TCP and TLS, and
-//! everything but the data path of a cluster), `sealed` (sealed names and
-//! values).
+//! pass carries, blocks redirected retried through the crate), `pipe` (the
+//! crate's pipelines, for redirected blocks, a cluster whose seeds mix TCP
+//! and TLS, and everything but the data path of a cluster), `sealed`
+//! (sealed names and values).
 
 mod cluster;
 mod conn;

@@ -2,9 +2,10 @@
 //! by the master serving their slot (`cluster`), one direct pipeline
 //! (`direct`) per master on that master's own connections, every master's
 //! sent before any reply is read (`fanout`: the masters work at once), the
-//! outcomes reported in the job's order. This file: what a pass of SETs,
-//! GETs or DELs makes of each master's answer, and the retries. Loads land in the caller's rows with at
-//! most one copy beyond the socket read, as on a single server.
+//! outcomes reported in the job's order. Loads land in the caller's rows
+//! with at most one copy beyond the socket read, as on a single server.
+//! This file: what a pass of SETs, GETs or DELs makes of each master's
+//! answer, and the retries.
 //!
 //! A node that fails (connection refused, broken, past the deadline) gets
 //! the map refreshed; its blocks whose slots the new map gives to another
@@ -28,12 +29,14 @@ use crate::seal::Nonce;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
+
 /// One deadline for a whole job: its pipelines to the masters (all sent,
 /// then all read) share it, and the job is reported within `io_timeout_ms`
 /// even if several masters hang.
 fn job_deadline(backend: &RedisBackend) -> Instant {
     Instant::now() + backend.pool.timeout()
 }
+
 /// Blocks not sent because the job's deadline passed on other masters.
 fn out_of_time() -> Error {
     Error::new(
@@ -311,6 +314,7 @@ impl RedisBackend {
         (routes, trouble)
     }
 }
+
 /// A pass of SETs: `outcomes[i]` None means to send through the crate.
 struct Sets<'a, 'o> {
     layout: Layout<'a>,
