@@ -1046,6 +1046,14 @@ fn two_processes_share_a_directory() {
     let h = Harness::new(&shared_config(&dir), 16, BB);
     let theirs: Vec<u64> = (1000..1010).collect();
     assert!(h.lookup(&theirs).iter().all(|&s| s != Hit));
+    // Let those first probes settle before the other process stores: a probe
+    // still queued when it stores (a busy machine) would find its block and
+    // the key would turn HIT with no PENDING seen below.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while h.lookup(&theirs).iter().any(|&s| s != Miss) {
+        assert!(Instant::now() < deadline, "the first probes never settled");
+        std::thread::sleep(Duration::from_millis(2));
+    }
     // The other process stores; this one finds the blocks without restarting.
     assert!(spawn_child("shared-store", &dir).wait().unwrap().success());
     let deadline = Instant::now() + Duration::from_secs(10);
