@@ -44,6 +44,7 @@ mod primary;
 mod seal;
 mod stats;
 mod sync;
+mod thread;
 mod workers;
 
 pub use config::{

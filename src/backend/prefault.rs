@@ -145,9 +145,12 @@ impl Populator {
     ) -> Result<Populator> {
         let arena = arena as usize;
         let shared = Arc::clone(&progress);
-        let spawned = std::thread::Builder::new()
-            .name("kvtier-prefault".into())
-            .spawn(move || populate_arena(arena, len, target, &shared));
+        // Waits for the thread to run (not to populate anything): see
+        // `crate::thread`.
+        let spawned = crate::thread::spawn_running(
+            std::thread::Builder::new().name("kvtier-prefault".into()),
+            move || populate_arena(arena, len, target, &shared),
+        );
         let handle = match spawned {
             Ok(handle) => handle,
             Err(e) => bail!(Alloc, "could not start the prefault thread: {e}"),

@@ -6,6 +6,7 @@ use super::crew::{Crew, Worker};
 use super::{Work, WorkQueue};
 use crate::engine::jobs::Job;
 use crate::error::{bail, Result};
+use crate::thread::spawn_running;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,9 +42,10 @@ impl Pool {
         }
         if let Some(timeout) = executor.crew().timeout() {
             let watched = Arc::clone(executor);
-            let watchdog = std::thread::Builder::new()
-                .name("kvtier-watchdog".into())
-                .spawn(move || watchdog(&watched, timeout, spin));
+            let watchdog = spawn_running(
+                std::thread::Builder::new().name("kvtier-watchdog".into()),
+                move || watchdog(&watched, timeout, spin),
+            );
             match watchdog {
                 Ok(handle) => executor.crew().set_watchdog(handle),
                 Err(e) => bail!(Alloc, "could not start the I/O watchdog thread: {e}"),
@@ -55,28 +57,27 @@ impl Pool {
 
 fn spawn_worker<E: Executor>(executor: &Arc<E>, id: usize, spin: Duration) -> std::io::Result<()> {
     let owned = Arc::clone(executor);
-    let thread = std::thread::Builder::new()
-        .name(format!("kvtier-io-{id}"))
-        .spawn(move || {
-            // Counts the thread out however it ends (a panic included), so
-            // that `Crew::stop` never waits for a thread that is gone.
-            let mut leaving = Leaving {
-                crew: owned.crew(),
-                id,
-                counted: true,
-            };
-            let worker = Worker::new(owned.crew(), id);
-            while let Some(work) = owned.queue().next(spin) {
-                owned.execute(work, &worker);
-                if owned.crew().retire_if_surplus(id) {
-                    leaving.counted = false;
-                    // Work queued while this thread was busy may have been
-                    // left for it to find (see `WorkQueue::push_all`).
-                    owned.queue().hand_over();
-                    return;
-                }
+    let builder = std::thread::Builder::new().name(format!("kvtier-io-{id}"));
+    let thread = spawn_running(builder, move || {
+        // Counts the thread out however it ends (a panic included), so
+        // that `Crew::stop` never waits for a thread that is gone.
+        let mut leaving = Leaving {
+            crew: owned.crew(),
+            id,
+            counted: true,
+        };
+        let worker = Worker::new(owned.crew(), id);
+        while let Some(work) = owned.queue().next(spin) {
+            owned.execute(work, &worker);
+            if owned.crew().retire_if_surplus(id) {
+                leaving.counted = false;
+                // Work queued while this thread was busy may have been
+                // left for it to find (see `WorkQueue::push_all`).
+                owned.queue().hand_over();
+                return;
             }
-        });
+        }
+    });
     match thread {
         Ok(handle) => {
             executor.crew().add_handle(handle);
