@@ -12,23 +12,37 @@
 //! the start-up is done (or has already aborted inside `tier_new`'s caller's
 //! own call, where the memory ran out).
 
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread::{Builder, JoinHandle};
 
 /// Spawns `f` on a thread made by `builder` and waits until that thread has
 /// started running it. Costs one rendezvous (tens of microseconds), paid at
 /// `tier_new` and when the watchdog replaces a stuck worker.
+///
+/// A futex-backed mutex and condition variable, not a channel: a channel's
+/// `recv` registers the calling thread with std (`thread::current`), which on
+/// an engine's own thread leaves a handle that lives until that thread ends
+/// (valgrind reports it as possibly lost at exit).
 pub(crate) fn spawn_running<F, T>(builder: Builder, f: F) -> std::io::Result<JoinHandle<T>>
 where
     F: FnOnce() -> T + Send + 'static,
     T: Send + 'static,
 {
-    let (started, running) = std::sync::mpsc::sync_channel::<()>(1);
+    let running = Arc::new((Mutex::new(false), Condvar::new()));
+    let told = Arc::clone(&running);
     let handle = builder.spawn(move || {
-        let _ = started.send(());
+        let (started, wake) = &*told;
+        *started.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        wake.notify_one();
+        drop(told);
         f()
     })?;
-    // Err only if the thread ended without sending, which its start-up
-    // failing would have turned into an abort: nothing to wait for then.
-    let _ = running.recv();
+    let (started, wake) = &*running;
+    // The thread sets the flag before anything else it does; had its
+    // start-up failed, std would have aborted the process.
+    let mut started = started.lock().unwrap_or_else(PoisonError::into_inner);
+    while !*started {
+        started = wake.wait(started).unwrap_or_else(PoisonError::into_inner);
+    }
     Ok(handle)
 }
