@@ -9,17 +9,18 @@
 //! A tier started its threads and returned from `tier_new`; an engine that
 //! then used its memory up could be killed by a kvtier thread still starting.
 //! [`spawn_running`] returns only once the thread runs the caller's code, so
-//! the start-up is done (or has already aborted inside `tier_new`'s caller's
-//! own call, where the memory ran out).
+//! its start-up is done before `tier_new` returns (a failure aborts during
+//! that call, not at some later moment of the engine's).
 
-use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use crate::sync::{Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::{Builder, JoinHandle};
 
 /// Spawns `f` on a thread made by `builder` and waits until that thread has
-/// started running it. Costs one rendezvous (tens of microseconds), paid at
-/// `tier_new` and when the watchdog replaces a stuck worker.
+/// started running it: one rendezvous, paid at `tier_new` and when the
+/// watchdog replaces a stuck worker.
 ///
-/// A futex-backed mutex and condition variable, not a channel: a channel's
+/// The crate's futex-backed mutex and condition variable, not a channel: a channel's
 /// `recv` registers the calling thread with std (`thread::current`), which on
 /// an engine's own thread leaves a handle that lives until that thread ends
 /// (valgrind reports it as possibly lost at exit).
@@ -32,7 +33,7 @@ where
     let told = Arc::clone(&running);
     let handle = builder.spawn(move || {
         let (started, wake) = &*told;
-        *started.lock().unwrap_or_else(PoisonError::into_inner) = true;
+        *started.lock() = true;
         wake.notify_one();
         drop(told);
         f()
@@ -40,9 +41,9 @@ where
     let (started, wake) = &*running;
     // The thread sets the flag before anything else it does; had its
     // start-up failed, std would have aborted the process.
-    let mut started = started.lock().unwrap_or_else(PoisonError::into_inner);
+    let mut started = started.lock();
     while !*started {
-        started = wake.wait(started).unwrap_or_else(PoisonError::into_inner);
+        wake.wait(&mut started);
     }
     Ok(handle)
 }

@@ -280,15 +280,29 @@ pub(super) fn first_touch_copy(
     if huge {
         region.advise(0, region.len, libc::MADV_HUGEPAGE)?;
     }
+    let gbps = copy_rows_into(src, &region, block, threads)?;
+    Ok((gbps, region))
+}
+
+/// Copies source row i of `src` to block i of `region`, for every block of
+/// the region, with `threads` threads; GB/s.
+fn copy_rows_into(
+    src: &MappedBuf,
+    region: &Region,
+    block: usize,
+    threads: usize,
+) -> Result<f64, String> {
+    let rows = region.len / block;
     let secs = time_parallel(threads, rows, |i| {
-        // SAFETY: source row i of `src` (no job in flight) and block i of our
-        // fresh region: distinct mappings, in bounds.
+        // SAFETY: source row i of `src` (no job in flight; the primary
+        // buffer holds at least `rows` rows) and block i of our region:
+        // distinct mappings, in bounds.
         unsafe {
             std::ptr::copy_nonoverlapping(src.as_ptr().add(i * block), region.at(i * block), block)
         };
         Ok::<(), String>(())
     })?;
-    Ok((region.len as f64 / secs / 1e9, region))
+    Ok(region.len as f64 / secs / 1e9)
 }
 
 /// What `MADV_COLLAPSE` did to a populated region.
@@ -325,19 +339,8 @@ fn policy_pass(s: &Setup, advice: Advice) -> Result<(f64, Option<Collapse>, f64)
         }
         _ => None,
     };
-    let secs = time_parallel(s.io_threads, s.rows, |i| {
-        // SAFETY: source row i of the primary buffer (no job in flight) and
-        // block i of our region: distinct mappings, in bounds.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                s.buf.as_ptr().add(i * s.block),
-                region.at(i * s.block),
-                s.block,
-            )
-        };
-        Ok::<(), String>(())
-    })?;
-    Ok((populate, collapse, region.len as f64 / secs / 1e9))
+    let memcpy = copy_rows_into(s.buf, &region, s.block, s.io_threads)?;
+    Ok((populate, collapse, memcpy))
 }
 
 /// A fresh reserved anonymous mapping, as the memory backend makes its arena.
