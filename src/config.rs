@@ -40,6 +40,19 @@ pub enum DirectIo {
     Off,
 }
 
+/// Where the disk backend keeps each block file's header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockHeader {
+    /// In an extended attribute where the file system keeps them and is
+    /// local; in the file otherwise.
+    Auto,
+    /// In an extended attribute (`tier_new` fails if the file system
+    /// refuses them).
+    Xattr,
+    /// In the file's first 4096 bytes.
+    File,
+}
+
 /// What the disk backend makes durable before a block becomes visible.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum SyncMode {
@@ -138,6 +151,8 @@ pub struct DiskConfig {
     pub path: Option<PathBuf>,
     /// O_DIRECT policy.
     pub direct_io: DirectIo,
+    /// Where block headers live.
+    pub block_header: BlockHeader,
     /// Durability before publishing.
     pub sync: SyncMode,
     /// Several processes (or hosts) use the directory at once.
@@ -152,6 +167,7 @@ impl Default for DiskConfig {
         DiskConfig {
             path: None,
             direct_io: DirectIo::Auto,
+            block_header: BlockHeader::Auto,
             sync: SyncMode::None,
             shared: false,
             prepare_dirs: false,
@@ -251,6 +267,7 @@ pub const CONFIG_KEYS: &[&str] = &[
     "path",
     "namespace",
     "o_direct",
+    "block_header",
     "sync",
     "shared",
     "probe_ttl_ms",
@@ -321,6 +338,14 @@ impl TierConfig {
                     "on" | "true" | "1" => DirectIo::On,
                     "off" | "false" | "0" => DirectIo::Off,
                     _ => bail!(Config, "o_direct: {value:?} is not auto, on or off"),
+                }
+            }
+            "block_header" => {
+                self.disk.block_header = match value.to_ascii_lowercase().as_str() {
+                    "auto" => BlockHeader::Auto,
+                    "xattr" => BlockHeader::Xattr,
+                    "file" => BlockHeader::File,
+                    _ => bail!(Config, "block_header: {value:?} is not auto, xattr or file"),
                 }
             }
             "sync" => {
@@ -684,6 +709,11 @@ mod tests {
         cfg.set("probe_ttl_ms", "250").unwrap();
         cfg.set("prepare_dirs", "yes").unwrap();
         assert!(cfg.disk.prepare_dirs);
+        assert_eq!(cfg.disk.block_header, BlockHeader::Auto);
+        cfg.set("block_header", "FILE").unwrap();
+        assert_eq!(cfg.disk.block_header, BlockHeader::File);
+        cfg.set("block_header", "xattr").unwrap();
+        assert_eq!(cfg.disk.block_header, BlockHeader::Xattr);
         assert_eq!(cfg.resolved_io_timeout_ms(), DEFAULT_DISK_IO_TIMEOUT_MS);
         cfg.set("io_timeout_ms", "0").unwrap();
         assert_eq!(
@@ -704,6 +734,7 @@ mod tests {
         assert_eq!(cfg.probe_ttl_ms, 250);
         for (k, v) in [
             ("o_direct", "maybe"),
+            ("block_header", "inode"),
             ("sync", "all"),
             ("shared", "2"),
             ("path", ""),

@@ -83,6 +83,69 @@ fn block_file(root: &Path, i: u64) -> PathBuf {
         .unwrap_or_else(|| panic!("no file for key {i}"))
 }
 
+/// Where the payload starts in a block file: after the 4096-byte header in
+/// the file, or at 0 when the header is the file's attribute (a file of the
+/// padded payload's length; see src/backend/disk/format.rs).
+fn payload_at(file: &Path) -> usize {
+    match std::fs::metadata(file).unwrap().len() as usize {
+        len if len == BB + 4096 => 4096,
+        len if len == BB => 0,
+        len => panic!("{}: a block file of {len} bytes", file.display()),
+    }
+}
+
+const HEADER_ATTR: &std::ffi::CStr = c"user.kvtier";
+
+/// The block header attribute of a file, if it has one.
+fn header_attr(file: &Path) -> Option<Vec<u8>> {
+    let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    let mut value = vec![0u8; 256];
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let n = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            HEADER_ATTR.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    (n >= 0).then(|| value[..n as usize].to_vec())
+}
+
+/// Sets (or with None removes) a file's block header attribute.
+fn set_header_attr(file: &Path, value: Option<&[u8]>) {
+    let path = std::ffi::CString::new(file.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: NUL-terminated strings and a value of the length given.
+    let rc = unsafe {
+        match value {
+            Some(v) => libc::setxattr(
+                path.as_ptr(),
+                HEADER_ATTR.as_ptr(),
+                v.as_ptr().cast(),
+                v.len(),
+                0,
+            ),
+            None => libc::removexattr(path.as_ptr(), HEADER_ATTR.as_ptr()),
+        }
+    };
+    assert_eq!(
+        rc,
+        0,
+        "{}: {}",
+        file.display(),
+        std::io::Error::last_os_error()
+    );
+}
+
+/// Copies a block file with its header attribute (std::fs::copy leaves
+/// attributes behind).
+fn copy_block_file(from: &Path, to: &Path) {
+    std::fs::copy(from, to).unwrap();
+    if let Some(attr) = header_attr(from) {
+        set_header_attr(to, Some(&attr));
+    }
+}
+
 /// Waits until background discards have deleted files down to `n`.
 fn wait_for_files(dir: &Path, n: usize) -> usize {
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -113,12 +176,19 @@ fn files_are_laid_out_by_key_with_owner_only_root() {
         .starts_with("contract-"));
     let blocks = files(&ns, ".kvb");
     assert_eq!(blocks.len(), 3);
+    // The header is an attribute where the file system keeps them (ext4,
+    // xfs, tmpfs), else the file's first 4096 bytes (ramfs: the re-run of
+    // these tests in o_direct_auto_falls_back...).
+    let line = h.tier().describe();
+    let in_attr = line.contains("headers in xattrs");
+    assert!(in_attr || line.contains("headers in the files"), "{line}");
     for p in &blocks {
         assert_eq!(
             std::fs::metadata(p).unwrap().len(),
-            2 * BB as u64,
-            "header + payload"
+            if in_attr { BB } else { 2 * BB } as u64,
+            "payload, after a header unless it is an attribute: {line}"
         );
+        assert_eq!(header_attr(p).map(|v| v.len()), in_attr.then_some(56));
         let fan = p.parent().unwrap().file_name().unwrap().to_str().unwrap();
         assert_eq!(fan.len(), 3, "fan-out directory");
     }
@@ -331,7 +401,7 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     // A flipped payload byte.
     let f = block_file(&dir, 4);
     let mut bytes = std::fs::read(&f).unwrap();
-    bytes[BB + 100] ^= 0x40;
+    bytes[payload_at(&f) + 100] ^= 0x40;
     std::fs::write(&f, &bytes).unwrap();
     let r = h.load(11, &[4], &[20]);
     assert_eq!((r.error, r.num_done), (Some(ErrorKind::Corrupt), 0));
@@ -356,7 +426,7 @@ fn damaged_files_fail_their_block_only_and_become_misses() {
     let foreign = Harness::new(&foreign_cfg, 4, BB);
     foreign.store_all(1, &[7]);
     let f7 = block_file(&dir, 7);
-    std::fs::copy(block_file(&foreign_dir, 7), &f7).unwrap();
+    copy_block_file(&block_file(&foreign_dir, 7), &f7);
     let r = h.load(14, &[7], &[20]);
     assert_eq!(r.error, Some(ErrorKind::Corrupt));
     assert_eq!(h.lookup(&[7]), [Miss]);
@@ -406,7 +476,7 @@ fn events_report_recovered_corrupt_and_vanished_blocks() {
     );
     let f = block_file(&dir, 3);
     let mut bytes = std::fs::read(&f).unwrap();
-    bytes[BB + 7] ^= 1;
+    bytes[payload_at(&f) + 7] ^= 1;
     std::fs::write(&f, &bytes).unwrap();
     std::fs::remove_file(block_file(&dir, 4)).unwrap();
     assert_eq!(h.load(10, &[3], &[0]).error, Some(ErrorKind::Corrupt));
@@ -521,6 +591,129 @@ fn transient_load_failures_keep_the_file_and_drop_the_key_after_a_few() {
     let h = Harness::new(&config(&dir, 8), 8, BB);
     let r = h.load(1, &[1, 2], &[4, 5]);
     assert!(r.is_ok() && h.row_holds(4, 1) && h.row_holds(5, 2), "{r:?}");
+}
+
+/// Where the file system keeps attributes, a block's header is its file's
+/// `user.kvtier` attribute, and a load trusts nothing the attribute does not
+/// prove: one missing, garbled or naming another key fails that block as
+/// corrupt and removes the file. A key too long for a file name keeps its
+/// header in the file (the scan reads the key from there).
+#[test]
+fn attribute_headers_prove_their_blocks() {
+    let dir = scratch_dir();
+    let h = Harness::new(&config(&dir, 32), 32, BB);
+    if !h.tier().describe().contains("headers in xattrs") {
+        // ramfs (the o_direct re-run) keeps no user attributes; the
+        // in-file form is what every other test there runs on.
+        eprintln!("no user xattrs here: {}", h.tier().describe());
+        return;
+    }
+    h.store_all(1, &[1, 2, 3, 4, 5]);
+    for i in 1..=5 {
+        assert_eq!(
+            std::fs::metadata(block_file(&dir, i)).unwrap().len(),
+            BB as u64
+        );
+    }
+    // No attribute: a file of the payload's length proves nothing.
+    set_header_attr(&block_file(&dir, 1), None);
+    let f2 = block_file(&dir, 2);
+    // Garbage of the right length.
+    set_header_attr(&f2, Some(&[0x5a; 56]));
+    // Another key's header over this key's payload.
+    let f4 = block_file(&dir, 4);
+    set_header_attr(&f4, Some(&header_attr(&block_file(&dir, 5)).unwrap()));
+    // One byte longer than a header: not one.
+    let f3 = block_file(&dir, 3);
+    let mut long = header_attr(&f3).unwrap();
+    long.push(0);
+    set_header_attr(&f3, Some(&long));
+    for (job, i) in [(10, 1), (11, 2), (12, 3), (13, 4)] {
+        let f = block_file(&dir, i);
+        let r = h.load(job, &[i], &[20]);
+        assert_eq!(r.error, Some(ErrorKind::Corrupt), "block {i}: {r:?}");
+        assert!(!f.exists(), "block {i}: a corrupt file is removed");
+    }
+    assert_eq!(h.lookup(&[1, 2, 3, 4, 5]), [Miss, Miss, Miss, Miss, Hit]);
+    let r = h.load(14, &[5], &[20]);
+    assert!(r.is_ok() && h.row_holds(20, 5), "{r:?}");
+
+    // A long key: the header in the file, and both forms load.
+    let long_keys: Vec<u8> = (6..8).flat_map(long_key).collect();
+    h.fill(0, 6);
+    h.fill(1, 7);
+    h.tier()
+        .submit_store(15, &long_keys, LONG_KEY_LEN, &[0, 1])
+        .unwrap();
+    assert!(h.result_of(15).is_ok());
+    let long_files: Vec<PathBuf> = files(&ns_dir(&dir), ".kvb")
+        .into_iter()
+        .filter(|p| p.file_name().unwrap().to_str().unwrap().starts_with('h'))
+        .collect();
+    assert_eq!(long_files.len(), 2);
+    for p in &long_files {
+        assert_eq!(std::fs::metadata(p).unwrap().len(), 2 * BB as u64);
+        assert_eq!(header_attr(p), None);
+    }
+    h.tier()
+        .submit_load(16, &long_keys, LONG_KEY_LEN, &[21, 22])
+        .unwrap();
+    assert!(h.result_of(16).is_ok());
+    assert!(h.row_holds(21, 6) && h.row_holds(22, 7));
+}
+
+/// A directory written with headers in the files (an older kvtier, or
+/// `block_header=file`) is read by a tier that writes attributes, and the
+/// other way round, after a clean close and after a crash (a scan).
+#[test]
+fn both_header_forms_are_read_whoever_wrote_them() {
+    let dir = scratch_dir();
+    let mut in_file = config(&dir, 64);
+    in_file.set("block_header", "file").unwrap();
+    let auto = config(&dir, 64);
+    let reopen = |c: &TierConfig, crash: bool| {
+        if crash {
+            let _ = std::fs::remove_file(ns_dir(&dir).join(".manifest"));
+        }
+        let mut h = Harness::new(c, 16, BB);
+        h.scratch_dir = None;
+        h
+    };
+    {
+        let h = reopen(&in_file, false);
+        assert!(h.tier().describe().contains("headers in the files"));
+        h.store_all(1, &[1, 2, 3]);
+    }
+    for (round, crash) in [(0u64, false), (1, true)] {
+        let h = reopen(&auto, crash);
+        let first = 10 + 2 * round;
+        h.store_all(1, &[first, first + 1]);
+        let mut all = vec![1, 2, 3];
+        all.extend((0..=round).flat_map(|r| [10 + 2 * r, 11 + 2 * r]));
+        let rows: Vec<i64> = (0..all.len() as i64).map(|r| r + 8).collect();
+        let r = h.load(2, &all, &rows);
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        assert!(all
+            .iter()
+            .zip(&rows)
+            .all(|(&i, &row)| h.row_holds(row as usize, i)));
+        drop(h);
+        let h = reopen(&in_file, crash);
+        assert_eq!(h.present(&all), all, "round {round}");
+        let r = h.load(3, &all, &rows);
+        assert!(r.is_ok(), "round {round}: {r:?}");
+        assert!(all
+            .iter()
+            .zip(&rows)
+            .all(|(&i, &row)| h.row_holds(row as usize, i)));
+    }
+    let in_attr = header_attr(&block_file(&dir, 10)).is_some();
+    assert_eq!(payload_at(&block_file(&dir, 1)), 4096);
+    assert_eq!(
+        payload_at(&block_file(&dir, 10)),
+        if in_attr { 0 } else { 4096 }
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Reopening with almost no file descriptors to spare fails cleanly or
@@ -744,12 +937,29 @@ fn o_direct_auto_falls_back_to_buffered_io_where_the_file_system_refuses_it() {
             && err.message().contains("does not support O_DIRECT"),
         "{err}"
     );
+    // ramfs keeps no user attributes either: block_header=xattr is refused
+    // at open, saying why, and auto keeps headers in the files.
+    let mut c = config(&tier_dir, 16);
+    c.set("block_header", "xattr").unwrap();
+    let buf = Buffer::new(16 * BB);
+    let primary = unsafe { kvtier::PrimaryBuffer::new(buf.ptr(), buf.len(), BB) }.unwrap();
+    let err = kvtier::Tier::new(&c, primary).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Config, "{err}");
+    assert!(
+        err.message().contains("block_header=xattr")
+            && err.message().contains("no user extended attributes"),
+        "{err}"
+    );
     // auto: buffered I/O, and tier_describe says so.
     let c = config(&tier_dir, 16);
     let h = Harness::new(&c, 16, BB);
     let line = h.tier().describe();
     assert!(
         line.contains("o_direct=auto: O_DIRECT refused") && line.contains("buffered I/O"),
+        "{line}"
+    );
+    assert!(
+        line.contains("headers in the files (no user xattrs here)"),
         "{line}"
     );
     h.store_all(1, &[1, 2, 3]);

@@ -94,7 +94,10 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// Disk backend: "path" (directory, created owner-only if missing, parent must
 /// exist); "namespace" (names the block layout: model, dtype, geometry; blocks
 /// of other namespaces or block sizes are never loaded); "o_direct" ("auto",
-/// "on", "off"); "sync" ("none", or "data": fsync before a block is published);
+/// "on", "off"); "block_header" ("auto": each block file's header in its
+/// extended attribute where a local file system keeps them, so a file is
+/// its payload alone, else in the file; "xattr": the attribute, or tier_new
+/// fails; "file": in the file; any form is read whatever this says); "sync" ("none", or "data": fsync before a block is published);
 /// "shared" ("false", or "true": several processes or hosts use the directory;
 /// see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
 /// the file system is reused, default 1000); "prepare_dirs" ("false", or

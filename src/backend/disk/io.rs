@@ -279,6 +279,76 @@ pub(crate) fn write_header_and_row(
     unsafe { write_parts(fd, parts.into_iter(), offset) }
 }
 
+/// Writes `len` bytes at `row` at `offset`: [`write_header_and_row`]
+/// without a header, for the same rows.
+pub(crate) fn write_row(fd: &Fd, row: *const u8, len: usize, offset: u64) -> io::Result<()> {
+    // SAFETY: the row is only read by the kernel, which checks the address.
+    unsafe { write_parts(fd, std::iter::once((row as *mut u8, len)), offset) }
+}
+
+/// Sets the extended attribute `name` of an open file.
+pub(crate) fn set_attr(fd: &Fd, name: &CStr, value: &[u8]) -> io::Result<()> {
+    // SAFETY: a valid descriptor, a NUL-terminated name and a borrowed value.
+    let rc = unsafe {
+        libc::fsetxattr(
+            fd.raw(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Reads the extended attribute `name` of an open file into `buf`; returns
+/// its length. ENODATA if the file has none, ERANGE if it is longer than
+/// `buf`.
+pub(crate) fn get_attr(fd: &Fd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+    loop {
+        // SAFETY: a valid descriptor, a NUL-terminated name, and a buffer
+        // exclusively borrowed for the call.
+        let n =
+            unsafe { libc::fgetxattr(fd.raw(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        if n >= 0 {
+            return Ok(n as usize);
+        }
+        let err = io::Error::last_os_error();
+        if err.raw_os_error() != Some(libc::EINTR) {
+            return Err(err);
+        }
+    }
+}
+
+/// Whether an attribute read failed because the file has none, or one too
+/// long to be ours: either proves the file is no block of this form.
+pub(crate) fn is_attr_missing_or_foreign(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENODATA) | Some(libc::ERANGE))
+}
+
+/// Whether an attribute write failed because the file system keeps no
+/// user attributes.
+pub(crate) fn is_attr_unsupported(err: &io::Error) -> bool {
+    matches!(err.raw_os_error(), Some(libc::ENOTSUP) | Some(libc::EPERM))
+}
+
+/// The file system type (`statfs`'s `f_type`) of the one holding `path`.
+pub(crate) fn fs_type(path: &Path) -> io::Result<i64> {
+    with_cpath(path, |c| {
+        // SAFETY: statfs fills the zeroed struct it is given.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a struct to fill.
+        if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        #[allow(clippy::unnecessary_cast)] // its width differs by target
+        Ok(st.f_type as i64)
+    })
+}
+
 /// `pwritev` of every part, retrying short writes and EINTR.
 ///
 /// # Safety
@@ -320,6 +390,15 @@ fn advance(iov: &mut [libc::iovec], mut first: usize, mut n: usize) -> usize {
         }
     }
     first
+}
+
+/// fsync: data and all metadata, extended attributes included.
+pub(crate) fn fsync(fd: &Fd) -> io::Result<()> {
+    // SAFETY: a valid descriptor.
+    if unsafe { libc::fsync(fd.raw()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 pub(crate) fn fdatasync(fd: &Fd) -> io::Result<()> {

@@ -51,13 +51,13 @@ mod read;
 mod recover;
 mod sealed;
 
-use self::format::{file_len, Header, ALIGN, HEADER_LEN};
+use self::format::{file_len, AttrHeader, Form, Header, ALIGN, ATTR_NAME, HEADER_LEN};
 use self::io::{AlignedBuf, Fd};
 use self::manifest::Taken;
 use self::recover::OrderHint;
 use super::checksum::{xxh64, PayloadSum};
 use super::{Backend, Row, StoreJob, Unwatched};
-use crate::config::{DirectIo, DiskConfig, SyncMode};
+use crate::config::{BlockHeader, DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{Nonce, NonceLedger, Sealer};
 use crate::sync::Mutex;
@@ -121,6 +121,10 @@ pub(crate) struct DiskBackend {
     block_bytes: usize,
     direct: bool,
     direct_note: String,
+    /// Block headers go to an extended attribute (format version 3) for
+    /// keys that a file name spells; see `format`.
+    attr_headers: bool,
+    header_note: &'static str,
     sync: SyncMode,
     shared: bool,
     /// The tenant's keys when the tier is sealed (see `sealed`).
@@ -226,12 +230,15 @@ impl DiskBackend {
             Self::prepare_fan_dirs(&ns_dir)?;
         }
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
+        let (attr_headers, header_note) = Self::choose_block_header(&ns_dir, cfg.block_header)?;
         Ok(DiskBackend {
             ns_fp: layout::namespace_fingerprint(namespace),
             ns_dir,
             block_bytes,
             direct,
             direct_note,
+            attr_headers,
+            header_note,
             sync: cfg.sync,
             shared: cfg.shared,
             seal,
@@ -375,6 +382,59 @@ impl DiskBackend {
         }
     }
 
+    /// Where block headers go. `auto` puts them in an extended attribute on
+    /// a local file system that keeps user attributes: on a network file
+    /// system reading one is a round trip of its own, which would cost more
+    /// than the file block it saves.
+    fn choose_block_header(ns_dir: &Path, policy: BlockHeader) -> Result<(bool, &'static str)> {
+        const IN_FILE: &str = "headers in the files";
+        const IN_ATTR: &str = "headers in xattrs";
+        if policy == BlockHeader::File {
+            return Ok((false, IN_FILE));
+        }
+        if policy == BlockHeader::Auto {
+            match io::fs_type(ns_dir) {
+                Ok(kind) if is_network_fs(kind) => {
+                    return Ok((false, "headers in the files (a network file system)"))
+                }
+                Ok(_) => {}
+                Err(e) => bail!(Io, "cannot statfs {}: {e}", ns_dir.display()),
+            }
+        }
+        let probe = ns_dir.join(format!(".xattr-probe.{}", std::process::id()));
+        let _ = std::fs::remove_file(&probe);
+        let outcome = io::create_exclusive(&probe, false)
+            .and_then(|fd| io::set_attr(&fd, ATTR_NAME, &[0u8; format::ATTR_LEN]));
+        let _ = std::fs::remove_file(&probe);
+        match (outcome, policy) {
+            (Ok(()), _) => Ok((true, IN_ATTR)),
+            (Err(e), BlockHeader::Auto) if io::is_attr_unsupported(&e) => {
+                Ok((false, "headers in the files (no user xattrs here)"))
+            }
+            (Err(e), BlockHeader::Xattr) if io::is_attr_unsupported(&e) => bail!(
+                Config,
+                "block_header=xattr: {} keeps no user extended attributes: {e}",
+                ns_dir.display()
+            ),
+            (Err(e), _) => bail!(
+                Io,
+                "cannot probe extended attributes in {}: {e}",
+                ns_dir.display()
+            ),
+        }
+    }
+
+    /// The form this tier writes `key`'s block in. A key too long for a
+    /// file name keeps its header in the file: the scan reads the key from
+    /// there, and an attribute holds only its hash.
+    fn form_for(&self, key: &[u8]) -> Form {
+        if self.attr_headers && self.seal.is_none() && key.len() <= layout::LONG_KEY {
+            Form::Attr
+        } else {
+            Form::InFile
+        }
+    }
+
     /// Notes that this run changed the fan-out directory holding `path`.
     fn changed(&self, path: &Path) {
         if let Some(dir) = path.parent() {
@@ -445,7 +505,7 @@ impl DiskBackend {
 
     fn exists_complete(&self, path: &Path) -> bool {
         std::fs::symlink_metadata(path)
-            .is_ok_and(|m| m.is_file() && m.len() == file_len(self.block_bytes) as u64)
+            .is_ok_and(|m| m.is_file() && Form::of_len(m.len(), self.block_bytes).is_some())
     }
 
     /// Writes the block file; for a sealed tier, returns the nonce it sealed
@@ -484,6 +544,9 @@ impl DiskBackend {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
         let in_place = self.seal.is_none() && self.aligned(row.as_ptr(), row.len());
+        if self.form_for(key) == Form::Attr {
+            return self.write_attr_form(&fd, key, row, job, in_place);
+        }
         let staged_len = if in_place {
             HEADER_LEN
         } else {
@@ -521,6 +584,74 @@ impl DiskBackend {
         }
         Ok(nonce)
     }
+
+    /// `write_tmp` for a block whose header is the file's attribute: the
+    /// file holds the padded payload alone, written from the row in place
+    /// when O_DIRECT allows (the header's checksum is taken inside
+    /// `job.read_row`), else from this thread's scratch.
+    fn write_attr_form(
+        &self,
+        fd: &Fd,
+        key: &[u8],
+        row: Row,
+        job: &dyn StoreJob,
+        in_place: bool,
+    ) -> std::io::Result<Option<Option<Nonce>>> {
+        // `staged`: the scratch the payload is copied into, or None to
+        // write the row in place.
+        let write = |mut staged: Option<&mut [u8]>| -> std::io::Result<bool> {
+            let mut header = None;
+            let read = job.read_row(row, &mut |row| {
+                header = Some(AttrHeader::of(self.ns_fp, key, row).encode());
+                if let Some(buf) = staged.as_deref_mut() {
+                    buf[..row.len()].copy_from_slice(row);
+                    buf[row.len()..].fill(0);
+                }
+            });
+            let Some(header) = header.filter(|_| read) else {
+                return Ok(false);
+            };
+            match staged {
+                Some(buf) => io::write_all_at(fd, &[buf], 0)?,
+                None => io::write_row(fd, row.as_ptr(), row.len(), 0)?,
+            }
+            io::set_attr(fd, ATTR_NAME, &header)?;
+            Ok(true)
+        };
+        let written = if in_place {
+            write(None)?
+        } else {
+            with_scratch(Form::Attr.file_len(self.block_bytes), |buf| {
+                write(Some(buf))
+            })?
+        };
+        // The header is metadata: fsync, where fdatasync might leave it out.
+        if written && self.sync == SyncMode::Data {
+            io::fsync(fd)?;
+        }
+        Ok(written.then_some(None))
+    }
+}
+
+/// Whether a `statfs` type is a network or cluster file system (NFS, SMB,
+/// Lustre, Ceph, GPFS, 9P, AFS, GFS2, OCFS2) or FUSE, which may be one.
+fn is_network_fs(kind: i64) -> bool {
+    const NETWORK: [i64; 13] = [
+        0x6969,      // NFS
+        0x517b,      // SMB
+        0xff53_4d42, // CIFS
+        0xfe53_4d42, // SMB2
+        0x0bd0_0bd0, // Lustre
+        0x00c3_6400, // Ceph
+        0x4750_4653, // GPFS
+        0x0102_1997, // 9P
+        0x5346_414f, // AFS
+        0x0116_1970, // GFS2
+        0x7461_636f, // OCFS2
+        0x6573_5546, // FUSE
+        0x6b41_4653, // kAFS
+    ];
+    NETWORK.contains(&kind)
 }
 
 impl DiskBackend {
@@ -784,9 +915,10 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}, sync={}, shared={}{}{})",
+            "disk: {} ({}, {}, sync={}, shared={}{}{})",
             self.ns_dir.display(),
             self.direct_note,
+            self.header_note,
             match self.sync {
                 SyncMode::None => "none",
                 SyncMode::Data => "data",

@@ -2,7 +2,7 @@
 //! regular file of the block's size, check header and checksum, and condemn a
 //! file only for what a private read of it proved.
 
-use super::format::{file_len, Header, HEADER_LEN};
+use super::format::{AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
 use super::io::{self, Fd, FileId};
 use super::{io_error, with_scratch, DiskBackend};
 use crate::error::{Error, ErrorKind, Result};
@@ -10,12 +10,16 @@ use std::path::Path;
 
 impl DiskBackend {
     /// Opens a block file and checks that it is a regular file of the block
-    /// size before a byte is read. A missing file is `NotFound`; something
+    /// size in one of `forms` before a byte is read; returns which form. A missing file is `NotFound`; something
     /// else at the path (a FIFO, a directory, a symlink, which is never
     /// followed) can never heal and is condemned; other failures (descriptors,
     /// permissions, I/O) are transient `Io`.
-    pub(super) fn open_block(&self, key: &[u8], path: &Path) -> Result<(Fd, FileId)> {
-        let want = file_len(self.block_bytes) as u64;
+    pub(super) fn open_block(
+        &self,
+        key: &[u8],
+        path: &Path,
+        forms: &[Form],
+    ) -> Result<(Fd, FileId, Form)> {
         let fd = match io::open_read(path, self.direct) {
             Ok(fd) => fd,
             Err(e) if io::is_missing(&e) => return Err(io_error("open", path, e)),
@@ -38,20 +42,25 @@ impl DiskBackend {
             let problem = format!("{} where a block file should be", id.kind_name());
             return Err(self.condemn(key, path, id, problem));
         }
-        if id.len != want {
-            let problem = format!("file of {} bytes, expected {want}", id.len);
-            return Err(self.condemn(key, path, id, problem));
+        match Form::of_len(id.len, self.block_bytes).filter(|form| forms.contains(form)) {
+            Some(form) => Ok((fd, id, form)),
+            None => {
+                let lens: Vec<String> = forms
+                    .iter()
+                    .map(|form| form.file_len(self.block_bytes).to_string())
+                    .collect();
+                let problem = format!("file of {} bytes, expected {}", id.len, lens.join(" or "));
+                Err(self.condemn(key, path, id, problem))
+            }
         }
-        Ok((fd, id))
     }
 
     /// What is wrong with a block read from a file, if anything.
     pub(super) fn problem(
         &self,
-        header: std::result::Result<Header, String>,
+        header: std::result::Result<Claims, String>,
         read: usize,
         expected_read: usize,
-        key: &[u8],
         payload: &[u8],
     ) -> Option<String> {
         match header {
@@ -64,7 +73,7 @@ impl DiskBackend {
                 "block of {} bytes, expected {}",
                 h.payload_len, self.block_bytes
             )),
-            Ok(h) if h.key != key => Some("header names another key".into()),
+            Ok(h) if !h.names_key => Some("header names another key".into()),
             Ok(h) if !h.payload_sum.matches(payload) => Some("payload checksum mismatch".into()),
             Ok(_) => None,
         }
@@ -75,27 +84,47 @@ impl DiskBackend {
     /// fail because something else wrote that row meanwhile (two loads in
     /// flight into one row), which says nothing about the file.
     pub(super) fn read_verified(&self, path: &Path, key: &[u8], row: &mut [u8]) -> Result<()> {
-        let (fd, id) = self.open_block(key, path)?;
+        let (fd, id, form) = self.open_block(key, path, &[Form::Attr, Form::InFile])?;
         let read_error = |e| io_error("read", path, e);
+        // The attribute header is read once: a private read below checks
+        // the payload against the same one.
+        let attr = match form {
+            Form::Attr => Some(self.read_attr_header(&fd, key, path, &id)?),
+            Form::InFile => None,
+        };
+        let header_len = match form {
+            Form::Attr => 0,
+            Form::InFile => HEADER_LEN,
+        };
         if self.in_place(row) {
-            let (header, read) = with_scratch(HEADER_LEN, |h| {
-                let n = io::read_at(&fd, &mut [h, row], 0)?;
-                Ok((Header::decode(h), n))
-            })
-            .map_err(read_error)?;
+            let (header, read) = match &attr {
+                Some(attr) => {
+                    let n = io::read_at(&fd, &mut [row], 0).map_err(read_error)?;
+                    (Ok(attr.claims(key)), n)
+                }
+                None => with_scratch(HEADER_LEN, |h| {
+                    let n = io::read_at(&fd, &mut [h, row], 0)?;
+                    Ok((Header::decode(h).map(|h| h.claims(key)), n))
+                })
+                .map_err(read_error)?,
+            };
             if self
-                .problem(header, read, HEADER_LEN + row.len(), key, row)
+                .problem(header, read, header_len + row.len(), row)
                 .is_none()
             {
                 return Ok(());
             }
         }
-        let want = file_len(self.block_bytes);
+        let want = form.file_len(self.block_bytes);
         let problem = with_scratch(want, |buf| {
             let n = io::read_at(&fd, &mut [buf], 0)?;
-            let (header, payload) = buf.split_at(HEADER_LEN);
+            let (header, payload) = buf.split_at(header_len);
             let payload = &payload[..row.len()];
-            let problem = self.problem(Header::decode(header), n, want, key, payload);
+            let claims = match &attr {
+                Some(attr) => Ok(attr.claims(key)),
+                None => Header::decode(header).map(|h| h.claims(key)),
+            };
+            let problem = self.problem(claims, n, want, payload);
             if problem.is_none() {
                 row.copy_from_slice(payload);
             }
@@ -106,6 +135,30 @@ impl DiskBackend {
             None => Ok(()),
             Some(problem) => Err(self.condemn(key, path, id, problem)),
         }
+    }
+
+    /// The attribute header of an open block file of that form. A file
+    /// without one, or with one that is not a kvtier header, is proved bad
+    /// and condemned; a read that failed otherwise proves nothing (`Io`).
+    fn read_attr_header(
+        &self,
+        fd: &Fd,
+        key: &[u8],
+        path: &Path,
+        id: &FileId,
+    ) -> Result<AttrHeader> {
+        let mut value = [0u8; ATTR_LEN + 1];
+        let problem = match io::get_attr(fd, ATTR_NAME, &mut value) {
+            Ok(n) => match AttrHeader::decode(&value[..n]) {
+                Ok(header) => return Ok(header),
+                Err(why) => why,
+            },
+            Err(e) if io::is_attr_missing_or_foreign(&e) => {
+                format!("file of the payload's length without a header attribute ({e})")
+            }
+            Err(e) => return Err(io_error("read the header attribute of", path, e)),
+        };
+        Err(self.condemn(key, path, *id, problem))
     }
 
     /// Removes a block file proved bad (its type, size, header or checksum)

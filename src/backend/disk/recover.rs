@@ -4,7 +4,7 @@
 //! `OrderHint`, see `manifest`) orders the files it names and spares their
 //! inode reads.
 
-use super::format::{file_len, Header, HEADER_LEN};
+use super::format::{Form, Header, HEADER_LEN};
 use super::layout::FAN_DIRS;
 use super::{io, layout, DiskBackend, SHARED_TMP_GRACE};
 use crate::backend::checksum::xxh64;
@@ -104,7 +104,8 @@ impl OrderHint {
 
 /// What every fan-out directory's scan compares against.
 struct Want {
-    len: u64,
+    /// The block size, for the file lengths of its forms.
+    block_bytes: usize,
     ext: &'static str,
     now: SystemTime,
 }
@@ -129,7 +130,7 @@ impl DiskBackend {
         }
         let fans = fans_seen;
         let want = Want {
-            len: file_len(self.block_bytes) as u64,
+            block_bytes: self.block_bytes,
             // Sealed and unsealed tiers leave each other's files alone.
             ext: if self.seal.is_some() {
                 layout::SEALED_EXT
@@ -249,12 +250,20 @@ impl DiskBackend {
             if !name.ends_with(want.ext) || !meta.is_regular() {
                 continue;
             }
-            if meta.len != want.len {
+            let mut sealed_nonce = None;
+            let hashed = self.seal.is_some() || layout::is_hashed_name(name);
+            // Only a file whose name spells its key can have its header in
+            // an attribute (see `DiskBackend::form_for`); the scan leaves
+            // that header to the first load, as it leaves the payload.
+            let form_allowed = match Form::of_len(meta.len, want.block_bytes) {
+                Some(Form::InFile) => true,
+                Some(Form::Attr) => !hashed,
+                None => false,
+            };
+            if !form_allowed {
                 self.unlink_debris(&dir, &fan_path, cname);
                 continue;
             }
-            let mut sealed_nonce = None;
-            let hashed = self.seal.is_some() || layout::is_hashed_name(name);
             let key = if let Some(seal) = &self.seal {
                 match self.read_sealed_header(seal, &fan_path.join(name)) {
                     Ok(Ok(opened)) => {

@@ -11,7 +11,7 @@
 //! - otherwise corrupt, and removed, as an unsealed file that fails its
 //!   checksum.
 
-use super::format::{file_len, HEADER_LEN};
+use super::format::{file_len, Form, HEADER_LEN};
 use super::io::{self, FileId};
 use super::{io_error, with_scratch, DiskBackend};
 use crate::error::{Error, ErrorKind, Result};
@@ -86,7 +86,7 @@ impl DiskBackend {
         key: &[u8],
         row: &mut [u8],
     ) -> Result<()> {
-        let (fd, id) = self.open_block(key, path)?;
+        let (fd, id, _) = self.open_block(key, path, &[Form::InFile])?;
         let read_error = |e| io_error("read", path, e);
         if self.in_place(row) {
             let problem = with_scratch(HEADER_LEN, |h| {
