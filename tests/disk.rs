@@ -161,7 +161,8 @@ fn wait_for_files(dir: &Path, n: usize) -> usize {
 #[test]
 fn files_are_laid_out_by_key_with_owner_only_root() {
     let dir = scratch_dir();
-    let h = Harness::new(&config(&dir, 16), 16, BB);
+    let mut h = Harness::new(&config(&dir, 16), 16, BB);
+    h.scratch_dir = None; // reopened below; removed at the end
     h.store_all(1, &[1, 2, 3]);
     assert_eq!(
         std::fs::metadata(&dir).unwrap().permissions().mode() & 0o777,
@@ -190,14 +191,37 @@ fn files_are_laid_out_by_key_with_owner_only_root() {
         );
         assert_eq!(header_attr(p).map(|v| v.len()), in_attr.then_some(56));
         let fan = p.parent().unwrap().file_name().unwrap().to_str().unwrap();
-        assert_eq!(fan.len(), 3, "fan-out directory");
+        assert_eq!(fan.len(), 2, "fan-out directory");
+        assert!(fan
+            .bytes()
+            .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
     }
     assert!(files(&ns, ".tmp").is_empty());
+    let name = ns.file_name().unwrap().to_str().unwrap();
+    assert!(name.ends_with(&format!("-b{BB}-v3")), "{name}");
     assert!(
-        h.tier().describe().contains("disk:"),
-        "{}",
-        h.tier().describe()
+        line.contains("disk:") && !line.contains("older kvtier"),
+        "{line}"
     );
+    drop(h);
+
+    // The layout before -v3 (4096 fan-out directories) beside it is left
+    // alone, and tier_describe says it is there.
+    let legacy = dir.join(name.strip_suffix("-v3").unwrap());
+    std::fs::create_dir_all(legacy.join("abc")).unwrap();
+    std::fs::write(legacy.join("abc").join("0101.kvb"), b"an old block").unwrap();
+    let mut h = Harness::new(&config(&dir, 16), 16, BB);
+    h.scratch_dir = None;
+    assert_eq!(h.present(&[1, 2, 3]), [1, 2, 3]);
+    let line = h.tier().describe();
+    assert!(
+        line.contains("older kvtier's layout, not read")
+            && line.contains(name.strip_suffix("-v3").unwrap()),
+        "{line}"
+    );
+    drop(h);
+    assert!(legacy.join("abc").join("0101.kvb").exists());
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[test]
@@ -214,7 +238,7 @@ fn prepare_dirs_creates_every_fan_out_directory_once() {
         .flatten()
         .filter(|e| e.path().is_dir())
         .count();
-    assert_eq!(fans, 4096);
+    assert_eq!(fans, 256);
     // Reopening finds them in place; the tier works as usual.
     let h = Harness::new(&c, 8, BB);
     h.store_all(1, &[1, 2]);

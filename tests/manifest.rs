@@ -24,7 +24,7 @@ fn config(dir: &Path, capacity_blocks: usize) -> TierConfig {
 /// The namespace directory of `c` under its root (the one directory there
 /// whose name starts with the namespace's).
 fn ns_dir_of(root: &Path, namespace: &str, block_bytes: usize) -> PathBuf {
-    let suffix = format!("-b{block_bytes}");
+    let suffix = format!("-b{block_bytes}-v3");
     let dirs: Vec<PathBuf> = std::fs::read_dir(root)
         .unwrap()
         .flatten()
@@ -448,9 +448,9 @@ fn a_damaged_manifest_is_ignored_deleted_and_the_scan_finds_everything() {
     }
     drop(h);
     let good = std::fs::read(manifest(&root.0)).unwrap();
-    // 40-byte head, 4096 directory stamps of 24 bytes, 20 entries of 1 + 36
+    // 40-byte head, 256 directory stamps of 24 bytes, 20 entries of 1 + 36
     // bytes, count and checksum.
-    const ENTRIES: usize = 40 + 4096 * 24;
+    const ENTRIES: usize = 40 + 256 * 24;
     assert_eq!(good.len(), ENTRIES + 20 * 37 + 16);
     type Damage = Box<dyn Fn(&mut Vec<u8>)>;
     let flip = |at: usize| -> Damage { Box::new(move |b: &mut Vec<u8>| b[at] ^= 0x10) };

@@ -18,7 +18,7 @@ const B: usize = 4096;
 /// while each runs back to back, as an engine's stream of jobs would.
 const BATCH: usize = 50;
 /// The tier's fan-out, which the raw bound copies.
-const FANS: u64 = 4096;
+const FANS: u64 = 256;
 
 /// Nanoseconds per operation, warm-up excluded.
 #[derive(Default)]
@@ -34,8 +34,8 @@ pub struct Results {
 /// The fan-out directory of block `i`: spread like the tier's.
 fn fan(i: usize) -> String {
     format!(
-        "{:03x}",
-        (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 52
+        "{:02x}",
+        (i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 56
     )
 }
 
@@ -44,13 +44,13 @@ pub fn run(p: &Params) -> Result<Results, String> {
     let primary = Primary::new(2, B)?;
     let tier_dir = p.dir.join("lat-tier");
     // The raw bound does the same file operations in the same shape of
-    // directory tree as the tier: 4096 fan-out directories, prepared like the
+    // directory tree as the tier: 256 fan-out directories, prepared like the
     // tier's (a single directory is faster on ext4: its renames share
     // directory blocks; that figure is reported beside it).
     let raw_dir = p.dir.join("lat-raw");
     fresh_dir(&raw_dir)?;
     for f in 0..FANS {
-        std::fs::create_dir(raw_dir.join(format!("{f:03x}"))).map_err(|e| e.to_string())?;
+        std::fs::create_dir(raw_dir.join(format!("{f:02x}"))).map_err(|e| e.to_string())?;
     }
     let flat_dir = p.dir.join("lat-raw-flat");
     fresh_dir(&flat_dir)?;
@@ -166,7 +166,7 @@ impl Results {
             raw_store,
             "us",
             format!(
-                "median, 4096 fan-out dirs; p99 {} us; one dir: {} us",
+                "median, 256 fan-out dirs; p99 {} us; one dir: {} us",
                 num(us(&self.raw_store_ns, 0.99)),
                 num(us(&self.raw_store_flat_ns, 0.5))
             ),
@@ -192,7 +192,7 @@ impl Results {
             raw_load,
             "us",
             format!(
-                "median, 4096 fan-out dirs; p99 {} us",
+                "median, 256 fan-out dirs; p99 {} us",
                 num(us(&self.raw_load_ns, 0.99))
             ),
         );

@@ -60,7 +60,7 @@ pub fn run(p: &Params) -> Result<Results, String> {
     let _ = std::fs::remove_dir_all(&raw_dir);
     let capacity = ((n + 64) * (B + 4096)) as u64;
     let blocks_per_s = |secs: f64| n as f64 / secs;
-    // A new directory: stores create most of the 4096 fan-out directories as
+    // A new directory: stores create the 256 fan-out directories as
     // they go (the raw bound writes into one existing directory).
     let store_cold_blocks_per_s = {
         let cold_dir = p.dir.join("small-cold");

@@ -43,7 +43,7 @@
 //!   file deleted, added or renamed by anyone but the tier changes its
 //!   directory's mtime (and ctime), a directory replaced changes its inode.
 //!   The stamps are taken after the last change the tier made and compared
-//!   at open (4096 `lstat`s, in parallel: about what reading the manifest
+//!   at open (256 `lstat`s, in parallel: about what reading the manifest
 //!   costs); any difference and the open scans. Without them a block deleted
 //!   behind the tier's back would stay listed, and a store of its key would
 //!   be taken for one already done.
@@ -251,7 +251,7 @@ impl DiskBackend {
         if keys.len() as u64 != count {
             return None;
         }
-        // Stamped last: the 4096 directories' stamps are read only for a
+        // Stamped last: the 256 directories' stamps are read only for a
         // manifest that is good in every other way.
         let unchanged = stamped
             && self

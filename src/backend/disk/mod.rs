@@ -125,6 +125,9 @@ pub(crate) struct DiskBackend {
     /// keys that a file name spells; see `format`.
     attr_headers: bool,
     header_note: &'static str,
+    /// The name of the directory an older kvtier (layout before `-v3`)
+    /// left beside this one, unread: `describe` says so.
+    legacy_dir: Option<String>,
     sync: SyncMode,
     shared: bool,
     /// The tenant's keys when the tier is sealed (see `sealed`).
@@ -220,6 +223,8 @@ impl DiskBackend {
             Err(e) => bail!(Config, "path: cannot use {}: {e}", root.display()),
         }
         let ns_dir = root.join(layout::namespace_dir(namespace, block_bytes));
+        let legacy = layout::legacy_namespace_dir(namespace, block_bytes);
+        let legacy_dir = root.join(&legacy).is_dir().then_some(legacy);
         match io::mkdir(&ns_dir) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
@@ -239,6 +244,7 @@ impl DiskBackend {
             direct_note,
             attr_headers,
             header_note,
+            legacy_dir,
             sync: cfg.sync,
             shared: cfg.shared,
             seal,
@@ -915,7 +921,7 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}, {}, sync={}, shared={}{}{})",
+            "disk: {} ({}, {}, sync={}, shared={}{}{}){}",
             self.ns_dir.display(),
             self.direct_note,
             self.header_note,
@@ -934,6 +940,12 @@ impl Backend for DiskBackend {
                 }
                 RECOVERED_FROM_MANIFEST => ", recovered=manifest",
                 _ => "",
+            },
+            match &self.legacy_dir {
+                Some(name) => format!(
+                    "; {name} beside it is an older kvtier's layout, not read (remove it to free its space)"
+                ),
+                None => String::new(),
             }
         )
     }
