@@ -243,8 +243,9 @@ def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, d
     are not one file per row."""
     files = sorted(Path(directory).rglob("*.kvb"), key=lambda f: (f.stat().st_mtime_ns, f.name))
     row = primary.shape[1]
-    if len(files) != n_rows or files[0].stat().st_size <= row:
+    if len(files) != n_rows or files[0].stat().st_size < row:
         return None
+    # 0 when the header is the file's extended attribute (block_header).
     header = files[0].stat().st_size - row
     paths = (ctypes.c_char_p * n_rows)(*[str(f).encode() for f in files])
     rows = np.arange(n_rows, 2 * n_rows, dtype=np.int64)
