@@ -99,46 +99,81 @@ pub fn run(
 /// bound exists to avoid). 10^9 fits; n keys drawn from it rarely collide.
 pub const FRESH_KEYSPACE: u64 = 1_000_000_000;
 
+/// The best of several settings' requests/s for one command, and which
+/// setting it was.
+#[derive(Clone, Serialize)]
+pub struct Best {
+    pub rps: f64,
+    /// "clients x pipeline".
+    pub setting: String,
+}
+
+impl Best {
+    fn of(runs: impl IntoIterator<Item = ((usize, usize), f64)>) -> Best {
+        let ((clients, pipeline), rps) = runs
+            .into_iter()
+            .max_by(|a, b| a.1.total_cmp(&b.1))
+            .expect("at least one setting");
+        Best {
+            rps,
+            setting: format!("{clients}x{pipeline}"),
+        }
+    }
+
+    /// Payload GB/s of `block`-byte blocks at this rate.
+    pub fn gbps(&self, block: usize) -> f64 {
+        self.rps * block as f64 / 1e9
+    }
+}
+
 /// SET requests/s with every request on its own key (`-r`: keys drawn from
-/// 10^9, so practically never repeated), at `clients` x `pipeline`: what
+/// 10^9, so practically never repeated), the best of `settings`: what
 /// storing new blocks costs the server (fresh memory), which the best-case
-/// bound above (one key overwritten) never pays. Leaves `key:*` keys behind
-/// (the caller deletes them, and checks that there were about `requests`).
-pub fn fresh_set_rps(
+/// bound above (one key overwritten) never pays. The keys of each setting
+/// are deleted before the next (untimed), after checking that there were
+/// about `requests` of them.
+pub fn fresh_set_best(
     server: &Server,
     value_bytes: usize,
     requests: usize,
-    clients: usize,
-    pipeline: usize,
-) -> Result<f64, String> {
-    let text = redis_benchmark(
-        server,
-        "set",
-        Some(FRESH_KEYSPACE),
-        value_bytes,
-        requests,
-        clients,
-        pipeline,
-    )?;
-    Ok(parse_csv(&text, "SET")?.0)
+    settings: &[(usize, usize)],
+) -> Result<Best, String> {
+    let mut runs = Vec::new();
+    for &(clients, pipeline) in settings {
+        let text = redis_benchmark(
+            server,
+            "set",
+            Some(FRESH_KEYSPACE),
+            value_bytes,
+            requests,
+            clients,
+            pipeline,
+        )?;
+        runs.push(((clients, pipeline), parse_csv(&text, "SET")?.0));
+        let keys = server.delete_prefix("key:")?;
+        if keys < (requests as u64 * 9).div_ceil(10) {
+            return Err(format!(
+                "redis-benchmark -r left {keys} keys after {requests} SETs: not a new key per SET"
+            ));
+        }
+    }
+    Ok(Best::of(runs))
 }
 
 /// SET and GET requests/s over `keys` existing keys (`-r keys`, each
-/// request on a key drawn at random), each at its own `(clients, pipeline)`:
-/// the server reading and replacing values all over as much memory as the
+/// request on a key drawn at random), each the best of `settings`: the
+/// server reading and replacing values all over as much memory as the
 /// tier's passes use, where the best-case bound works on one value that
 /// stays in the CPU's caches. A SET here replaces a value, as a full tier's
 /// stores do (one DEL each), so the server reuses memory instead of
 /// faulting it in. Creates the keys first (`key:<12 digits>`, as
-/// redis-benchmark names them; untimed) and leaves them (the caller deletes
-/// `key:*`).
-pub fn many_keys_rps(
+/// redis-benchmark names them; untimed) and deletes them at the end.
+pub fn many_keys_best(
     server: &Server,
     value_bytes: usize,
     keys: usize,
-    set_setting: (usize, usize),
-    get_setting: (usize, usize),
-) -> Result<(f64, f64), String> {
+    settings: &[(usize, usize)],
+) -> Result<(Best, Best), String> {
     let mut c = server.connect()?;
     let value = vec![0x5au8; value_bytes];
     for first in (0..keys).step_by(16) {
@@ -149,23 +184,22 @@ pub fn many_keys_rps(
         pipe.query::<()>(&mut c)
             .map_err(|e| format!("creating redis-benchmark's keys: {e}"))?;
     }
-    let mut rps = [0.0; 2];
-    for (out, (test, name, (clients, pipeline))) in rps
-        .iter_mut()
-        .zip([("set", "SET", set_setting), ("get", "GET", get_setting)])
-    {
+    let (mut sets, mut gets) = (Vec::new(), Vec::new());
+    for &(clients, pipeline) in settings {
         let text = redis_benchmark(
             server,
-            test,
+            "set,get",
             Some(keys as u64),
             value_bytes,
             keys,
             clients,
             pipeline,
         )?;
-        *out = parse_csv(&text, name)?.0;
+        sets.push(((clients, pipeline), parse_csv(&text, "SET")?.0));
+        gets.push(((clients, pipeline), parse_csv(&text, "GET")?.0));
     }
-    Ok((rps[0], rps[1]))
+    server.delete_prefix("key:")?;
+    Ok((Best::of(sets), Best::of(gets)))
 }
 
 /// Runs `redis-benchmark -t tests -d value_bytes [-r keyspace] -n requests

@@ -175,7 +175,7 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     report.line(
         "bounds",
         format!(
-            "server: redis-benchmark -t set,get -d <block + {} header bytes>, best requests/s of the clients x pipeline settings, as payload GB/s; client crate: redis {} alone, the same SET/GET pipelines of the same values over {} connections (one per job in flight), GET replies copied into rows; both in the same run, on the same server",
+            "server: redis-benchmark -d <block + {} header bytes>, best requests/s of the clients x pipeline settings, as payload GB/s, doing the tier's work (first fill: a new key per SET; full tier: SETs replacing values of as many keys; loads: GETs over as many keys), and its best case on one key beside them (its value stays in the CPU's caches, which no tier storing distinct blocks gets); client crate: redis {} alone, the same SET/GET pipelines of the same values over {} connections (one per job in flight), GET replies copied into rows; both in the same run, on the same server",
             client::HEADER,
             "1.x",
             p.client_connections()
