@@ -20,12 +20,11 @@
 
 use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
 use super::conn::io_error;
-use super::direct::{self, Fetched, GetsSent, Layout};
+use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
 use super::fanout::{past, run_pass, Pass};
 use super::resp::RespConn;
 use super::{server_error, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
-use crate::seal::Nonce;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -324,10 +323,10 @@ struct Sets<'a, 'o> {
 }
 
 impl Pass for Sets<'_, '_> {
-    type Sent = Vec<Nonce>;
+    type Sent = SetsSent;
     const WHAT: &'static str = "SET pipeline";
 
-    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<Vec<Nonce>> {
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<SetsSent> {
         direct::set_send(c, &self.layout, &self.sorted[range])
     }
 
@@ -335,13 +334,13 @@ impl Pass for Sets<'_, '_> {
         &mut self,
         range: Range<usize>,
         c: &mut RespConn,
-        nonces: Vec<Nonce>,
+        started: SetsSent,
     ) -> std::io::Result<()> {
         direct::set_receive(
             c,
             &self.layout,
             &self.sorted[range],
-            &nonces,
+            started,
             &mut self.replies,
         )
     }
