@@ -632,6 +632,64 @@ mod tests {
         assert!(conn.is_open_for_tests());
     }
 
+    /// A server that answers `commands` one by one with `replies`; before
+    /// each answer it reads whatever the client has written meanwhile
+    /// (until 20 ms pass with nothing new, so the kernel's buffers never
+    /// limit what the client may write ahead) and counts the whole commands
+    /// beyond the one being answered. Returns the most it saw.
+    fn serve_counting_ahead(
+        commands: Vec<Vec<u8>>,
+        replies: Vec<Vec<u8>>,
+    ) -> (std::net::SocketAddr, std::thread::JoinHandle<usize>) {
+        use std::io::{ErrorKind, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_read_timeout(Some(T)).unwrap();
+            let ends: Vec<usize> = commands
+                .iter()
+                .scan(0, |end, c| {
+                    *end += c.len();
+                    Some(*end)
+                })
+                .collect();
+            let (mut received, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
+            let mut most_ahead = 0;
+            for (i, reply) in replies.iter().enumerate() {
+                while received.len() < ends[i] {
+                    let n = s.read(&mut chunk).unwrap();
+                    assert!(n > 0, "closed before command {i}");
+                    received.extend_from_slice(&chunk[..n]);
+                }
+                s.set_nonblocking(true).unwrap();
+                let mut quiet_since = std::time::Instant::now();
+                while quiet_since.elapsed() < Duration::from_millis(20) {
+                    match s.read(&mut chunk) {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            received.extend_from_slice(&chunk[..n]);
+                            quiet_since = std::time::Instant::now();
+                        }
+                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(1))
+                        }
+                        Err(e) => panic!("{e}"),
+                    }
+                }
+                s.set_nonblocking(false).unwrap();
+                let ahead = ends[i + 1..]
+                    .iter()
+                    .take_while(|&&end| end <= received.len());
+                most_ahead = most_ahead.max(ahead.count());
+                s.write_all(reply).unwrap();
+            }
+            assert!(received == commands.concat(), "the commands, in order");
+            most_ahead
+        });
+        (addr, server)
+    }
+
     #[test]
     fn large_gets_keep_only_the_window_outstanding() {
         // 3 MiB blocks: a window of 2 GETs (GET_WINDOW_BYTES is 8 MiB).
@@ -653,36 +711,7 @@ mod tests {
             .zip(&payloads)
             .map(|(k, p)| bulk(&value(&l, k, p)))
             .collect();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        // The server answers command by command; before each answer it
-        // counts the commands already sent beyond the one it read.
-        let server = std::thread::spawn(move || {
-            use std::io::{Read, Write};
-            let (mut s, _) = listener.accept().unwrap();
-            s.set_read_timeout(Some(T)).unwrap();
-            let mut most_ahead = 0;
-            for (i, (command, reply)) in commands.iter().zip(&replies).enumerate() {
-                let mut got = vec![0u8; command.len()];
-                s.read_exact(&mut got).unwrap();
-                assert!(got == *command, "command {i}");
-                s.set_nonblocking(true).unwrap();
-                let mut ahead = vec![0u8; 4096];
-                let bytes = s.peek(&mut ahead).unwrap_or(0);
-                s.set_nonblocking(false).unwrap();
-                let sent_ahead = commands[i + 1..]
-                    .iter()
-                    .scan(0, |sum, c| {
-                        *sum += c.len();
-                        Some(*sum)
-                    })
-                    .take_while(|&sum| sum <= bytes)
-                    .count();
-                most_ahead = most_ahead.max(sent_ahead);
-                s.write_all(reply).unwrap();
-            }
-            most_ahead
-        });
+        let (addr, server) = serve_counting_ahead(commands, replies);
         let stream = std::net::TcpStream::connect(addr).unwrap();
         let mut conn = RespConn::over(stream, T).unwrap();
         let mut rows = vec![vec![0u8; l.block_bytes]; keys.len()];
@@ -717,57 +746,8 @@ mod tests {
                     .get_packed_command()
             })
             .collect();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = listener.local_addr().unwrap();
-        // The server answers command by command; before each answer it reads
-        // whatever the client has written meanwhile (until 20 ms pass with
-        // nothing new, so the kernel's buffers never limit what the client
-        // may write ahead) and counts the whole commands beyond the one
-        // being answered.
-        let server = std::thread::spawn(move || {
-            use std::io::{ErrorKind, Read, Write};
-            let (mut s, _) = listener.accept().unwrap();
-            s.set_read_timeout(Some(T)).unwrap();
-            let ends: Vec<usize> = commands
-                .iter()
-                .scan(0, |end, c| {
-                    *end += c.len();
-                    Some(*end)
-                })
-                .collect();
-            let (mut received, mut chunk) = (Vec::new(), vec![0u8; 1 << 16]);
-            let mut most_ahead = 0;
-            for i in 0..commands.len() {
-                while received.len() < ends[i] {
-                    let n = s.read(&mut chunk).unwrap();
-                    assert!(n > 0, "closed before command {i}");
-                    received.extend_from_slice(&chunk[..n]);
-                }
-                s.set_nonblocking(true).unwrap();
-                let mut quiet_since = std::time::Instant::now();
-                while quiet_since.elapsed() < Duration::from_millis(20) {
-                    match s.read(&mut chunk) {
-                        Ok(0) => break,
-                        Ok(n) => {
-                            received.extend_from_slice(&chunk[..n]);
-                            quiet_since = std::time::Instant::now();
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(1))
-                        }
-                        Err(e) => panic!("{e}"),
-                    }
-                }
-                s.set_nonblocking(false).unwrap();
-                let ahead = ends[i + 1..]
-                    .iter()
-                    .take_while(|&&end| end <= received.len());
-                most_ahead = most_ahead.max(ahead.count());
-                s.write_all(b"+OK\r\n").unwrap();
-            }
-            assert!(received == commands.concat());
-            most_ahead
-        });
+        let replies = vec![b"+OK\r\n".to_vec(); commands.len()];
+        let (addr, server) = serve_counting_ahead(commands, replies);
         let stream = std::net::TcpStream::connect(addr).unwrap();
         let mut conn = RespConn::over(stream, T).unwrap();
         let blocks: Vec<(u32, &[u8], &[u8])> = keys
