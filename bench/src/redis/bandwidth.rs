@@ -188,6 +188,21 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     Ok(r)
 }
 
+/// The bound a target is judged against: the server doing the tier's work
+/// (`same`, named `name`) where it was measured; on a server not started
+/// here (--url) only the one-key best case is known, and the target takes it.
+fn bound_of<'a>(
+    same: &'a [f64],
+    one_key: &'a [f64],
+    name: &'static str,
+) -> (&'a [f64], &'static str) {
+    if same.is_empty() {
+        (one_key, "one-key")
+    } else {
+        (same, name)
+    }
+}
+
 impl Results {
     /// Rows for the server's bounds, the client crate and the tier, per
     /// direction; targets on the ratios to the server doing the same work
@@ -286,19 +301,8 @@ impl Results {
                 ),
             );
         }
-        // Each target is judged against the server doing the tier's work;
-        // on a server not started here (--url) only the best case is known,
-        // and the targets take it.
-        let pick =
-            |same: &[f64], one_key: &[f64], name: &'static str| -> (Vec<f64>, &'static str) {
-                if same.is_empty() {
-                    (one_key.to_vec(), "one-key")
-                } else {
-                    (same.to_vec(), name)
-                }
-            };
-        let (store_bound, store_bound_name) = pick(&fresh, &one_key_sets, "fresh-keys");
-        let (load_bound, load_bound_name) = pick(&many_get, &one_key_gets, "many-keys");
+        let (store_bound, store_bound_name) = bound_of(&fresh, &one_key_sets, "fresh-keys");
+        let (load_bound, load_bound_name) = bound_of(&many_get, &one_key_gets, "many-keys");
         let directions = [
             (
                 "SET",
@@ -306,7 +310,7 @@ impl Results {
                 &self.client_store_gbps,
                 &self.store_gbps,
                 &one_key_sets,
-                (&store_bound, store_bound_name),
+                (store_bound, store_bound_name),
                 store_target,
             ),
             (
@@ -315,7 +319,7 @@ impl Results {
                 &self.client_load_gbps,
                 &self.load_gbps,
                 &one_key_gets,
-                (&load_bound, load_bound_name),
+                (load_bound, load_bound_name),
                 load_target,
             ),
         ];
@@ -352,9 +356,9 @@ impl Results {
                 target,
             );
         }
-        let (steady_bound, steady_bound_name) = pick(&many_set, &one_key_sets, "many-keys");
+        let (steady_bound, steady_bound_name) = bound_of(&many_set, &one_key_sets, "many-keys");
         self.report_steady(
-            &steady_bound,
+            steady_bound,
             steady_bound_name,
             &one_key_sets,
             store_target,
