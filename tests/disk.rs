@@ -158,6 +158,30 @@ fn wait_for_files(dir: &Path, n: usize) -> usize {
     }
 }
 
+/// A full tier under a stream of stores, with more jobs in flight than it
+/// has workers, keeps its directory near its capacity: the deletes of what
+/// its stores evict are not left behind the stores (before, they waited
+/// until no store was queued, and the files of every block stored stayed).
+#[test]
+fn a_stream_of_stores_leaves_the_directory_near_capacity() {
+    let dir = scratch_dir();
+    let (capacity, job_blocks, window, jobs) = (256, 8, 16, 300);
+    let h = Harness::new(&config(&dir, capacity), job_blocks, BB);
+    let most = h.stream_stores(1000, jobs, job_blocks, window, 5, || {
+        files(&dir, ".kvb").len()
+    });
+    // Resident blocks, plus the evictions of the jobs in flight (each job
+    // evicts as many blocks as it stores), with one window to spare.
+    let bound = capacity + 2 * window as usize * job_blocks;
+    assert!(
+        most <= bound,
+        "{most} block files for a {capacity}-block tier (bound {bound}; {} stored)",
+        jobs as usize * job_blocks
+    );
+    h.tier().drain();
+    assert_eq!(wait_for_files(&dir, capacity), capacity);
+}
+
 #[test]
 fn files_are_laid_out_by_key_with_owner_only_root() {
     let dir = scratch_dir();

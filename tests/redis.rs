@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::redis::{redis_config_at, RedisCluster, RedisServer};
+use common::redis::{raw_dbsize, redis_config_at, wait_until, RedisCluster, RedisServer};
 use common::*;
 use kvtier::{
     ErrorKind, EventKind, LookupState::*, PrimaryBuffer, RemovedReason, StoredReason, Tier,
@@ -197,6 +197,40 @@ fn owned_tiers_adopt_their_keys_when_reopened_and_delete_what_they_evict() {
     for (row, &i) in present.iter().enumerate() {
         assert!(h.row_holds(row, i));
     }
+}
+
+/// A full owned tier under a stream of stores, with more jobs in flight than
+/// it has workers, keeps the server near its capacity: the deletes of what
+/// its stores evict are not left behind the stores (before, they waited
+/// until no store was queued, and the server held every key stored).
+#[test]
+fn a_stream_of_stores_leaves_the_server_near_capacity() {
+    let server = redis_or_skip!();
+    // 64 KiB blocks: jobs long enough that the queue never runs dry
+    // between the polls.
+    let (capacity, job_blocks, window, jobs, block) = (512, 16, 16, 120, 64 << 10);
+    let mut config = redis_config_at(&server.url(), capacity, block);
+    config.set("io_threads", "2").unwrap();
+    let h = Harness::new(&config, job_blocks, block);
+    let port = server.port();
+    let most = h.stream_stores(1000, jobs, job_blocks, window, 5, || {
+        raw_dbsize(port).expect("DBSIZE")
+    });
+    // Resident blocks, plus the evictions of the jobs in flight (each job
+    // evicts as many blocks as it stores), with one window to spare.
+    let bound = capacity + 2 * window as usize * job_blocks;
+    assert!(
+        most <= bound,
+        "the server held {most} keys of a {capacity}-block tier (bound {bound}; {} stored)",
+        jobs as usize * job_blocks
+    );
+    h.tier().drain();
+    assert!(
+        wait_until(Duration::from_secs(5), || raw_dbsize(port)
+            == Some(capacity)),
+        "{:?} keys left, want {capacity}",
+        raw_dbsize(port)
+    );
 }
 
 /// A cluster tier deletes what it evicts too: one job's evictions are one

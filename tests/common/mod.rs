@@ -211,6 +211,55 @@ impl Harness {
         self.result_of(job)
     }
 
+    /// Stores `jobs` jobs of `job_blocks` new keys each (ids from `first_id`
+    /// on, all read from rows 0..job_blocks), keeping `window` jobs in
+    /// flight, as an engine cascading into a full tier does; checks every
+    /// job succeeded. Calls `sample` after every `sample_every` completions
+    /// and returns the largest value it gave.
+    pub fn stream_stores(
+        &self,
+        first_id: u64,
+        jobs: u64,
+        job_blocks: usize,
+        window: u64,
+        sample_every: u64,
+        mut sample: impl FnMut() -> usize,
+    ) -> usize {
+        for r in 0..job_blocks {
+            self.fill(r, first_id + r as u64);
+        }
+        let rows: Vec<i64> = (0..job_blocks as i64).collect();
+        let submit = |job: u64| {
+            let ids: Vec<u64> = (0..job_blocks as u64)
+                .map(|b| first_id + job * job_blocks as u64 + b)
+                .collect();
+            self.tier()
+                .submit_store(job, &keys(&ids), KEY_LEN, &rows)
+                .unwrap();
+        };
+        let (mut submitted, mut done, mut most) = (0, 0, 0);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while done < jobs {
+            while submitted < jobs && submitted - done < window {
+                submit(submitted);
+                submitted += 1;
+            }
+            let results = self.tier().poll(window as usize);
+            if results.is_empty() {
+                assert!(std::time::Instant::now() < deadline, "stores stopped");
+                self.tier().wait(std::time::Duration::from_millis(10));
+            }
+            for r in &results {
+                assert!(r.is_ok(), "{r:?}");
+                done += 1;
+                if done % sample_every == 0 {
+                    most = most.max(sample());
+                }
+            }
+        }
+        most
+    }
+
     /// Waits for and returns job `job`'s result; fails if another job's result
     /// shows up first.
     pub fn result_of(&self, job: u64) -> JobResult {
