@@ -2,10 +2,10 @@
 //!
 //! Order of service: loads (a request waits for them), probes (a lookup waits
 //! for them), then stores (background) and discards (housekeeping) taking
-//! turns while both wait. One idle worker
-//! polls briefly before sleeping, so a stream of small jobs does not pay a
-//! thread wake-up per job; the others sleep at once, so idle workers do not
-//! compete with the engine's threads for cores.
+//! turns while both wait. One idle worker polls briefly before sleeping, so
+//! a stream of small jobs does not pay a thread wake-up per job; the others
+//! sleep at once, so idle workers do not compete with the engine's threads
+//! for cores.
 
 use crate::engine::jobs::{JobKind, Task};
 use crate::sync::{Condvar, Mutex};
