@@ -2,7 +2,8 @@
 //! path (`perf stat`/`perf record` on this process; the server's CPU share
 //! from /proc alongside): `load` stores `MiB` of blocks once, then repeats
 //! timed load passes for `secs` seconds; `store` clears the tier before each
-//! timed store pass; `steady` gives the tier a capacity of half a pass and
+//! timed store pass and has the server release the freed memory (`MEMORY
+//! PURGE`), so every pass is a first fill; `steady` gives the tier a capacity of half a pass and
 //! stores new keys every pass, so every store evicts (and deletes) an older
 //! block. Prints GB/s per pass, the server's CPU share during the timed
 //! passes and this process's CPU seconds per GB. With RL_PERF_SERVER=1 it
@@ -57,6 +58,17 @@ fn server_pid(url: &str) -> Option<u32> {
         .lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// `MEMORY PURGE` on the server of `url` (jemalloc returns its free memory
+/// to the kernel), best effort. In a cluster, only that node's.
+fn release_free_memory(url: &str) {
+    let Some(port) = url.rsplit(':').next().map(|p| p.trim_end_matches('/')) else {
+        return;
+    };
+    let _ = std::process::Command::new("redis-cli")
+        .args(["-p", port, "memory", "purge"])
+        .output();
 }
 
 fn main() {
@@ -127,6 +139,9 @@ fn main() {
         if store && !steady {
             tier.clear();
             tier.drain();
+            // A first fill faults fresh memory in: not the memory the
+            // clear's DELs just freed, which jemalloc keeps for ~10 s.
+            release_free_memory(&url);
         }
         rates.push(common::pass(
             &tier, store, first, blocks, jb, window, rows, block,

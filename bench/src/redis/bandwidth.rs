@@ -151,6 +151,11 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         ];
         for (kind, tier_rows, tier_gbps, client_gbps) in directions {
             for tier_turn in [!client_first, client_first] {
+                if kind == Kind::Store {
+                    // A first fill faults fresh memory in, as the fresh-keys
+                    // bound does: not the memory the last pass freed.
+                    server.release_free_memory()?;
+                }
                 if tier_turn {
                     let faults = server.minor_faults(server_pid);
                     let pass = primary
@@ -289,12 +294,22 @@ impl Results {
                 continue;
             }
             let settings: Vec<&str> = bests.iter().map(|b| b.setting.as_str()).collect();
+            let faults: Vec<String> = bests
+                .iter()
+                .filter_map(|b| b.faults_per_request)
+                .map(|f| format!("{f:.1}"))
+                .collect();
+            let faults = if faults.is_empty() {
+                String::new()
+            } else {
+                format!("; server faults/SET {}", faults.join(" "))
+            };
             out.row(
                 format!("{label} server {what}"),
                 median(gbps),
                 "GB/s",
                 format!(
-                    "{why}; best settings {}; min {} max {}",
+                    "{why}; best settings {}{faults}; min {} max {}",
                     settings.join(" "),
                     num(min(gbps)),
                     num(max(gbps))

@@ -176,6 +176,24 @@ impl Server {
         self.dir.as_deref()
     }
 
+    /// Makes the server's allocator return the memory it holds free to the
+    /// kernel (`MEMORY PURGE`; jemalloc only, and only on a server started
+    /// here), so that the next writes fault fresh memory in, as a first fill
+    /// does. Without it, memory freed by the previous pass's deletes is
+    /// reused for as long as jemalloc keeps it (its decay, about 10 s): a
+    /// fresh-keys bound that ran on reused memory (3 faults per 64 KiB SET
+    /// against 19 when fresh) was twice as fast as one that did not.
+    pub fn release_free_memory(&self) -> Result<(), String> {
+        if self.started_here().is_none() {
+            return Ok(());
+        }
+        let mut c = self.connect()?;
+        redis::cmd("MEMORY")
+            .arg("PURGE")
+            .query::<()>(&mut c)
+            .map_err(|e| format!("MEMORY PURGE: {e}"))
+    }
+
     /// Bytes the server uses (INFO memory), 0 if unknown.
     pub fn used_memory(&self) -> u64 {
         let Ok(mut c) = self.connect() else { return 0 };
