@@ -182,6 +182,67 @@ fn a_stream_of_stores_leaves_the_directory_near_capacity() {
     assert_eq!(wait_for_files(&dir, capacity), capacity);
 }
 
+/// A store submitted into a stream of loads, with more load jobs in flight
+/// than the tier has workers, finishes while the loads go on (before, stores
+/// waited until no load was queued).
+#[test]
+fn a_store_finishes_within_a_stream_of_loads() {
+    let dir = scratch_dir();
+    let job_blocks = 16;
+    let mut cfg = config(&dir, 64);
+    cfg.io_threads = Some(1);
+    let h = Harness::new(&cfg, 2 * job_blocks, BB);
+    let loaded: Vec<u64> = (1..=job_blocks as u64).collect();
+    h.store_all(1, &loaded);
+    let load_rows: Vec<i64> = (0..job_blocks as i64).collect();
+    let store_rows: Vec<i64> = (job_blocks as i64..2 * job_blocks as i64).collect();
+    let stored: Vec<u64> = (100..100 + job_blocks as u64).collect();
+    for (&row, &i) in store_rows.iter().zip(&stored) {
+        h.fill(row as usize, i);
+    }
+    let (loads, window, store_after, store_job) = (600u64, 8u64, 20u64, 1_000_000u64);
+    let (mut submitted, mut done) = (0u64, 0u64);
+    let mut store_done_at = None;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while done < loads {
+        while submitted < loads && submitted - done < window {
+            h.tier()
+                .submit_load(10 + submitted, &keys(&loaded), KEY_LEN, &load_rows)
+                .unwrap();
+            submitted += 1;
+        }
+        if done >= store_after && submitted == done + window && store_done_at.is_none() {
+            // Once: the store joins a queue that holds loads.
+            h.tier()
+                .submit_store(store_job, &keys(&stored), KEY_LEN, &store_rows)
+                .unwrap();
+            store_done_at = Some(None);
+        }
+        let results = h.tier().poll(16);
+        if results.is_empty() {
+            assert!(Instant::now() < deadline, "jobs stopped");
+            h.tier().wait(Duration::from_millis(10));
+        }
+        for r in results {
+            assert!(r.is_ok(), "{r:?}");
+            if r.job_id == store_job {
+                store_done_at = Some(Some(done));
+            } else {
+                done += 1;
+            }
+        }
+    }
+    let at = store_done_at
+        .expect("the store was submitted")
+        .expect("the store finished only after the last load");
+    assert!(
+        at < store_after + 100,
+        "the store finished after {} more loads",
+        at - store_after
+    );
+    assert_eq!(h.present(&stored), stored);
+}
+
 #[test]
 fn files_are_laid_out_by_key_with_owner_only_root() {
     let dir = scratch_dir();

@@ -2,10 +2,12 @@
 //!
 //! Order of service: loads (a request waits for them), probes (a lookup waits
 //! for them), then stores (background) and discards (housekeeping) taking
-//! turns while both wait. One idle worker polls briefly before sleeping, so
-//! a stream of small jobs does not pay a thread wake-up per job; the others
-//! sleep at once, so idle workers do not compete with the engine's threads
-//! for cores.
+//! turns while both wait. While background work waits, it gets one turn
+//! after every [`FOREGROUND_BURST`] loads and probes, so that no kind of work
+//! waits for another to run dry. One idle worker polls briefly before
+//! sleeping, so a stream of small jobs does not pay a thread wake-up per
+//! job; the others sleep at once, so idle workers do not compete with the
+//! engine's threads for cores.
 
 use crate::engine::jobs::{JobKind, Task};
 use crate::sync::{Condvar, Mutex};
@@ -47,6 +49,15 @@ impl Work {
     }
 }
 
+/// Loads and probes served in a row while background work (stores,
+/// discards) waits, before one piece of it goes. Strict priority let a
+/// stream of loads with more jobs in flight than workers hold every store
+/// back for as long as it lasted (and the engine's rows with them); vLLM's
+/// own tiers give reads and writes separate thread pools. A load then waits
+/// at most one background task per eight on a worker, and only when every
+/// worker is busy.
+const FOREGROUND_BURST: u32 = 8;
+
 #[derive(Default)]
 struct Queues {
     loads: VecDeque<Work>,
@@ -56,13 +67,22 @@ struct Queues {
     /// The last of the two background lanes served was stores: a discard
     /// goes next if one waits.
     discard_next: bool,
+    /// Loads and probes served in a row while background work waited.
+    foreground_streak: u32,
 }
 
 impl Queues {
     fn pop(&mut self) -> Option<Work> {
-        if let Some(work) = self.loads.pop_front().or_else(|| self.probes.pop_front()) {
-            return Some(work);
+        let background_waits = !self.stores.is_empty() || !self.discards.is_empty();
+        if !background_waits || self.foreground_streak < FOREGROUND_BURST {
+            if let Some(work) = self.loads.pop_front().or_else(|| self.probes.pop_front()) {
+                if background_waits {
+                    self.foreground_streak += 1;
+                }
+                return Some(work);
+            }
         }
+        self.foreground_streak = 0;
         // Stores and discards take turns. Served only when no store waits,
         // discards starved for as long as the engine kept more store jobs
         // in flight than there are workers: the evicted blocks stayed in
@@ -334,6 +354,45 @@ mod tests {
             );
         }
         assert!(discards_served >= 99, "{discards_served}");
+    }
+
+    #[test]
+    fn a_stream_of_loads_lets_background_work_through() {
+        let mut q = Queues::default();
+        q.stores.push_back(marker(10));
+        q.discards.push_back(marker(20));
+        let mut order = Vec::new();
+        for _ in 0..(2 * (FOREGROUND_BURST as usize + 1)) {
+            // Each load popped is replaced by another: loads never run dry.
+            q.loads.push_back(marker(1));
+            q.probes.push_back(marker(2));
+            let Some(Work::Touch(keys, _)) = q.pop() else {
+                unreachable!("markers queued")
+            };
+            order.push(keys[0]);
+            q.loads.clear();
+            q.probes.clear();
+        }
+        let burst = FOREGROUND_BURST as usize;
+        assert!(order[..burst].iter().all(|&n| n == 1), "{order:?}");
+        assert_eq!(order[burst], 10, "{order:?}");
+        assert!(
+            order[burst + 1..2 * burst + 1].iter().all(|&n| n == 1),
+            "{order:?}"
+        );
+        assert_eq!(order[2 * burst + 1], 20, "{order:?}");
+    }
+
+    #[test]
+    fn without_background_work_loads_go_on_without_a_break() {
+        let mut q = Queues::default();
+        for _ in 0..100 {
+            q.loads.push_back(marker(1));
+        }
+        q.probes.push_back(marker(2));
+        let served = served(&mut q);
+        assert_eq!(served.len(), 101);
+        assert_eq!(served[100], 2);
     }
 
     #[test]
