@@ -5,6 +5,8 @@
 //! Bounds, all with O_DIRECT (the page cache is bypassed by both sides):
 //! - bandwidth: one file per block, created, written and closed (or opened,
 //!   read and closed) by as many threads as the tier has I/O threads;
+//! - a full tier's stores: the same writes, each with the unlink of an older
+//!   file;
 //! - 4 KiB store: exclusive create + O_DIRECT write + close + rename, the
 //!   least a crash-safe store can do; 4 KiB load: open + O_DIRECT read + close.
 
@@ -14,6 +16,7 @@ mod latency;
 mod recovery;
 mod shared;
 mod small;
+mod steady;
 
 use crate::cli::Settings;
 use crate::report::{gib, Report};
@@ -25,6 +28,7 @@ const NS_BANDWIDTH: u64 = 11;
 const NS_SMALL: u64 = 12;
 const NS_LATENCY: u64 = 13;
 const NS_RECOVERY: u64 = 14;
+// 15: the full-tier passes (`steady`).
 
 /// The settings with the disk backend's own defaults applied.
 pub struct Params {
@@ -99,17 +103,24 @@ fn run_in(s: &Settings, p: &Params) -> Result<Report, String> {
         return Ok(report);
     }
     let bandwidth = bandwidth::run(p)?;
+    let steady = steady::run(p)?;
     let latency = latency::run(p)?;
     let small = small::run(p)?;
     let recovery = recovery::run(p)?;
     bandwidth.report(p, &mut report);
+    if let Some(steady) = &steady {
+        steady.report(&mut report);
+    }
     latency.report(&mut report);
     small.report(&mut report);
     recovery.report(&mut report);
-    let verified = bandwidth.verified_bytes + latency.verified_bytes + recovery.verified_bytes;
+    let verified = bandwidth.verified_bytes
+        + steady.as_ref().map_or(0, |s| s.verified_bytes)
+        + latency.verified_bytes
+        + recovery.verified_bytes;
     report.field("verified_bytes", verified);
     report.verified(format!(
-        "{} loaded back (bandwidth, every 4 KiB round trip, 1 in 64 recovered blocks)",
+        "{} loaded back (bandwidth, the full tier's newest quarter, every 4 KiB round trip, 1 in 64 recovered blocks)",
         gib(verified)
     ));
     report.finish();
