@@ -169,13 +169,13 @@ fn free_ports(n: usize) -> Vec<u16> {
         .collect()
 }
 
-/// Sends PING over a raw connection; the first line of the reply, if any
-/// (`+PONG`, or `-NOAUTH ...` on a server that wants a password).
-pub fn raw_ping(port: u16) -> Option<String> {
+/// Sends `command` (RESP) over a new raw connection; the first line of the
+/// reply, if any.
+fn raw_first_line(port: u16, command: &[u8]) -> Option<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
     stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream.write_all(b"*1\r\n$4\r\nPING\r\n").ok()?;
+    stream.write_all(command).ok()?;
     let mut reply = Vec::new();
     let mut byte = [0u8; 1];
     while !reply.ends_with(b"\r\n") {
@@ -188,24 +188,18 @@ pub fn raw_ping(port: u16) -> Option<String> {
     Some(String::from_utf8_lossy(&reply).into_owned())
 }
 
+/// Sends PING over a raw connection; the first line of the reply, if any
+/// (`+PONG`, or `-NOAUTH ...` on a server that wants a password).
+pub fn raw_ping(port: u16) -> Option<String> {
+    raw_first_line(port, b"*1\r\n$4\r\nPING\r\n")
+}
+
 /// DBSIZE over a raw connection (no process started per call, so it can be
 /// sampled while jobs stream); None if the server does not answer with a
 /// count.
 pub fn raw_dbsize(port: u16) -> Option<usize> {
-    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(1)).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
-    stream.write_all(b"*1\r\n$6\r\nDBSIZE\r\n").ok()?;
-    let mut reply = Vec::new();
-    let mut byte = [0u8; 1];
-    while !reply.ends_with(b"\r\n") {
-        match stream.read(&mut byte) {
-            Ok(1) => reply.push(byte[0]),
-            _ => return None,
-        }
-    }
-    std::str::from_utf8(reply.strip_prefix(b":")?.strip_suffix(b"\r\n")?)
-        .ok()?
+    raw_first_line(port, b"*1\r\n$6\r\nDBSIZE\r\n")?
+        .strip_prefix(':')?
         .parse()
         .ok()
 }
