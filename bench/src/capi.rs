@@ -7,7 +7,7 @@ use kvtier::ffi::{self, tier_config_t, tier_job_result_t, tier_stats_t, tier_sta
 use std::ffi::{c_char, CStr, CString};
 use std::marker::PhantomData;
 
-pub use kvtier::ffi::{TIER_HIT, TIER_MISS, TIER_OK};
+pub use kvtier::ffi::{TIER_HIT, TIER_MISS, TIER_OK, TIER_PENDING};
 use kvtier::ffi::{TIER_JOB_LOAD, TIER_JOB_STORE};
 
 /// A job's direction: store (primary -> tier) or load (tier -> primary).

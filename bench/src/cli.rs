@@ -28,10 +28,10 @@ pub enum Backend {
 struct Cli {
     /// the backend measured; disk covers bandwidth, a full tier's stores, 4
     /// KiB round trips, 64 KiB blocks/s, lookup and restart recovery of
-    /// 100,000 blocks, with the page cache bypassed; redis covers 2 MiB and 64 KiB bandwidth, 4 KiB round
-    /// trips and lookup against the redis crate alone and redis-benchmark
-    /// (skipped, exit 0, if redis-server is missing, unless
-    /// KVTIER_REQUIRE_REDIS=1)
+    /// 100,000 blocks, with the page cache bypassed; redis covers 2 MiB and
+    /// 64 KiB bandwidth, 4 KiB round trips, lookup and shared lookups'
+    /// verdicts against the redis crate alone and redis-benchmark (skipped,
+    /// exit 0, if redis-server is missing, unless KVTIER_REQUIRE_REDIS=1)
     #[arg(long, value_enum, default_value_t = Backend::Memory)]
     backend: Backend,
     /// disk: scratch directory (default: a new one under the system temp

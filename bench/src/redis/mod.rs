@@ -8,13 +8,16 @@
 //!   of a few clients x pipeline settings (see `benchmark`);
 //! - client crate: the `redis` crate alone sending the same pipelines of the
 //!   same values over as many connections as kvtier has jobs in flight (see
-//!   `client`).
+//!   `client`);
+//! - shared lookups of keys this process does not hold: the server's
+//!   `EXISTS` round trip (see `probe`).
 
 mod bandwidth;
 mod benchmark;
 mod client;
 mod latency;
 mod lookup;
+mod probe;
 mod server;
 mod steady;
 
@@ -27,6 +30,7 @@ use server::Server;
 const NS_BANDWIDTH: u64 = 21;
 const NS_LATENCY: u64 = 23;
 const NS_LOOKUP: u64 = 24;
+const NS_PROBE: u64 = 25;
 
 /// Block size of the second bandwidth phase.
 const SMALL_BLOCK: usize = 64 << 10;
@@ -152,6 +156,7 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     let small = bandwidth::run(p, server, SMALL_BLOCK, p.small_blocks)?;
     let latency = latency::run(p, server)?;
     let lookup = lookup::run(p, server)?;
+    let probe = probe::run(p, server)?;
     let source = if s.io_threads.is_some() {
         "--io-threads"
     } else {
@@ -185,6 +190,7 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     small.report(p, "_64k", &mut report);
     latency.report(p, &mut report);
     lookup.report(p, &mut report);
+    probe.report(&mut report);
     report.field("server_version", &server.version);
     report.field("server_started", server.started_here().is_some());
     report.field("window", p.window);
