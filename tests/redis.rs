@@ -292,6 +292,54 @@ fn a_cluster_tier_deletes_what_it_evicts_on_every_node() {
     }
 }
 
+/// One lookup of many keys a shared tier has not seen: every key PENDING,
+/// then each its own verdict (the keys are asked in pipelines of up to 64,
+/// on a cluster each to its own master), HIT exactly for the stored ones.
+fn a_lookup_of_many_unseen_keys_gets_each_verdict(config: TierConfig) {
+    let mut config = config;
+    config.set("sharing", "shared").unwrap();
+    let writer = Harness::new(&config, 10, BB);
+    let stored: Vec<u64> = (1..=150).filter(|i| i % 3 == 0).collect();
+    for (job, ids) in stored.chunks(10).enumerate() {
+        writer.store_all(job as u64 + 1, ids);
+    }
+    let reader = Harness::new(&config, 10, BB);
+    let all: Vec<u64> = (1..=150).collect();
+    assert!(reader.lookup(&all).iter().all(|&s| s == Pending));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let states = loop {
+        let states = reader.lookup(&all);
+        if !states.contains(&Pending) {
+            break states;
+        }
+        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    for (&i, &state) in all.iter().zip(&states) {
+        let want = if i % 3 == 0 { Hit } else { Miss };
+        assert_eq!(state, want, "key {i}");
+    }
+    let rows: Vec<i64> = (0..10).collect();
+    assert!(reader.load(1, &stored[..10], &rows).is_ok());
+    for (row, &i) in stored[..10].iter().enumerate() {
+        assert!(reader.row_holds(row, i));
+    }
+}
+
+#[test]
+fn a_lookup_of_many_unseen_keys_gets_each_verdict_on_a_server() {
+    let server = redis_or_skip!();
+    a_lookup_of_many_unseen_keys_gets_each_verdict(redis_config_at(&server.url(), 256, BB));
+}
+
+#[test]
+fn a_lookup_of_many_unseen_keys_gets_each_verdict_on_a_cluster() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("cluster", "on").unwrap();
+    a_lookup_of_many_unseen_keys_gets_each_verdict(config);
+}
+
 #[test]
 fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();

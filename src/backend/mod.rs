@@ -217,6 +217,21 @@ pub(crate) trait Backend: Send + Sync {
         record(false)
     }
 
+    /// Whether [`Backend::probe_many`] asks for many keys at once (one
+    /// round trip), so that a lookup's keys are probed together rather than
+    /// one per worker.
+    fn probes_in_batches(&self) -> bool {
+        false
+    }
+
+    /// [`Backend::probe`] for each of `keys`, `record(i, found)` once for
+    /// key `i`, under the same exclusion.
+    fn probe_many(&self, keys: &[Vec<u8>], record: &mut dyn FnMut(usize, bool)) {
+        for (i, key) in keys.iter().enumerate() {
+            self.probe(key, &mut |found| record(i, found));
+        }
+    }
+
     /// Bytes of storage this backend holds resident in the process's memory
     /// (the memory arena's populated pages; 0 for storage elsewhere).
     fn resident_bytes(&self) -> u64 {

@@ -120,10 +120,7 @@ impl Shared {
                     watched(&mut || self.backend.discard(batch, &is_live));
                 }
             }
-            Work::Probe(key) => {
-                let mut key = Some(key);
-                watched(&mut || self.run_probe(key.take().expect("run once")))
-            }
+            Work::Probe(keys) => watched(&mut || self.run_probes(&keys)),
             Work::Touch(keys, key_len) => watched(&mut || self.backend.touch(&keys, key_len)),
         }
     }

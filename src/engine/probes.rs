@@ -16,6 +16,11 @@ use std::time::Instant;
 /// remembered; beyond it the least recently asked are forgotten.
 pub(super) const MAX_PROBE_MEMORY: usize = 65_536;
 
+/// Most keys one probe asks storage about, for a backend that asks for many
+/// in one round trip: a lookup of a long prefix, all PENDING, gets its
+/// verdicts in one round trip per batch instead of one per key per worker.
+const PROBE_BATCH: usize = 64;
+
 /// What is known about a key absent from the index but maybe in storage.
 pub(super) enum Probe {
     /// A worker is asking storage.
@@ -65,21 +70,44 @@ impl Shared {
         to_probe
     }
 
-    /// Queues probes of `keys` for the workers.
-    pub(super) fn queue_probes(&self, keys: Vec<Vec<u8>>) {
+    /// Queues probes of `keys` for the workers: one per key, or batches of
+    /// up to [`PROBE_BATCH`] for a backend that asks for many keys in one
+    /// round trip.
+    pub(super) fn queue_probes(&self, mut keys: Vec<Vec<u8>>) {
         if keys.is_empty() {
             return;
         }
-        let probes = keys.into_iter().map(Work::Probe);
-        if let Err(unqueued) = self.queue.push_all(Lane::Probes, probes) {
-            // No memory to queue them: forget them, so that the keys
-            // (answered PENDING) are asked for again by a later lookup.
-            let mut st = self.state.lock();
-            for work in unqueued {
-                if let Work::Probe(key) = work {
-                    st.probes.remove(&key);
-                }
-            }
+        let per_work = if self.backend.probes_in_batches() {
+            PROBE_BATCH
+        } else {
+            1
+        };
+        let mut batches = Vec::new();
+        if batches.try_reserve(keys.len().div_ceil(per_work)).is_err() {
+            self.forget_probes(keys.into_iter());
+            return;
+        }
+        while !keys.is_empty() {
+            let rest = keys.split_off(keys.len().saturating_sub(per_work));
+            batches.push(Work::Probe(rest));
+        }
+        // Split off from the end: the first keys of the lookup first.
+        batches.reverse();
+        if let Err(unqueued) = self.queue.push_all(Lane::Probes, batches.into_iter()) {
+            // No memory to queue them.
+            self.forget_probes(unqueued.flat_map(|work| match work {
+                Work::Probe(keys) => keys,
+                _ => Vec::new(),
+            }));
+        }
+    }
+
+    /// Forgets that `keys` are being probed, so that a later lookup asks for
+    /// them again (they were answered PENDING).
+    fn forget_probes(&self, keys: impl Iterator<Item = Vec<u8>>) {
+        let mut st = self.state.lock();
+        for key in keys {
+            st.probes.remove(&key);
         }
     }
 
@@ -109,13 +137,14 @@ impl Shared {
         true
     }
 
-    /// Asks storage for a key another process may have stored; a block found
+    /// Asks storage for keys another process may have stored; a block found
     /// joins the index (making room like a store would). The index is updated
-    /// inside the backend's answer, while the backend holds off deleting the
-    /// key.
-    pub(super) fn run_probe(&self, key: Vec<u8>) {
+    /// inside the backend's answer for each key, while the backend holds off
+    /// deleting that key.
+    pub(super) fn run_probes(&self, keys: &[Vec<u8>]) {
         let mut released = Vec::new();
-        self.backend.probe(&key, &mut |found| {
+        self.backend.probe_many(keys, &mut |i, found| {
+            let key = &keys[i];
             let mut st = self.state.lock();
             let State {
                 index,
@@ -123,10 +152,10 @@ impl Shared {
                 victims,
                 ..
             } = &mut *st;
-            probes.remove(&key);
+            probes.remove(key);
             let admitted = if found {
-                index.admit_found(&key, victims, StoredReason::Found)
-            } else if index.contains(&key) {
+                index.admit_found(key, victims, StoredReason::Found)
+            } else if index.contains(key) {
                 Admitted::Present
             } else {
                 Admitted::NoRoom
@@ -141,7 +170,7 @@ impl Shared {
                     probes.insert(key.clone(), Probe::Missing(Instant::now() + self.probe_ttl));
                 }
             }
-            released = index.take_released();
+            released.append(&mut index.take_released());
         });
         self.discard(released);
     }

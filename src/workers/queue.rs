@@ -19,8 +19,10 @@ use std::time::{Duration, Instant};
 pub(crate) enum Work {
     /// Copy a run of one job's blocks.
     Copy(Task),
-    /// Does storage hold this key (shared disk tiers)?
-    Probe(Vec<u8>),
+    /// Does storage hold these keys (shared tiers)? One key each for a
+    /// backend that asks per key, the keys of one lookup for one that asks
+    /// for many at once (`Backend::probes_in_batches`).
+    Probe(Vec<Vec<u8>>),
     /// Release the storage of evicted or cleared blocks (slot, key).
     Discard(Vec<(u32, Vec<u8>)>),
     /// Tell storage these keys were used (packed, `key_len` bytes each).

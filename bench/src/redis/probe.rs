@@ -3,7 +3,8 @@
 //! measured is the time from that first lookup to the verdict (HIT for a
 //! key another tier stored, MISS for one nobody did), against the server's
 //! round trip for the same question (`EXISTS` on one connection of the
-//! redis crate), the two alternating in one run.
+//! redis crate), the two alternating in one run. Then the same for lookups
+//! of 32 keys at once (half stored), against a pipeline of 32 `EXISTS`.
 //!
 //! Between lookups the caller sleeps (2 us, with a timer slack of 1 ns), as
 //! an engine's scheduler loop does something else, rather than spinning: a
@@ -23,8 +24,14 @@ use crate::stats::percentile;
 use std::time::{Duration, Instant};
 
 const B: usize = 4096;
-/// Keys the writer stores (the HIT verdicts), and as many never stored.
-const KEYS: usize = 2048;
+/// One-key lookups of stored keys (HIT verdicts), and as many of keys never
+/// stored (MISS).
+const SINGLES: usize = 2048;
+/// Keys per batched lookup (half stored, half not), and how many lookups.
+const BATCH: usize = 32;
+const BATCHES: usize = 128;
+/// Keys the writer stores, and as many never stored.
+const KEYS: usize = SINGLES + BATCHES * BATCH / 2;
 /// A verdict later than this is a failure of the run.
 const VERDICT_LIMIT: Duration = Duration::from_secs(5);
 
@@ -33,6 +40,10 @@ pub struct Results {
     pub hit_ns: Vec<u64>,
     pub miss_ns: Vec<u64>,
     pub exists_ns: Vec<u64>,
+    /// A batched lookup's last verdict, and the crate's pipeline of as many
+    /// EXISTS.
+    pub batch_ns: Vec<u64>,
+    pub exists_pipeline_ns: Vec<u64>,
 }
 
 pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
@@ -58,21 +69,23 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
     let _slack = FineTimerSlack::new();
     let mut conn = server.connect()?;
     let mut r = Results {
-        hit_ns: Vec::with_capacity(KEYS),
-        miss_ns: Vec::with_capacity(KEYS),
-        exists_ns: Vec::with_capacity(KEYS),
+        hit_ns: Vec::with_capacity(SINGLES),
+        miss_ns: Vec::with_capacity(SINGLES),
+        exists_ns: Vec::with_capacity(SINGLES),
+        batch_ns: Vec::with_capacity(BATCHES),
+        exists_pipeline_ns: Vec::with_capacity(BATCHES),
     };
-    for i in 0..KEYS {
-        let key = |set: &[u8]| set[i * KEY_LEN..(i + 1) * KEY_LEN].to_vec();
+    let key = |set: &[u8], i: usize| set[i * KEY_LEN..(i + 1) * KEY_LEN].to_vec();
+    for i in 0..SINGLES {
         // Alternating which goes first: the first probe after the EXISTS may
         // find every worker asleep and pay its wake-up.
-        let (hit_first, (hit, miss)) = (i % 2 == 0, (key(&stored), key(&absent)));
+        let (hit_first, hit, miss) = (i % 2 == 0, key(&stored, i), key(&absent, i));
         if hit_first {
-            r.hit_ns.push(verdict_ns(&reader, &hit, TIER_HIT)?);
+            r.hit_ns.push(verdicts_ns(&reader, &hit, &[TIER_HIT])?);
         }
-        r.miss_ns.push(verdict_ns(&reader, &miss, TIER_MISS)?);
+        r.miss_ns.push(verdicts_ns(&reader, &miss, &[TIER_MISS])?);
         if !hit_first {
-            r.hit_ns.push(verdict_ns(&reader, &hit, TIER_HIT)?);
+            r.hit_ns.push(verdicts_ns(&reader, &hit, &[TIER_HIT])?);
         }
         let name = format!("{prefix}:exists-probe:{i}");
         let start = Instant::now();
@@ -81,6 +94,28 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
             .query(&mut conn)
             .map_err(|e| format!("EXISTS: {e}"))?;
         r.exists_ns.push(start.elapsed().as_nanos() as u64);
+    }
+    for b in 0..BATCHES {
+        // Stored and absent keys alternating, as a prefix the tier holds
+        // only in part might be.
+        let (mut batch, mut want) = (Vec::new(), Vec::new());
+        for j in 0..BATCH / 2 {
+            let i = SINGLES + b * BATCH / 2 + j;
+            batch.extend(key(&stored, i));
+            batch.extend(key(&absent, i));
+            want.extend([TIER_HIT, TIER_MISS]);
+        }
+        r.batch_ns.push(verdicts_ns(&reader, &batch, &want)?);
+        let mut pipe = redis::pipe();
+        for j in 0..BATCH {
+            pipe.cmd("EXISTS")
+                .arg(format!("{prefix}:exists-probe:{b}:{j}"));
+        }
+        let start = Instant::now();
+        let _: Vec<i64> = pipe
+            .query(&mut conn)
+            .map_err(|e| format!("EXISTS pipeline: {e}"))?;
+        r.exists_pipeline_ns.push(start.elapsed().as_nanos() as u64);
     }
     drop(reader);
     server.delete_prefix(&prefix)?;
@@ -107,31 +142,31 @@ impl Drop for FineTimerSlack {
     }
 }
 
-/// Nanoseconds from a lookup of `key` that must answer PENDING to the one
-/// that answers `want`, looking up again every 2 us.
-fn verdict_ns(tier: &Tier, key: &[u8], want: u8) -> Result<u64, String> {
-    let mut state = [0u8; 1];
+/// Nanoseconds from a lookup of `keys` that must answer PENDING for every
+/// key to the one that answers `want`, looking up again every 2 us.
+fn verdicts_ns(tier: &Tier, keys: &[u8], want: &[u8]) -> Result<u64, String> {
+    let mut states = vec![0u8; want.len()];
     let start = Instant::now();
-    tier.lookup(key, KEY_LEN, &mut state)
+    tier.lookup(keys, KEY_LEN, &mut states)
         .map_err(|e| e.to_string())?;
-    if state[0] != TIER_PENDING {
+    if let Some(s) = states.iter().find(|&&s| s != TIER_PENDING) {
         return Err(format!(
-            "a key this tier never held was answered {} without a probe",
-            state[0]
+            "a key this tier never held was answered {s} without a probe"
         ));
     }
     loop {
         std::thread::sleep(Duration::from_micros(2));
-        tier.lookup(key, KEY_LEN, &mut state)
+        tier.lookup(keys, KEY_LEN, &mut states)
             .map_err(|e| e.to_string())?;
-        if state[0] == want {
+        if states == want {
             return Ok(start.elapsed().as_nanos() as u64);
         }
-        if state[0] != TIER_PENDING {
-            return Err(format!(
-                "a probe answered {} where {want} was due",
-                state[0]
-            ));
+        if let Some((s, w)) = states
+            .iter()
+            .zip(want)
+            .find(|&(s, w)| s != w && *s != TIER_PENDING)
+        {
+            return Err(format!("a probe answered {s} where {w} was due"));
         }
         if start.elapsed() > VERDICT_LIMIT {
             return Err("a probe's verdict did not arrive within 5 s".into());
@@ -179,5 +214,30 @@ impl Results {
             out.field(&format!("{key}_over_exists"), ratio);
         }
         out.field("exists_us", exists);
+        let pipeline = us(&self.exists_pipeline_ns, 0.5);
+        out.row(
+            format!("shared lookup: {BATCH} EXISTS pipelined"),
+            pipeline,
+            "us",
+            format!(
+                "the redis crate alone, one connection, median of {}; p99 {} us",
+                self.exists_pipeline_ns.len(),
+                num(us(&self.exists_pipeline_ns, 0.99))
+            ),
+        );
+        let batch = us(&self.batch_ns, 0.5);
+        out.row(
+            format!("shared lookup of {BATCH} keys: PENDING to all verdicts"),
+            batch,
+            "us",
+            format!(
+                "{}x the pipeline; half HIT, half MISS; median of {}, p99 {} us",
+                num(batch / pipeline),
+                self.batch_ns.len(),
+                num(us(&self.batch_ns, 0.99))
+            ),
+        );
+        out.field("probe_batch_us", batch);
+        out.field("exists_pipeline_us", pipeline);
     }
 }

@@ -887,15 +887,31 @@ impl Backend for RedisBackend {
     }
 
     fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
-        let name = self.name(key);
+        self.probe_many(&[key.to_vec()], &mut |_, found| record(found));
+    }
+
+    fn probes_in_batches(&self) -> bool {
+        true
+    }
+
+    /// One pipeline of `EXISTS`, one per key (in a cluster the crate splits
+    /// it by master, and follows redirections).
+    fn probe_many(&self, keys: &[Vec<u8>], record: &mut dyn FnMut(usize, bool)) {
+        let exists = |i: usize| redis::cmd("EXISTS").arg(self.name(&keys[i])).take();
         // Unknown (server unreachable) reads as absent: a MISS, not a wait.
-        let exists = self
+        let counts = self
             .pool
-            .with("EXISTS", |c| {
-                redis::cmd("EXISTS").arg(&name).query::<i64>(c)
+            .with_conn("EXISTS pipeline", |conn| {
+                pipelined::<i64>(conn, keys.len(), exists)
             })
-            .is_ok_and(|n| n > 0);
-        record(exists);
+            .ok()
+            .filter(|counts| counts.len() == keys.len());
+        for i in 0..keys.len() {
+            let found = counts
+                .as_ref()
+                .is_some_and(|c| c[i].as_ref().is_ok_and(|&n| n > 0));
+            record(i, found);
+        }
     }
 
     fn min_task_bytes(&self) -> usize {
