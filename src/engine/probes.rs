@@ -73,7 +73,7 @@ impl Shared {
     /// Queues probes of `keys` for the workers: one per key, or batches of
     /// up to [`PROBE_BATCH`] for a backend that asks for many keys in one
     /// round trip.
-    pub(super) fn queue_probes(&self, mut keys: Vec<Vec<u8>>) {
+    pub(super) fn queue_probes(&self, keys: Vec<Vec<u8>>) {
         if keys.is_empty() {
             return;
         }
@@ -87,12 +87,10 @@ impl Shared {
             self.forget_probes(keys.into_iter());
             return;
         }
-        while !keys.is_empty() {
-            let rest = keys.split_off(keys.len().saturating_sub(per_work));
-            batches.push(Work::Probe(rest));
+        let mut keys = keys.into_iter().peekable();
+        while keys.peek().is_some() {
+            batches.push(Work::Probe(keys.by_ref().take(per_work).collect()));
         }
-        // Split off from the end: the first keys of the lookup first.
-        batches.reverse();
         if let Err(unqueued) = self.queue.push_all(Lane::Probes, batches.into_iter()) {
             // No memory to queue them.
             self.forget_probes(unqueued.flat_map(|work| match work {

@@ -71,15 +71,35 @@ pub fn read_file(path: &Path, out: &mut [u8]) -> Result<(), String> {
 /// Deletes every block file under `dir` (keeping the directories), so a
 /// reopened tier starts empty on fan-out directories already made.
 pub fn remove_block_files(dir: &Path) -> Result<(), String> {
+    for_each_block_file(dir, &mut |path| {
+        std::fs::remove_file(path).map_err(|e| format!("{}: {e}", path.display()))
+    })
+}
+
+/// Block files (`*.kvb`) under `dir`, at any depth.
+pub fn count_block_files(dir: &Path) -> Result<usize, String> {
+    let mut count = 0;
+    for_each_block_file(dir, &mut |_| {
+        count += 1;
+        Ok(())
+    })?;
+    Ok(count)
+}
+
+/// Calls `f` with every block file (`*.kvb`) under `dir`, at any depth.
+fn for_each_block_file(
+    dir: &Path,
+    f: &mut dyn FnMut(&Path) -> Result<(), String>,
+) -> Result<(), String> {
     for entry in std::fs::read_dir(dir)
         .map_err(|e| format!("{}: {e}", dir.display()))?
         .flatten()
     {
         let path = entry.path();
         if path.is_dir() {
-            remove_block_files(&path)?;
+            for_each_block_file(&path, f)?;
         } else if path.extension().is_some_and(|e| e == "kvb") {
-            std::fs::remove_file(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+            f(&path)?;
         }
     }
     Ok(())

@@ -7,7 +7,7 @@
 //! new file per block, each with the unlink of an older one, on as many
 //! threads; passes alternating with the tier's.
 
-use super::files::{fresh_dir, write_file};
+use super::files::{count_block_files, fresh_dir, write_file};
 use super::shared::{config, Primary};
 use super::Params;
 use crate::buffer::time_parallel;
@@ -145,22 +145,6 @@ fn wait_for_files(dir: &Path, n: usize) -> Result<(), String> {
         }
         std::thread::sleep(Duration::from_millis(1));
     }
-}
-
-fn count_block_files(dir: &Path) -> Result<usize, String> {
-    let mut count = 0;
-    for entry in std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e}", dir.display()))?
-        .flatten()
-    {
-        let path = entry.path();
-        if path.is_dir() {
-            count += count_block_files(&path)?;
-        } else if path.extension().is_some_and(|e| e == "kvb") {
-            count += 1;
-        }
-    }
-    Ok(count)
 }
 
 impl Results {
