@@ -340,6 +340,56 @@ fn a_lookup_of_many_unseen_keys_gets_each_verdict_on_a_cluster() {
     a_lookup_of_many_unseen_keys_gets_each_verdict(config);
 }
 
+/// A cluster master killed: a shared lookup's keys on the live masters
+/// still get their verdicts (HIT for the stored ones), and only the dead
+/// master's keys read MISS. The keys of one lookup are probed together, so
+/// a pipeline split by master must not fail as a whole with one master.
+#[test]
+fn a_dead_cluster_master_costs_shared_lookups_only_its_own_keys() {
+    let mut cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("cluster", "on").unwrap();
+    config.set("sharing", "shared").unwrap();
+    config.set("io_timeout_ms", "500").unwrap();
+    let writer = Harness::new(&config, 10, BB);
+    let ids: Vec<u64> = (1..=60).collect();
+    let stored: Vec<u64> = ids.iter().copied().filter(|i| i % 2 == 0).collect();
+    for (job, chunk) in stored.chunks(10).enumerate() {
+        writer.store_all(job as u64 + 1, chunk);
+    }
+    let reader = Harness::new(&config, 10, BB);
+    let dead = cluster.kill9_master(0);
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    assert!(reader.lookup(&ids).iter().all(|&s| s == Pending));
+    // Within the cluster's node timeout (2 s), before the live masters
+    // would call the cluster down.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    let states = loop {
+        let states = reader.lookup(&ids);
+        if !states.contains(&Pending) {
+            break states;
+        }
+        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    let mut hits_on_live_masters = 0;
+    for (&i, &state) in ids.iter().zip(&states) {
+        let want = if i % 2 == 0 && !dead.serves(slot_of(i)) {
+            hits_on_live_masters += 1;
+            Hit
+        } else {
+            Miss
+        };
+        assert_eq!(
+            state,
+            want,
+            "key {i} (on the dead master: {})",
+            dead.serves(slot_of(i))
+        );
+    }
+    assert!(hits_on_live_masters > 0, "stored keys on the live masters");
+}
+
 #[test]
 fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();
@@ -691,24 +741,20 @@ fn concurrent_cluster_jobs_share_one_connection_per_master() {
     assert_eq!(described_count(&h, " blocks rerouted"), 0);
 }
 
-/// Slots move between two jobs of one tier: the second job's blocks on the
-/// moved slots meet MOVED from their old master (the tier's slot map is
-/// stale), are stored and loaded byte-exact all the same, and the map is
-/// read again, so a third job meets no MOVED at all.
-#[test]
-fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
-    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
-    let mut config = redis_config_at(&cluster.url(), 1024, BB);
-    config.set("cluster", "on").unwrap();
-    let h = Harness::new(&config, 64, BB);
-    let ids: Vec<u64> = (0..64).collect();
-    h.store_all(1, &ids);
+/// Moves `slots` slots from the first master to the second with
+/// `redis-cli --cluster reshard`, waits until every node agrees on the new
+/// owners (a tier may ask any of them), and returns both masters as they
+/// were before and are now.
+fn move_slots(
+    cluster: &RedisCluster,
+    slots: u32,
+) -> (common::redis::ClusterNode, common::redis::ClusterNode) {
     let masters = cluster.masters();
-    let (from, to) = (&masters[0], &masters[1]);
+    let (from, to) = (masters[0].clone(), &masters[1]);
     let out = std::process::Command::new("redis-cli")
         .args(["--cluster", "reshard", &format!("127.0.0.1:{}", to.port)])
         .args(["--cluster-from", &from.id, "--cluster-to", &to.id])
-        .args(["--cluster-slots", "4000", "--cluster-yes"])
+        .args(["--cluster-slots", &slots.to_string(), "--cluster-yes"])
         .output()
         .expect("redis-cli --cluster reshard");
     assert!(
@@ -716,7 +762,6 @@ fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
         "{}",
         String::from_utf8_lossy(&out.stdout)
     );
-    // Every node agrees on the new owners (the tier may ask any of them).
     let owners = |port: u16| -> Vec<(String, Vec<(u16, u16)>)> {
         let mut owners: Vec<_> = cluster
             .nodes_seen_by(port)
@@ -739,6 +784,65 @@ fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
         .into_iter()
         .find(|m| m.id == to.id)
         .unwrap();
+    (from, now_to)
+}
+
+/// Slots move after a shared tier read its slot map: its probes of keys
+/// on the moved slots meet MOVED from their old master and are asked
+/// again through the crate, so each stored key still reads HIT.
+#[test]
+fn a_stale_slot_map_costs_shared_lookups_no_verdict() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("cluster", "on").unwrap();
+    config.set("sharing", "shared").unwrap();
+    let writer = Harness::new(&config, 32, BB);
+    let ids: Vec<u64> = (0..64).collect();
+    let stored: Vec<u64> = ids.iter().copied().filter(|i| i % 2 == 0).collect();
+    writer.store_all(1, &stored);
+    let reader = Harness::new(&config, 16, BB);
+    let (from, now_to) = move_slots(&cluster, 4000);
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let moved = |i: u64| from.serves(slot_of(i)) && now_to.serves(slot_of(i));
+    assert!(
+        stored.iter().any(|&i| moved(i)),
+        "no stored key on a moved slot"
+    );
+    let before = moved_replies(&cluster);
+    assert!(reader.lookup(&ids).iter().all(|&s| s == Pending));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let states = loop {
+        let states = reader.lookup(&ids);
+        if !states.contains(&Pending) {
+            break states;
+        }
+        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    for (&i, &state) in ids.iter().zip(&states) {
+        let want = if i % 2 == 0 { Hit } else { Miss };
+        assert_eq!(state, want, "key {i} (slot moved: {})", moved(i));
+    }
+    assert!(
+        moved_replies(&cluster) > before,
+        "the reader's slot map should have been stale"
+    );
+    assert!(described_count(&reader, " blocks rerouted") > 0);
+}
+
+/// Slots move between two jobs of one tier: the second job's blocks on the
+/// moved slots meet MOVED from their old master (the tier's slot map is
+/// stale), are stored and loaded byte-exact all the same, and the map is
+/// read again, so a third job meets no MOVED at all.
+#[test]
+fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("cluster", "on").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..64).collect();
+    h.store_all(1, &ids);
+    let (from, now_to) = move_slots(&cluster, 4000);
     let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
     let moved = |i: &u64| from.serves(slot_of(*i)) && now_to.serves(slot_of(*i));
     assert!(ids.iter().any(moved), "no test block on a moved slot");

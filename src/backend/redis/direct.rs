@@ -394,28 +394,34 @@ pub(super) fn get_receive(
     Ok(())
 }
 
-/// `DEL <name>` for each key, as one pipeline, written into the
-/// connection's reusable buffer (nothing allocated per key). The counts of
-/// keys deleted are dropped (a delete is best effort); a server's refusal
-/// of key i is pushed to `refused` with its message (a cluster node's
-/// redirection, which the caller may follow).
+/// `DEL <name>` for each key, as one pipeline (see [`keys_send`]). The
+/// counts of keys deleted are dropped (a delete is best effort); a
+/// server's refusal of key i is pushed to `refused` with its message (a
+/// cluster node's redirection, which the caller may follow).
 pub(super) fn del_pipeline(
     conn: &mut RespConn,
     layout: &Layout,
     keys: &[&[u8]],
     refused: &mut Vec<(usize, String)>,
 ) -> io::Result<()> {
-    del_send(conn, layout, keys)?;
-    del_receive(conn, keys.len(), refused)
+    keys_send(conn, layout, b"DEL", keys)?;
+    counts_receive(conn, keys.len(), "DEL", &mut |_, _| {}, refused)
 }
 
-/// The first half of [`del_pipeline`]: starts a request on `conn` and
-/// writes the DELs.
-pub(super) fn del_send(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> io::Result<()> {
+/// The first half of a pipeline of one-key commands answered by an
+/// integer (`DEL`, `EXISTS`): starts a request on `conn` and writes
+/// `<command> <name>` for each key, in the connection's reusable buffer
+/// (nothing allocated per key).
+pub(super) fn keys_send(
+    conn: &mut RespConn,
+    layout: &Layout,
+    command: &[u8],
+    keys: &[&[u8]],
+) -> io::Result<()> {
     conn.out.clear();
     for key in keys {
         frame_command(&mut conn.out, 2);
-        frame_bulk(&mut conn.out, b"DEL");
+        frame_bulk(&mut conn.out, command);
         frame_bulk_len(&mut conn.out, layout.name_len(key));
         layout.write_name(&mut conn.out, key);
         conn.out.extend_from_slice(b"\r\n");
@@ -425,18 +431,21 @@ pub(super) fn del_send(conn: &mut RespConn, layout: &Layout, keys: &[&[u8]]) -> 
     conn.send_out_range(0, len)
 }
 
-/// The second half of [`del_pipeline`]: reads the replies of the `n` DELs
-/// [`del_send`] wrote on `conn`.
-pub(super) fn del_receive(
+/// The second half: reads the integer replies of the `n` commands
+/// [`keys_send`] wrote on `conn`, `count(i, n)` for key i's; a server's
+/// refusal of key i is pushed to `refused` with its message.
+pub(super) fn counts_receive(
     conn: &mut RespConn,
     n: usize,
+    command: &str,
+    count: &mut dyn FnMut(usize, i64),
     refused: &mut Vec<(usize, String)>,
 ) -> io::Result<()> {
     for i in 0..n {
         match conn.read_head()? {
-            Head::Int(_) => {}
+            Head::Int(n) => count(i, n),
             Head::Error(message) => refused.push((i, message)),
-            other => return Err(conn.unexpected(format!("{other:?} in reply to DEL"))),
+            other => return Err(conn.unexpected(format!("{other:?} in reply to {command}"))),
         }
     }
     Ok(())

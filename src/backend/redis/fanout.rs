@@ -24,7 +24,8 @@ pub(super) fn past(deadline: Instant) -> bool {
 pub(super) trait Pass {
     /// What the send half hands the receive half.
     type Sent;
-    const WHAT: &'static str;
+    /// What a failure names ("SET pipeline").
+    fn what(&self) -> &'static str;
     /// Whether a group found past the deadline ends the sending (a best
     /// effort pass) instead of failing its blocks and going on.
     const STOP_WHEN_LATE: bool = false;
@@ -68,7 +69,7 @@ pub(super) fn run_pass<P: Pass>(
                 continue;
             };
             let node = map.node(*node);
-            match send_on(node, P::WHAT, deadline, sent.is_empty(), |c| {
+            match send_on(node, pass.what(), deadline, sent.is_empty(), |c| {
                 pass.send(range.clone(), c)
             }) {
                 Sending::Busy => busy.push(g),
@@ -96,7 +97,7 @@ pub(super) fn run_pass<P: Pass>(
             } = sent.remove(next);
             let range = routes.groups[g].1.clone();
             let order = &routes.order[range.clone()];
-            match receive_on(node, lease, P::WHAT, deadline, |c| {
+            match receive_on(node, lease, pass.what(), deadline, |c| {
                 pass.receive(range, c, state)
             }) {
                 None => pass.late(order),

@@ -894,9 +894,13 @@ impl Backend for RedisBackend {
         true
     }
 
-    /// One pipeline of `EXISTS`, one per key (in a cluster the crate splits
-    /// it by master, and follows redirections).
+    /// One pipeline of `EXISTS`, one per key (in a cluster one per master,
+    /// kvtier's own, so that a dead master costs only its own keys).
     fn probe_many(&self, keys: &[Vec<u8>], record: &mut dyn FnMut(usize, bool)) {
+        if let Some(router) = &self.router {
+            let keys: Vec<&[u8]> = keys.iter().map(Vec::as_slice).collect();
+            return self.probe_routed(router, &keys, record);
+        }
         let exists = |i: usize| redis::cmd("EXISTS").arg(self.name(&keys[i])).take();
         // Unknown (server unreachable) reads as absent: a MISS, not a wait.
         let counts = self

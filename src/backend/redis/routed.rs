@@ -267,50 +267,78 @@ impl RedisBackend {
     /// node redirected go through the crate's connection. Best effort, as
     /// on a single server.
     pub(super) fn discard_routed(&self, router: &Router, dead: &[&[u8]]) {
-        let deadline = job_deadline(self);
-        let map = router.map();
-        let mut retry = vec![false; dead.len()];
-        let (routes, trouble) = self.del_pass(&map, dead, |_| true, deadline, &mut retry);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, dead.len(), deadline) {
-            self.del_pass(&now, dead, |i| again[i], deadline, &mut retry);
-        }
-        let keys: Vec<&[u8]> = (0..dead.len())
-            .filter(|&i| retry[i])
-            .map(|i| dead[i])
-            .collect();
+        let (retry, deadline) = self.keys_routed(router, KeyCommand::Del, dead, &mut |_, _| {});
         // Best effort: past the deadline, what is left stays (see `discard`).
-        if !keys.is_empty() && !past(deadline) {
-            router.note_rerouted(keys.len());
+        if !retry.is_empty() && !past(deadline) {
+            router.note_rerouted(retry.len());
+            let keys: Vec<&[u8]> = retry.iter().map(|&i| dead[i]).collect();
             let _ = self
                 .pool
                 .with_conn("DEL pipeline", |conn| self.del_by_crate(conn, &keys));
         }
     }
 
-    /// The DELs of the keys `include` selects, one direct pipeline per
-    /// master of `map`; `retry[i]`: to send through the crate.
-    fn del_pass(
+    /// `probe_many` on a cluster: a direct EXISTS pipeline per master, so
+    /// that a dead or hung master costs only its own keys (they read
+    /// absent: a MISS, never a wait); keys a node redirected go through
+    /// the crate's connection.
+    pub(super) fn probe_routed(
         &self,
-        map: &SlotMap,
-        dead: &[&[u8]],
-        include: impl Fn(usize) -> bool,
-        deadline: Instant,
-        retry: &mut [bool],
-    ) -> (Routes, Trouble) {
-        let layout = self.layout();
-        let routes = Routes::new(map, dead.len(), include, |i, name| {
-            layout.write_name(name, dead[i])
+        router: &Router,
+        keys: &[&[u8]],
+        record: &mut dyn FnMut(usize, bool),
+    ) {
+        let mut found = vec![false; keys.len()];
+        let (retry, deadline) = self.keys_routed(router, KeyCommand::Exists, keys, &mut |i, n| {
+            found[i] = n > 0
         });
-        let mut sorted = Vec::with_capacity(routes.order.len());
-        sorted.extend(routes.order.iter().map(|&i| dead[i]));
-        let mut pass = Dels {
-            layout,
-            sorted,
-            retry,
+        if !retry.is_empty() && !past(deadline) {
+            router.note_rerouted(retry.len());
+            let exists = |k: usize| redis::cmd("EXISTS").arg(self.name(keys[retry[k]])).take();
+            if let Ok(counts) = self.pool.with_conn("EXISTS pipeline", |conn| {
+                super::pipelined::<i64>(conn, retry.len(), exists)
+            }) {
+                for (&i, count) in retry.iter().zip(counts) {
+                    found[i] = count.is_ok_and(|n| n > 0);
+                }
+            }
+        }
+        for (i, &found) in found.iter().enumerate() {
+            record(i, found);
+        }
+    }
+
+    /// `<command> <name>` for each key, one direct pipeline per master,
+    /// best effort: `count(i, n)` for each key a node answered; a failed
+    /// node's keys that the refreshed map gives to another node are sent
+    /// again, once. Returns the keys (indices) to send through the crate
+    /// (redirected, or no master known for their slot), and the deadline
+    /// they share.
+    fn keys_routed(
+        &self,
+        router: &Router,
+        command: KeyCommand,
+        keys: &[&[u8]],
+        count: &mut dyn FnMut(usize, i64),
+    ) -> (Vec<usize>, Instant) {
+        let deadline = job_deadline(self);
+        let map = router.map();
+        let mut retry = vec![false; keys.len()];
+        let mut pass = KeyCommands {
+            command,
+            layout: self.layout(),
+            keys,
+            sorted: Vec::with_capacity(keys.len()),
+            retry: &mut retry,
+            count,
+            counts: Vec::new(),
             refused: Vec::new(),
         };
-        let trouble = run_pass(&routes, map, deadline, &mut pass);
-        (routes, trouble)
+        let (routes, trouble) = pass.run(&map, |_| true, deadline);
+        if let Some((now, again)) = trouble.settle(router, &map, &routes, keys.len(), deadline) {
+            pass.run(&now, |i| again[i], deadline);
+        }
+        ((0..keys.len()).filter(|&i| retry[i]).collect(), deadline)
     }
 }
 
@@ -324,7 +352,10 @@ struct Sets<'a, 'o> {
 
 impl Pass for Sets<'_, '_> {
     type Sent = SetsSent;
-    const WHAT: &'static str = "SET pipeline";
+
+    fn what(&self) -> &'static str {
+        "SET pipeline"
+    }
 
     fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<SetsSent> {
         direct::set_send(c, &self.layout, &self.sorted[range])
@@ -387,7 +418,10 @@ struct Gets<'a, 'r, 'g> {
 
 impl Pass for Gets<'_, '_, '_> {
     type Sent = GetsSent;
-    const WHAT: &'static str = "GET pipeline";
+
+    fn what(&self) -> &'static str {
+        "GET pipeline"
+    }
 
     fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<GetsSent> {
         direct::get_send(c, &self.layout, &self.sorted[range])
@@ -440,27 +474,86 @@ impl Pass for Gets<'_, '_, '_> {
     }
 }
 
-/// A pass of DELs, best effort: `retry[i]` means to send through the
-/// crate; past the deadline, the rest stay (see `discard`).
-struct Dels<'a, 'k, 'r> {
+/// A one-key command answered by an integer, sent in a [`KeyCommands`] pass.
+#[derive(Clone, Copy)]
+enum KeyCommand {
+    Del,
+    Exists,
+}
+
+impl KeyCommand {
+    fn name(self) -> &'static str {
+        match self {
+            KeyCommand::Del => "DEL",
+            KeyCommand::Exists => "EXISTS",
+        }
+    }
+}
+
+/// A pass of one-key commands (DEL, EXISTS), best effort: `retry[i]`
+/// means to send through the crate; past the deadline, the rest go
+/// unanswered (a DEL's key stays, an EXISTS reads absent).
+struct KeyCommands<'a, 'k, 'r> {
+    command: KeyCommand,
     layout: Layout<'a>,
+    keys: &'k [&'k [u8]],
+    /// The keys in the routes' order: a node's keys are one slice.
     sorted: Vec<&'k [u8]>,
     retry: &'r mut [bool],
+    /// Told each answered key's count, by its index in the job.
+    count: &'r mut dyn FnMut(usize, i64),
+    /// The node being read: each of its keys' counts (None: refused).
+    counts: Vec<Option<i64>>,
     refused: Vec<(usize, String)>,
 }
 
-impl Pass for Dels<'_, '_, '_> {
+impl KeyCommands<'_, '_, '_> {
+    /// One pass over the masters of `map`, for the keys `include` selects.
+    fn run(
+        &mut self,
+        map: &SlotMap,
+        include: impl Fn(usize) -> bool,
+        deadline: Instant,
+    ) -> (Routes, Trouble) {
+        let (layout, keys) = (&self.layout, self.keys);
+        let routes = Routes::new(map, keys.len(), include, |i, name| {
+            layout.write_name(name, keys[i])
+        });
+        self.sorted.clear();
+        self.sorted.extend(routes.order.iter().map(|&i| keys[i]));
+        let trouble = run_pass(&routes, map, deadline, self);
+        (routes, trouble)
+    }
+}
+
+impl Pass for KeyCommands<'_, '_, '_> {
     type Sent = ();
-    const WHAT: &'static str = "DEL pipeline";
     const STOP_WHEN_LATE: bool = true;
 
+    fn what(&self) -> &'static str {
+        match self.command {
+            KeyCommand::Del => "DEL pipeline",
+            KeyCommand::Exists => "EXISTS pipeline",
+        }
+    }
+
     fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
-        direct::del_send(c, &self.layout, &self.sorted[range])
+        let name = self.command.name().as_bytes();
+        direct::keys_send(c, &self.layout, name, &self.sorted[range])
     }
 
     fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
         self.refused.clear();
-        direct::del_receive(c, range.len(), &mut self.refused)
+        self.counts.clear();
+        self.counts.resize(range.len(), None);
+        let counts = &mut self.counts;
+        direct::counts_receive(
+            c,
+            range.len(),
+            self.command.name(),
+            &mut |k, n| counts[k] = Some(n),
+            &mut self.refused,
+        )
     }
 
     fn unrouted(&mut self, order: &[usize]) {
@@ -472,6 +565,11 @@ impl Pass for Dels<'_, '_, '_> {
     fn failed(&mut self, _order: &[usize], _e: &Error) {}
 
     fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        for (k, n) in self.counts.drain(..).enumerate() {
+            if let Some(n) = n {
+                (self.count)(order[k], n);
+            }
+        }
         for (k, message) in self.refused.drain(..) {
             if let Some(how) = redirection(&message) {
                 trouble.redirected(how);
