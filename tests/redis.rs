@@ -306,15 +306,7 @@ fn a_lookup_of_many_unseen_keys_gets_each_verdict(config: TierConfig) {
     let reader = Harness::new(&config, 10, BB);
     let all: Vec<u64> = (1..=150).collect();
     assert!(reader.lookup(&all).iter().all(|&s| s == Pending));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let states = loop {
-        let states = reader.lookup(&all);
-        if !states.contains(&Pending) {
-            break states;
-        }
-        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let states = reader.lookup_settled(&all, Duration::from_secs(10));
     for (&i, &state) in all.iter().zip(&states) {
         let want = if i % 3 == 0 { Hit } else { Miss };
         assert_eq!(state, want, "key {i}");
@@ -363,15 +355,7 @@ fn a_dead_cluster_master_costs_shared_lookups_only_its_own_keys() {
     assert!(reader.lookup(&ids).iter().all(|&s| s == Pending));
     // Within the cluster's node timeout (2 s), before the live masters
     // would call the cluster down.
-    let deadline = Instant::now() + Duration::from_millis(1500);
-    let states = loop {
-        let states = reader.lookup(&ids);
-        if !states.contains(&Pending) {
-            break states;
-        }
-        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let states = reader.lookup_settled(&ids, Duration::from_millis(1500));
     let mut hits_on_live_masters = 0;
     for (&i, &state) in ids.iter().zip(&states) {
         let want = if i % 2 == 0 && !dead.serves(slot_of(i)) {
@@ -810,15 +794,7 @@ fn a_stale_slot_map_costs_shared_lookups_no_verdict() {
     );
     let before = moved_replies(&cluster);
     assert!(reader.lookup(&ids).iter().all(|&s| s == Pending));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let states = loop {
-        let states = reader.lookup(&ids);
-        if !states.contains(&Pending) {
-            break states;
-        }
-        assert!(Instant::now() < deadline, "verdicts missing: {states:?}");
-        std::thread::sleep(Duration::from_millis(2));
-    };
+    let states = reader.lookup_settled(&ids, Duration::from_secs(10));
     for (&i, &state) in ids.iter().zip(&states) {
         let want = if i % 2 == 0 { Hit } else { Miss };
         assert_eq!(state, want, "key {i} (slot moved: {})", moved(i));

@@ -49,19 +49,6 @@ fn stored_file(h: &Harness, dir: &Path, job: u64, id: u64) -> PathBuf {
     new.pop().unwrap()
 }
 
-/// Waits until a shared tier's lookup of `ids` settles (probes answered).
-fn settled(h: &Harness, ids: &[u64]) -> Vec<kvtier::LookupState> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let states = h.lookup(ids);
-        if !states.contains(&Pending) {
-            return states;
-        }
-        assert!(Instant::now() < deadline, "probes never answered");
-        std::thread::sleep(Duration::from_millis(2));
-    }
-}
-
 /// Stores block `data_id`'s pattern under key `key_id`.
 fn store_as(h: &Harness, job: u64, key_id: u64, data_id: u64) {
     h.fill(0, data_id);
@@ -92,9 +79,9 @@ fn two_tenants_and_an_unsealed_tier_share_a_directory() {
         }
     }
     // Existence does not leak: B and the unsealed tier probe key 10 and miss.
-    assert_eq!(settled(&b, &[10]), [Miss]);
-    assert_eq!(settled(&u, &[10]), [Miss]);
-    assert_eq!(settled(&a, &[10]), [Hit]);
+    assert_eq!(b.lookup_settled(&[10], Duration::from_secs(10)), [Miss]);
+    assert_eq!(u.lookup_settled(&[10], Duration::from_secs(10)), [Miss]);
+    assert_eq!(a.lookup_settled(&[10], Duration::from_secs(10)), [Hit]);
 
     // A writes garbage under a name it can compute: only its own view suffers.
     let garbage_at = stored_file(&a, &dir, 60, 11);
@@ -106,7 +93,7 @@ fn two_tenants_and_an_unsealed_tier_share_a_directory() {
     let r = a.load(61, &[11], &[4]);
     assert_eq!(r.error, Some(ErrorKind::NotFound), "a miss in shared mode");
     assert!(garbage_at.exists(), "never deleted in shared mode");
-    assert_eq!(settled(&b, &[11]), [Miss]);
+    assert_eq!(b.lookup_settled(&[11], Duration::from_secs(10)), [Miss]);
     for h in [&b, &u] {
         assert!(h.load(62, &[1, 2, 3, 4], &[4, 5, 6, 7]).is_ok());
     }
@@ -507,14 +494,14 @@ mod on_redis {
                 assert!(h.row_holds(row, base + id), "tier {base}, block {id}");
             }
         }
-        assert_eq!(settled(&b, &[10]), [Miss]);
-        assert_eq!(settled(&u, &[10]), [Miss]);
+        assert_eq!(b.lookup_settled(&[10], Duration::from_secs(10)), [Miss]);
+        assert_eq!(u.lookup_settled(&[10], Duration::from_secs(10)), [Miss]);
         // Garbage under a name A computes: A misses, nothing is deleted.
         let name = stored_name(&a, &server, "shared", 60, 11);
         set(&server, &name, &vec![0x5a; RECORD + RB]);
         assert_eq!(a.load(61, &[11], &[4]).error, Some(ErrorKind::NotFound));
         assert_eq!(names(&server, "shared").len(), 14, "nothing deleted");
-        assert_eq!(settled(&b, &[11]), [Miss]);
+        assert_eq!(b.lookup_settled(&[11], Duration::from_secs(10)), [Miss]);
         for h in [&b, &u] {
             assert!(h.load(62, &[1, 2, 3, 4], &[4, 5, 6, 7]).is_ok());
         }

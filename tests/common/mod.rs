@@ -282,6 +282,23 @@ impl Harness {
         self.tier().lookup(&keys(ids), KEY_LEN).unwrap()
     }
 
+    /// Looks `ids` up until none is PENDING (a shared tier's probes all
+    /// answered), failing the test if that takes longer than `within`.
+    pub fn lookup_settled(&self, ids: &[u64], within: std::time::Duration) -> Vec<LookupState> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            let states = self.lookup(ids);
+            if !states.contains(&LookupState::Pending) {
+                return states;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "verdicts missing after {within:?}: {states:?}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
     pub fn touch(&self, ids: &[u64]) {
         self.tier().touch(&keys(ids), KEY_LEN).unwrap()
     }
