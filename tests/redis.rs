@@ -1189,6 +1189,60 @@ fn touches_reach_the_servers_lru() {
     }
 }
 
+/// A cluster master killed: touches of keys on the live masters still
+/// reach their LRU.
+#[test]
+fn touches_reach_the_live_masters_lru_past_a_dead_one() {
+    let mut cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 64, BB);
+    config.set("cluster", "on").unwrap();
+    config.set("io_timeout_ms", "500").unwrap();
+    let h = Harness::new(&config, 32, BB);
+    let ids: Vec<u64> = (0..32).collect();
+    h.store_all(1, &ids);
+    let pattern = format!("{}:*", config.redis.key_prefix);
+    let masters = cluster.masters();
+    std::thread::sleep(Duration::from_millis(2100));
+    let dead = cluster.kill9_master(0);
+    // Each live master's key names, and how long each has been idle.
+    let live: Vec<(u16, String)> = masters
+        .iter()
+        .filter(|m| m.port != dead.port)
+        .flat_map(|m| {
+            cluster
+                .cli_at(m.port, &["--scan", "--pattern", &pattern])
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(|name| (m.port, name.to_string()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    assert!(
+        live.len() >= 8,
+        "{} of 32 keys on the live masters",
+        live.len()
+    );
+    let idle = |(port, name): &(u16, String)| -> u64 {
+        cluster
+            .cli_at(*port, &["OBJECT", "IDLETIME", name])
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    assert!(live.iter().all(|k| idle(k) >= 2));
+    h.touch(&ids);
+    // Within the cluster's node timeout (2 s), before the live masters
+    // would call the cluster down.
+    let deadline = Instant::now() + Duration::from_millis(1500);
+    while live.iter().any(|k| idle(k) >= 2) {
+        assert!(
+            Instant::now() < deadline,
+            "touches never reached the live masters"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 #[test]
 fn a_hung_server_costs_a_failed_job_on_time() {
     let server = redis_or_skip!();

@@ -52,6 +52,7 @@ use self::cluster::Router;
 use self::conn::{io_error, Conn, Pool, Target};
 use self::direct::{Fetched, Layout};
 use self::pipe::Pipe;
+use self::routed::KeyCommand;
 use self::sealed::SealedLayout;
 use self::tls::SharedConfig;
 use super::checksum::{namespace_fingerprint, xxh64};
@@ -496,13 +497,16 @@ impl RedisBackend {
 
     /// The crate's DEL pipeline (redirected keys, a cluster without a
     /// router) for `keys`.
-    fn del_by_crate(
+    /// `<command> <name>` for each key (DEL, TOUCH) through the crate, as
+    /// one pipeline whose replies are dropped.
+    fn keys_by_crate(
         &self,
         conn: &mut Conn,
+        command: &str,
         keys: &[&[u8]],
     ) -> std::result::Result<(), redis::RedisError> {
-        let del = |i: usize| redis::cmd("DEL").arg(self.name(keys[i])).take();
-        pipelined::<redis::Value>(conn, keys.len(), del).map(drop)
+        let make = |i: usize| redis::cmd(command).arg(self.name(keys[i])).take();
+        pipelined::<redis::Value>(conn, keys.len(), make).map(drop)
     }
 
     /// The crate's GET pipeline (redirected blocks, a cluster without a
@@ -824,15 +828,16 @@ impl Backend for RedisBackend {
         true
     }
 
-    /// One pipeline of `TOUCH` (split by node in a cluster), so that the
-    /// server's LRU follows what the engines use.
+    /// One pipeline of `TOUCH` (in a cluster one per master, so that a
+    /// dead master costs only its own keys' touches), so that the server's
+    /// LRU follows what the engines use.
     fn touch(&self, keys: &[u8], key_len: usize) {
-        let touch = |i: usize| {
-            let key = &keys[i * key_len..][..key_len];
-            redis::cmd("TOUCH").arg(self.name(key)).take()
-        };
+        let keys: Vec<&[u8]> = keys.chunks_exact(key_len).collect();
+        if let Some(router) = &self.router {
+            return self.best_effort_routed(router, KeyCommand::Touch, &keys);
+        }
         let _ = self.pool.with_conn("TOUCH pipeline", |conn| {
-            pipelined::<redis::Value>(conn, keys.len() / key_len, touch)
+            self.keys_by_crate(conn, "TOUCH", &keys)
         });
     }
 
@@ -856,7 +861,7 @@ impl Backend for RedisBackend {
         // Best effort, like a single DEL: a block left behind is found again
         // by the next open's adoption scan or expires with `ttl_s`.
         match &self.router {
-            Some(router) => self.discard_routed(router, &dead),
+            Some(router) => self.best_effort_routed(router, KeyCommand::Del, &dead),
             None => {
                 let _ = self.pool.with_conn("DEL pipeline", |conn| {
                     if let Conn::Direct(c) = conn {
@@ -865,7 +870,7 @@ impl Backend for RedisBackend {
                         direct::del_pipeline(c, &self.layout(), &dead, &mut Vec::new())?;
                         return Ok(());
                     }
-                    self.del_by_crate(conn, &dead)
+                    self.keys_by_crate(conn, "DEL", &dead)
                 });
             }
         }

@@ -263,18 +263,19 @@ impl RedisBackend {
         (routes, trouble)
     }
 
-    /// `discard` on a cluster: a direct DEL pipeline per master; keys a
-    /// node redirected go through the crate's connection. Best effort, as
-    /// on a single server.
-    pub(super) fn discard_routed(&self, router: &Router, dead: &[&[u8]]) {
-        let (retry, deadline) = self.keys_routed(router, KeyCommand::Del, dead, &mut |_, _| {});
-        // Best effort: past the deadline, what is left stays (see `discard`).
+    /// `discard` (DEL) or `touch` (TOUCH) on a cluster: a direct pipeline
+    /// per master; keys a node redirected go through the crate's
+    /// connection. Best effort, as on a single server: a dead or hung
+    /// master costs only its own keys.
+    pub(super) fn best_effort_routed(&self, router: &Router, command: KeyCommand, keys: &[&[u8]]) {
+        let (retry, deadline) = self.keys_routed(router, command, keys, &mut |_, _| {});
+        // Past the deadline, what is left stays (see `discard`).
         if !retry.is_empty() && !past(deadline) {
             router.note_rerouted(retry.len());
-            let keys: Vec<&[u8]> = retry.iter().map(|&i| dead[i]).collect();
-            let _ = self
-                .pool
-                .with_conn("DEL pipeline", |conn| self.del_by_crate(conn, &keys));
+            let keys: Vec<&[u8]> = retry.iter().map(|&i| keys[i]).collect();
+            let _ = self.pool.with_conn(command.what(), |conn| {
+                self.keys_by_crate(conn, command.name(), &keys)
+            });
         }
     }
 
@@ -476,21 +477,32 @@ impl Pass for Gets<'_, '_, '_> {
 
 /// A one-key command answered by an integer, sent in a [`KeyCommands`] pass.
 #[derive(Clone, Copy)]
-enum KeyCommand {
+pub(super) enum KeyCommand {
     Del,
     Exists,
+    Touch,
 }
 
 impl KeyCommand {
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             KeyCommand::Del => "DEL",
             KeyCommand::Exists => "EXISTS",
+            KeyCommand::Touch => "TOUCH",
+        }
+    }
+
+    /// What a failure names.
+    pub(super) fn what(self) -> &'static str {
+        match self {
+            KeyCommand::Del => "DEL pipeline",
+            KeyCommand::Exists => "EXISTS pipeline",
+            KeyCommand::Touch => "TOUCH pipeline",
         }
     }
 }
 
-/// A pass of one-key commands (DEL, EXISTS), best effort: `retry[i]`
+/// A pass of one-key commands (DEL, EXISTS, TOUCH), best effort: `retry[i]`
 /// means to send through the crate; past the deadline, the rest go
 /// unanswered (a DEL's key stays, an EXISTS reads absent).
 struct KeyCommands<'a, 'k, 'r> {
@@ -531,10 +543,7 @@ impl Pass for KeyCommands<'_, '_, '_> {
     const STOP_WHEN_LATE: bool = true;
 
     fn what(&self) -> &'static str {
-        match self.command {
-            KeyCommand::Del => "DEL pipeline",
-            KeyCommand::Exists => "EXISTS pipeline",
-        }
+        self.command.what()
     }
 
     fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
