@@ -4,7 +4,7 @@
 //! job's deadline. A job never waits for one master's connection while it
 //! holds another's: a master whose connections are all in use is served in
 //! a later round, when the job holds none. What a pipeline carries (SETs,
-//! GETs, DELs) and what becomes of its blocks is a [`Pass`] (see `routed`).
+//! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a [`Pass`] (see `routed`).
 
 use super::cluster::{Node, Routes, SlotMap};
 use super::conn::{io_error, Conn, Lease};
@@ -18,7 +18,7 @@ pub(super) fn past(deadline: Instant) -> bool {
     Instant::now() >= deadline
 }
 
-/// One kind of pipeline a pass sends each master (SETs, GETs or DELs),
+/// One kind of pipeline a pass sends each master (SETs, GETs, DELs...),
 /// and what becomes of its blocks. `range` is a group's place in the
 /// routes' order, `order` its blocks (indices into the job).
 pub(super) trait Pass {

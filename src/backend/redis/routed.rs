@@ -4,8 +4,8 @@
 //! sent before any reply is read (`fanout`: the masters work at once), the
 //! outcomes reported in the job's order. Loads land in the caller's rows
 //! with at most one copy beyond the socket read, as on a single server.
-//! This file: what a pass of SETs, GETs or DELs makes of each master's
-//! answer, and the retries.
+//! This file: what a pass of SETs, GETs or one-key commands (DEL, EXISTS,
+//! TOUCH) makes of each master's answer, and the retries.
 //!
 //! A node that fails (connection refused, broken, past the deadline) gets
 //! the map refreshed; its blocks whose slots the new map gives to another
