@@ -374,6 +374,45 @@ fn a_dead_cluster_master_costs_shared_lookups_only_its_own_keys() {
     assert!(hits_on_live_masters > 0, "stored keys on the live masters");
 }
 
+/// A cluster master hung (SIGSTOP): a shared lookup's keys on the live
+/// masters get their verdicts as those masters answer, long before the
+/// 4 s deadline; the hung master's keys read MISS (at the deadline).
+#[test]
+fn a_hung_cluster_master_delays_only_its_own_keys_verdicts() {
+    let cluster = redis_or_skip!(RedisCluster::start_with(
+        3,
+        0,
+        &[("cluster-node-timeout", "60000")]
+    ));
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("cluster", "on").unwrap();
+    config.set("sharing", "shared").unwrap();
+    config.set("io_timeout_ms", "4000").unwrap();
+    let writer = Harness::new(&config, 30, BB);
+    let ids: Vec<u64> = (1..=60).collect();
+    let stored: Vec<u64> = ids.iter().copied().filter(|i| i % 2 == 0).collect();
+    writer.store_all(1, &stored);
+    let reader = Harness::new(&config, 10, BB);
+    let hung = cluster.masters()[0].clone();
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    let (on_hung, on_live): (Vec<u64>, Vec<u64>) =
+        ids.iter().partition(|&&i| hung.serves(slot_of(i)));
+    assert!(!on_hung.is_empty() && !on_live.is_empty());
+    cluster.server(hung.port).freeze();
+    let started = Instant::now();
+    assert!(reader.lookup(&ids).iter().all(|&s| s == Pending));
+    let live = reader.lookup_settled(&on_live, Duration::from_millis(1500));
+    let live_took = started.elapsed();
+    let hung_states = reader.lookup_settled(&on_hung, Duration::from_secs(10));
+    let hung_took = started.elapsed();
+    cluster.server(hung.port).thaw();
+    for (&i, &state) in on_live.iter().zip(&live) {
+        assert_eq!(state, if i % 2 == 0 { Hit } else { Miss }, "key {i}");
+    }
+    assert!(hung_states.iter().all(|&s| s == Miss), "{hung_states:?}");
+    println!("live masters' verdicts after {live_took:?}, the hung one's after {hung_took:?}");
+}
+
 #[test]
 fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();

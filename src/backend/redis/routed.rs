@@ -279,19 +279,21 @@ impl RedisBackend {
         }
     }
 
-    /// `probe_many` on a cluster: a direct EXISTS pipeline per master, so
-    /// that a dead or hung master costs only its own keys (they read
-    /// absent: a MISS, never a wait); keys a node redirected go through
-    /// the crate's connection.
+    /// `probe_many` on a cluster: a direct EXISTS pipeline per master, each
+    /// master's verdicts recorded as it answers, so that a dead or hung
+    /// master costs only its own keys (they read absent at its failure or
+    /// the deadline: a MISS, never a wait); keys a node redirected go
+    /// through the crate's connection.
     pub(super) fn probe_routed(
         &self,
         router: &Router,
         keys: &[&[u8]],
         record: &mut dyn FnMut(usize, bool),
     ) {
-        let mut found = vec![false; keys.len()];
+        let mut told = vec![false; keys.len()];
         let (retry, deadline) = self.keys_routed(router, KeyCommand::Exists, keys, &mut |i, n| {
-            found[i] = n > 0
+            told[i] = true;
+            record(i, n > 0);
         });
         if !retry.is_empty() && !past(deadline) {
             router.note_rerouted(retry.len());
@@ -300,12 +302,13 @@ impl RedisBackend {
                 super::pipelined::<i64>(conn, retry.len(), exists)
             }) {
                 for (&i, count) in retry.iter().zip(counts) {
-                    found[i] = count.is_ok_and(|n| n > 0);
+                    told[i] = true;
+                    record(i, count.is_ok_and(|n| n > 0));
                 }
             }
         }
-        for (i, &found) in found.iter().enumerate() {
-            record(i, found);
+        for (i, _) in told.iter().enumerate().filter(|(_, &told)| !told) {
+            record(i, false);
         }
     }
 
