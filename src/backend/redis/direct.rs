@@ -295,19 +295,32 @@ pub(super) fn set_receive(
 }
 
 /// The GETs of a pipeline whose replies are not read yet, per connection:
-/// as many as fit in this many value bytes, and at least 2 (one reply being
-/// read while the server writes the next). The server copies each GET's
-/// value into a reply buffer of its own before writing it, and deep
+/// never more than fit in this many value bytes, and at least 2 (one reply
+/// being read while the server writes the next). The server copies each
+/// GET's value into a reply buffer of its own before writing it, and deep
 /// pipelines of large values made it fault fresh memory for those buffers:
 /// measured on loopback with Redis 7.0, 2 MiB GETs 16 deep on each of 4
 /// connections cost the server about 230 minor faults and 1.4 ms of CPU per
 /// GET, against 0-2 faults and 0.6 ms at 4 deep or less (README, "The
-/// Redis backend"). Small values keep a whole job in flight (64 KiB: 128).
+/// Redis backend").
 const GET_WINDOW_BYTES: usize = 8 << 20;
+
+/// Below that, the value bytes one connection keeps in flight, and at
+/// least [`GET_WINDOW_MIN`] GETs. A whole 16-block job of 64 KiB GETs in
+/// flight on each of 4 connections loaded at 1.63-2.07 GB/s, 4 deep at
+/// 1.83-2.41, higher in each of six paired runs (`kvtier-bench --backend
+/// redis`, medians 1.82 and 2.10 GB/s; 2 and 8 deep were no better than
+/// 4). Not profiled: the server builds every reply of what it has read
+/// before it writes, and 4 replies of 64 KiB stay in its CPU's caches
+/// where 16 do not.
+const GET_WINDOW_SMALL_BYTES: usize = 256 << 10;
+const GET_WINDOW_MIN: usize = 4;
 
 /// How many GETs of `value_len`-byte values one connection keeps in flight.
 fn get_window(value_len: usize) -> usize {
-    (GET_WINDOW_BYTES / value_len.max(1)).max(2)
+    let len = value_len.max(1);
+    let small = (GET_WINDOW_SMALL_BYTES / len).max(GET_WINDOW_MIN);
+    small.min(GET_WINDOW_BYTES / len).max(2)
 }
 
 /// `GET <name>` for each block, pipelined on one connection with at most
@@ -700,6 +713,17 @@ mod tests {
             most_ahead
         });
         (addr, server)
+    }
+
+    #[test]
+    fn get_windows_follow_the_value_size() {
+        let value = |block: usize| format::header_len(2) + block;
+        assert_eq!(get_window(value(4 << 10)), 63);
+        assert_eq!(get_window(value(64 << 10)), 4);
+        assert_eq!(get_window(value(1 << 20)), 4);
+        assert_eq!(get_window(value(2 << 20)), 3);
+        assert_eq!(get_window(value(3 << 20)), 2);
+        assert_eq!(get_window(value(64 << 20)), 2);
     }
 
     #[test]
