@@ -422,7 +422,7 @@ pub(super) fn del_pipeline(
 }
 
 /// The first half of a pipeline of one-key commands answered by an
-/// integer (`DEL`, `EXISTS`): starts a request on `conn` and writes
+/// integer (`DEL`, `EXISTS`, `TOUCH`): starts a request on `conn` and writes
 /// `<command> <name>` for each key, in the connection's reusable buffer
 /// (nothing allocated per key).
 pub(super) fn keys_send(

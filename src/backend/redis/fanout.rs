@@ -4,7 +4,8 @@
 //! job's deadline. A job never waits for one master's connection while it
 //! holds another's: a master whose connections are all in use is served in
 //! a later round, when the job holds none. What a pipeline carries (SETs,
-//! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a [`Pass`] (see `routed`).
+//! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a
+//! [`Pass`] (see `routed`).
 
 use super::cluster::{Node, Routes, SlotMap};
 use super::conn::{io_error, Conn, Lease};

@@ -495,10 +495,9 @@ impl RedisBackend {
         Ok(replies)
     }
 
-    /// The crate's DEL pipeline (redirected keys, a cluster without a
-    /// router) for `keys`.
     /// `<command> <name>` for each key (DEL, TOUCH) through the crate, as
-    /// one pipeline whose replies are dropped.
+    /// one pipeline whose replies are dropped (redirected keys, a single
+    /// server's touches, a cluster without a router).
     fn keys_by_crate(
         &self,
         conn: &mut Conn,

@@ -307,7 +307,7 @@ impl RedisBackend {
                 }
             }
         }
-        for (i, _) in told.iter().enumerate().filter(|(_, &told)| !told) {
+        for i in (0..keys.len()).filter(|&i| !told[i]) {
             record(i, false);
         }
     }
