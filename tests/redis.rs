@@ -216,9 +216,7 @@ fn a_stream_of_stores_leaves_the_server_near_capacity() {
     let most = h.stream_stores(1000, jobs, job_blocks, window, 5, || {
         raw_dbsize(port).expect("DBSIZE")
     });
-    // Resident blocks, plus the evictions of the jobs in flight (each job
-    // evicts as many blocks as it stores), with one window to spare.
-    let bound = capacity + 2 * window as usize * job_blocks;
+    let bound = Harness::stream_bound(capacity, window, job_blocks);
     assert!(
         most <= bound,
         "the server held {most} keys of a {capacity}-block tier (bound {bound}; {} stored)",

@@ -211,6 +211,14 @@ impl Harness {
         self.result_of(job)
     }
 
+    /// The most blocks storage may hold while [`Harness::stream_stores`]
+    /// runs on a tier of `capacity` blocks: the resident ones, plus the
+    /// evictions of the jobs in flight (each job evicts as many blocks as it
+    /// stores), with one window to spare.
+    pub fn stream_bound(capacity: usize, window: u64, job_blocks: usize) -> usize {
+        capacity + 2 * window as usize * job_blocks
+    }
+
     /// Stores `jobs` jobs of `job_blocks` new keys each (ids from `first_id`
     /// on, all read from rows 0..job_blocks), keeping `window` jobs in
     /// flight, as an engine cascading into a full tier does; checks every
