@@ -161,11 +161,15 @@ impl WorkQueue {
             queue.push_back(w);
             added += 1;
         }
-        self.queued.fetch_add(added, Ordering::SeqCst);
-        // A polling worker takes one task without being woken. It announces it
-        // is giving up before it takes the lock to sleep, so either it sees
-        // these tasks or this sees it gone.
-        let wake = added.saturating_sub(self.spinning.load(Ordering::SeqCst));
+        let queued = self.queued.fetch_add(added, Ordering::SeqCst) + added;
+        // A polling worker takes one piece of all that is queued without
+        // being woken; every other piece wakes a sleeper, up to this push's
+        // own. (Counting the poller against each push instead left all but
+        // one piece of a burst queued while it polled to the poller alone.)
+        // The poller gives up its claim before it takes its piece or goes
+        // to sleep, so either it takes a piece or a push sees it gone.
+        let unclaimed = queued.saturating_sub(self.spinning.load(Ordering::SeqCst));
+        let wake = added.min(unclaimed);
         for _ in 0..wake.min(self.sleepers.load(Ordering::SeqCst)) {
             self.available.notify_one();
         }
@@ -204,23 +208,22 @@ impl WorkQueue {
                     .is_ok();
             if polling {
                 let deadline = Instant::now() + spin;
-                let mut found = None;
-                while found.is_none()
-                    && !self.shutdown.load(Ordering::Acquire)
-                    && Instant::now() < deadline
-                {
+                while !self.shutdown.load(Ordering::Acquire) && Instant::now() < deadline {
                     for _ in 0..64 {
                         std::hint::spin_loop();
                     }
-                    found = self.poll();
+                    if self.queued.load(Ordering::SeqCst) > 0 {
+                        break;
+                    }
                     // Give the core away if anything else is runnable (a
                     // worker whose I/O just completed, the engine): on a
                     // small machine a spinning thread would delay them.
                     std::thread::yield_now();
                 }
+                // The claim goes before the piece is taken (see `push_all`).
                 self.spinning.store(0, Ordering::SeqCst);
-                if found.is_some() {
-                    return found;
+                if let Some(work) = self.poll() {
+                    return Some(work);
                 }
             }
             let mut q = self.queues.lock();
@@ -408,5 +411,57 @@ mod tests {
             q.stores.push_back(marker(n));
         }
         assert_eq!(served(&mut q), [10, 11]);
+    }
+
+    /// Work queued one piece at a time while a worker polls: the poller
+    /// takes one piece, and each of the others wakes a sleeping worker. A
+    /// push used to count the poller against every piece queued while it
+    /// polled, so a burst of one-block jobs submitted at once all ran on
+    /// the poller, one after another, with the other workers asleep.
+    #[test]
+    fn a_burst_queued_while_one_worker_polls_wakes_the_sleepers() {
+        use std::sync::Arc;
+        let queue = Arc::new(WorkQueue::new());
+        let (tx, rx) = std::sync::mpsc::channel();
+        let workers: Vec<_> = (0..3)
+            .map(|_| {
+                let (queue, tx) = (queue.clone(), tx.clone());
+                std::thread::spawn(move || {
+                    // Each worker holds its first piece of work (as a slow
+                    // storage call would) until the queue shuts down.
+                    if queue.next(Duration::from_secs(5)).is_some() {
+                        tx.send(()).unwrap();
+                        while !queue.shutdown.load(Ordering::Acquire) {
+                            std::thread::sleep(Duration::from_millis(1));
+                        }
+                    }
+                })
+            })
+            .collect();
+        // One worker polls (it has 5 s to), two sleep.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while queue.sleepers.load(Ordering::SeqCst) < 2 || queue.spinning.load(Ordering::SeqCst) < 1
+        {
+            assert!(Instant::now() < deadline, "workers never settled");
+            std::thread::yield_now();
+        }
+        for n in 0..3 {
+            queue
+                .push_all(Lane::Loads, std::iter::once(marker(n)))
+                .ok()
+                .unwrap();
+        }
+        let busy = (0..3)
+            .filter(|_| rx.recv_timeout(Duration::from_secs(2)).is_ok())
+            .count();
+        queue.shutdown.store(true, Ordering::Release);
+        queue.available.notify_all();
+        for w in workers {
+            w.join().unwrap();
+        }
+        assert_eq!(
+            busy, 3,
+            "pieces of work queued while a worker polled were left waiting"
+        );
     }
 }
