@@ -1311,6 +1311,100 @@ fn a_hung_server_costs_a_failed_job_on_time() {
     }
 }
 
+/// A hung server (SIGSTOP: the kernel still accepts connections, nothing is
+/// answered) and more jobs than workers: once one request has run out of
+/// time, the jobs behind it fail when they reach a worker, one at a time
+/// going to find out whether the server is back, instead of each waiting
+/// out a deadline of its own (32 jobs on 4 workers were reported over 2.55
+/// s with a 300 ms deadline; now within about two deadlines). When the
+/// server answers again, so does the tier.
+#[test]
+fn a_hung_server_fails_the_jobs_queued_behind_it_within_about_a_deadline() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 64, BB);
+    config.set("io_timeout_ms", "300").unwrap();
+    config.set("io_threads", "4").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    let ids: Vec<u64> = (0..64).collect();
+    h.store_all(1, &ids);
+    server.freeze();
+    let started = Instant::now();
+    // A key of its own per job: a key whose loads fail three times in a
+    // row is forgotten (MAX_TRANSIENT_LOAD_FAILURES).
+    let jobs = 32u64;
+    for job in 0..jobs {
+        h.tier()
+            .submit_load(100 + job, &keys(&[job]), KEY_LEN, &[job as i64])
+            .unwrap();
+    }
+    let mut reported = Vec::new();
+    while (reported.len() as u64) < jobs && started.elapsed() < Duration::from_secs(10) {
+        for r in h.tier().poll(jobs as usize) {
+            assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+            reported.push(started.elapsed());
+        }
+        h.tier().wait(Duration::from_millis(5));
+    }
+    let last = reported.iter().max().copied();
+    server.thaw();
+    assert_eq!(reported.len() as u64, jobs, "jobs never reported");
+    assert!(
+        last < Some(Duration::from_millis(1500)),
+        "the last of {jobs} jobs on 4 workers was reported after {last:?} with a 300 ms deadline"
+    );
+    // Answering again: the next job that goes finds out, and the tier is
+    // back to normal (no job fails at once any more), every block intact.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut next = jobs;
+    loop {
+        let r = h.load(200 + next, &[next], &[next as i64]);
+        next += 1;
+        if r.is_ok() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline && next < 48,
+            "never recovered: {r:?}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let rows: Vec<i64> = (0..jobs as i64).collect();
+    let r = h.load(300, &ids[..jobs as usize], &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!((0..jobs).all(|i| h.row_holds(i as usize, i)));
+}
+
+/// The same for a shared tier's probes: lookups of absent keys during a
+/// hang get their verdicts (MISS) within about a deadline, without holding
+/// a worker each for one, so a load behind them is reported on time too.
+#[test]
+fn a_hung_server_costs_shared_lookups_about_a_deadline() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 64, BB);
+    config.set("io_timeout_ms", "300").unwrap();
+    config.set("io_threads", "2").unwrap();
+    config.set("sharing", "shared").unwrap();
+    let h = Harness::new(&config, 64, BB);
+    h.store_all(1, &[1]);
+    server.freeze();
+    let started = Instant::now();
+    // Sixteen probe batches (64 keys each) for two workers.
+    let absent: Vec<u64> = (1000..1000 + 16 * 64).collect();
+    assert!(h.lookup(&absent).iter().all(|&s| s == Pending));
+    h.tier().submit_load(2, &keys(&[1]), KEY_LEN, &[2]).unwrap();
+    let states = h.lookup_settled(&absent, Duration::from_secs(10));
+    let settled = started.elapsed();
+    let r = h.result_of(2);
+    let loaded = started.elapsed();
+    server.thaw();
+    assert!(states.iter().all(|&s| s == Miss), "{states:?}");
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        settled < Duration::from_millis(1500) && loaded < Duration::from_millis(1500),
+        "16 probe batches on 2 workers settled after {settled:?}, the load after {loaded:?}, with a 300 ms deadline"
+    );
+}
+
 /// Another process on the same keyspace (this test binary re-run as a child).
 #[test]
 fn two_processes_share_one_keyspace() {

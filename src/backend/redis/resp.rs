@@ -285,6 +285,12 @@ impl RespConn {
         self.cap = Some(at);
     }
 
+    /// Whether the deadline of the request begun last has passed: a
+    /// connection broken by then ran out of time (see `conn::Lease`).
+    pub(super) fn deadline_passed(&self) -> bool {
+        Instant::now() >= self.deadline
+    }
+
     /// Marks the connection broken when `r` is an error (whatever was half
     /// sent or half read, the stream is out of step).
     fn check<T>(&mut self, r: io::Result<T>) -> io::Result<T> {
