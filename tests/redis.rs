@@ -1202,6 +1202,69 @@ fn hung_cluster_masters_cost_one_deadline_per_job() {
     }
 }
 
+/// A hung cluster master and more jobs over it than workers: once one
+/// request to it has run out of time, the jobs behind get their blocks on
+/// the live masters stored and fail the hung one's at once, instead of each
+/// waiting out a deadline of its own.
+#[test]
+fn a_hung_cluster_master_fails_the_jobs_queued_behind_it_within_about_a_deadline() {
+    let cluster = redis_or_skip!(RedisCluster::start_with(
+        3,
+        0,
+        &[("cluster-node-timeout", "60000")]
+    ));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("io_timeout_ms", "300").unwrap();
+    config.set("io_threads", "4").unwrap();
+    let job_blocks = 12u64;
+    let h = Harness::new(&config, job_blocks as usize, BB);
+    let rows: Vec<i64> = (0..job_blocks as i64).collect();
+    for r in 0..job_blocks {
+        h.fill(r as usize, r);
+    }
+    let hung = cluster.masters()[0].clone();
+    let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
+    cluster.server(hung.port).freeze();
+    let started = Instant::now();
+    let jobs = 32u64;
+    let job_keys =
+        |job: u64| -> Vec<u64> { (0..job_blocks).map(|b| 10_000 + job * 100 + b).collect() };
+    for job in 0..jobs {
+        h.tier()
+            .submit_store(100 + job, &keys(&job_keys(job)), KEY_LEN, &rows)
+            .unwrap();
+    }
+    let mut reported = Vec::new();
+    while (reported.len() as u64) < jobs && started.elapsed() < Duration::from_secs(20) {
+        for r in h.tier().poll(jobs as usize) {
+            assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+            reported.push((r.job_id - 100, started.elapsed()));
+        }
+        h.tier().wait(Duration::from_millis(5));
+    }
+    let last = reported.iter().map(|r| r.1).max();
+    cluster.server(hung.port).thaw();
+    println!("last of {jobs} reported after {last:?}");
+    assert_eq!(reported.len() as u64, jobs, "jobs never reported");
+    for &(job, _) in &reported {
+        let keys = job_keys(job);
+        let live: Vec<u64> = keys
+            .iter()
+            .copied()
+            .filter(|&i| !hung.serves(slot_of(i)))
+            .collect();
+        assert_eq!(
+            h.present(&keys),
+            live,
+            "job {job}: only the live masters' blocks are stored"
+        );
+    }
+    assert!(
+        last < Some(Duration::from_millis(1500)),
+        "the last of {jobs} jobs on 4 workers was reported after {last:?} with a 300 ms deadline"
+    );
+}
+
 #[test]
 fn touches_reach_the_servers_lru() {
     let server = redis_or_skip!();
