@@ -1234,19 +1234,14 @@ fn a_hung_cluster_master_fails_the_jobs_queued_behind_it_within_about_a_deadline
             .submit_store(100 + job, &keys(&job_keys(job)), KEY_LEN, &rows)
             .unwrap();
     }
-    let mut reported = Vec::new();
-    while (reported.len() as u64) < jobs && started.elapsed() < Duration::from_secs(20) {
-        for r in h.tier().poll(jobs as usize) {
-            assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
-            reported.push((r.job_id - 100, started.elapsed()));
-        }
-        h.tier().wait(Duration::from_millis(5));
-    }
+    let reported = h.results_timed(jobs as usize, started, Duration::from_secs(20));
     let last = reported.iter().map(|r| r.1).max();
     cluster.server(hung.port).thaw();
     println!("last of {jobs} reported after {last:?}");
     assert_eq!(reported.len() as u64, jobs, "jobs never reported");
-    for &(job, _) in &reported {
+    for (r, _) in &reported {
+        assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+        let job = r.job_id - 100;
         let keys = job_keys(job);
         let live: Vec<u64> = keys
             .iter()
@@ -1400,17 +1395,14 @@ fn a_hung_server_fails_the_jobs_queued_behind_it_within_about_a_deadline() {
             .submit_load(100 + job, &keys(&[job]), KEY_LEN, &[job as i64])
             .unwrap();
     }
-    let mut reported = Vec::new();
-    while (reported.len() as u64) < jobs && started.elapsed() < Duration::from_secs(10) {
-        for r in h.tier().poll(jobs as usize) {
-            assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
-            reported.push(started.elapsed());
-        }
-        h.tier().wait(Duration::from_millis(5));
-    }
-    let last = reported.iter().max().copied();
+    let reported = h.results_timed(jobs as usize, started, Duration::from_secs(10));
+    let last = reported.iter().map(|r| r.1).max();
     server.thaw();
     assert_eq!(reported.len() as u64, jobs, "jobs never reported");
+    assert!(
+        reported.iter().all(|(r, _)| r.error == Some(ErrorKind::Io)),
+        "{reported:?}"
+    );
     assert!(
         last < Some(Duration::from_millis(1500)),
         "the last of {jobs} jobs on 4 workers was reported after {last:?} with a 300 ms deadline"

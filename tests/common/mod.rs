@@ -268,6 +268,24 @@ impl Harness {
         most
     }
 
+    /// Polls until `jobs` results came or `within` passed since `started`;
+    /// each result with when it came (since `started`), in that order.
+    pub fn results_timed(
+        &self,
+        jobs: usize,
+        started: std::time::Instant,
+        within: std::time::Duration,
+    ) -> Vec<(JobResult, std::time::Duration)> {
+        let mut reported = Vec::new();
+        while reported.len() < jobs && started.elapsed() < within {
+            for r in self.tier().poll(jobs) {
+                reported.push((r, started.elapsed()));
+            }
+            self.tier().wait(std::time::Duration::from_millis(5));
+        }
+        reported
+    }
+
     /// Waits for and returns job `job`'s result; fails if another job's result
     /// shows up first.
     pub fn result_of(&self, job: u64) -> JobResult {
