@@ -288,7 +288,7 @@ impl Pool {
         let mut st = self.state.lock();
         // The crate's cluster connection spans nodes: one node's silence is
         // its own (see `cluster::Node`), not this pool's.
-        if !(self.is_cluster() && outcome == Outcome::TimedOut) {
+        if !self.is_cluster() {
             st.stall = st.stall.after(outcome, trial);
         }
         match conn {
@@ -315,7 +315,7 @@ impl Pool {
             pool: self,
             conn: Some(conn),
             trial,
-            broken: false,
+            ended: None,
         }))
     }
 
@@ -339,26 +339,14 @@ impl Pool {
         let mut lease = self
             .lease(true)?
             .expect("a connection, having waited for one");
-        match f(lease.conn()) {
-            Ok(v) => {
-                lease.end(Outcome::Answered);
-                Ok(v)
-            }
-            Err(e) => {
-                let outcome = if connection_survives(&e) && lease.conn().like().is_open() {
-                    Outcome::Answered
-                } else if e.is_timeout() {
-                    Outcome::TimedOut
-                } else {
-                    Outcome::Other
-                };
-                if outcome != Outcome::Answered {
-                    lease.broke();
-                }
-                lease.end(outcome);
-                Err(io_error(what, &e))
-            }
-        }
+        let result = f(lease.conn());
+        lease.ended = Some(match &result {
+            Ok(_) => Outcome::Answered,
+            Err(e) if connection_survives(e) => Outcome::Answered,
+            Err(e) if e.is_timeout() => Outcome::TimedOut,
+            Err(_) => Outcome::Other,
+        });
+        result.map_err(|e| io_error(what, &e))
     }
 }
 
@@ -371,8 +359,8 @@ pub(super) struct Lease<'a> {
     conn: Option<Conn>,
     /// Taken for the trial of a silent server (see [`Stall`]).
     trial: bool,
-    /// Its connection must not be used again, open or not.
-    broken: bool,
+    /// How its request ended, when the user knows (see `Drop`).
+    ended: Option<Outcome>,
 }
 
 impl Lease<'_> {
@@ -395,38 +383,25 @@ impl Lease<'_> {
             self.pool.returned.notify_all();
         }
     }
-
-    /// Its connection is out of step (a failure at the socket level): it
-    /// goes, with the pool's idle ones, when the lease ends.
-    fn broke(&mut self) {
-        self.broken = true;
-    }
-
-    /// Gives the connection back after a request that ended so.
-    fn end(mut self, outcome: Outcome) {
-        if let Some(mut conn) = self.conn.take() {
-            let keep = !self.broken && conn.like().is_open();
-            self.pool
-                .give_back(keep.then_some(conn), outcome, self.trial);
-        }
-    }
 }
 
 impl Drop for Lease<'_> {
-    /// Unless `end` said how its request ended: a connection still open was
-    /// answered; a broken one ran out of time if its request's deadline has
-    /// passed; a panic says nothing of the server.
+    /// Gives the connection back if its request was answered and it is
+    /// still open. How the request ended is `ended`, else read from the
+    /// connection: still open, answered; broken past its request's
+    /// deadline, timed out; a panic says nothing of the server.
     fn drop(&mut self) {
         if let Some(mut conn) = self.conn.take() {
-            let open = !self.broken && conn.like().is_open();
-            let outcome = match &conn {
+            let open = conn.like().is_open();
+            let outcome = self.ended.unwrap_or(match &conn {
                 _ if std::thread::panicking() => Outcome::Other,
                 _ if open => Outcome::Answered,
                 Conn::Direct(c) if c.deadline_passed() => Outcome::TimedOut,
                 _ => Outcome::Other,
-            };
+            });
+            let keep = open && outcome == Outcome::Answered;
             self.pool
-                .give_back(open.then_some(conn), outcome, self.trial);
+                .give_back(keep.then_some(conn), outcome, self.trial);
         }
     }
 }
