@@ -116,7 +116,9 @@
 
 /**
  * REMOVED reason: the block's loads failed transiently (TIER_ERR_IO)
- * MAX_TRANSIENT_LOAD_FAILURES times in a row; storage may still hold it.
+ * MAX_TRANSIENT_LOAD_FAILURES times in a row (failures that never reached
+ * storage, such as a server known to be down, not counted); storage may
+ * still hold it.
  */
 #define TIER_REMOVED_UNREADABLE 5
 
@@ -658,7 +660,10 @@ tier_status_t tier_submit_store(struct tier_t *tier,
  * fails it with TIER_ERR_IO and keeps the key (and the stored data) until
  * its loads fail that way 3 times in a row, after which the key is a MISS
  * (TIER_REMOVED_UNREADABLE; the data stays in storage, found again by the
- * next open).
+ * next open). A load failed at once because storage is known to be
+ * unavailable (every I/O thread stuck on a hung device, a Redis server that
+ * stopped answering or is being reconnected to) fails with TIER_ERR_IO too
+ * but does not count: the key survives an outage the engine retries through.
  * Rows: each row may appear once in `block_ids`; a job naming a row twice is
  * rejected with TIER_ERR_INVALID_ARG. Two load jobs in flight into one row
  * leave that row's contents undefined until both are polled, but neither

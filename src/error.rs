@@ -91,6 +91,8 @@ impl ErrorKind {
 pub struct Error {
     kind: ErrorKind,
     message: String,
+    /// The failed operation never reached storage (see [`Error::unsent`]).
+    unsent: bool,
 }
 
 impl Error {
@@ -99,7 +101,23 @@ impl Error {
         Error {
             kind,
             message: message.into(),
+            unsent: false,
         }
+    }
+
+    /// Marks a block I/O failure whose request never went to storage: the
+    /// backend failed it at once (a server known to be silent or down, no
+    /// connection free). Such a failure proves nothing about the block, so a
+    /// load that meets it does not count towards forgetting the key
+    /// (`MAX_TRANSIENT_LOAD_FAILURES`).
+    pub(crate) fn unsent(mut self) -> Error {
+        self.unsent = true;
+        self
+    }
+
+    /// Whether the failed operation reached storage (see [`Error::unsent`]).
+    pub(crate) fn reached_storage(&self) -> bool {
+        !self.unsent
     }
 
     /// The kind (and so the C status code).

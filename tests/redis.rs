@@ -7,8 +7,8 @@ mod common;
 use common::redis::{raw_dbsize, redis_config_at, wait_until, RedisCluster, RedisServer};
 use common::*;
 use kvtier::{
-    ErrorKind, EventKind, LookupState::*, PrimaryBuffer, RemovedReason, StoredReason, Tier,
-    TierConfig,
+    ErrorKind, EventKind, JobResult, LookupState::*, PrimaryBuffer, RemovedReason, StoredReason,
+    Tier, TierConfig,
 };
 use std::time::{Duration, Instant};
 
@@ -1366,6 +1366,70 @@ fn a_hung_server_costs_a_failed_job_on_time() {
         }
         assert!(Instant::now() < deadline, "never recovered: {r:?}");
         std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// While a hung server's trial request is out, other loads fail at once:
+/// they never reach the server, so they prove nothing about their blocks.
+/// An engine retrying a key through the hang more often than
+/// MAX_TRANSIENT_LOAD_FAILURES keeps it (before, the third failure at once
+/// made the key a MISS and left its block on the server unindexed).
+#[test]
+fn loads_failed_at_once_during_a_hang_do_not_forget_their_keys() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 8, BB);
+    config.set("io_timeout_ms", "600").unwrap();
+    config.set("io_threads", "2").unwrap();
+    let h = Harness::new(&config, 8, BB);
+    h.store_all(1, &[0, 1]);
+    let tier = h.tier();
+    server.freeze();
+    // A request runs out of time: the server is silent. The next one is
+    // its trial, out for a deadline.
+    assert_eq!(h.load(10, &[0], &[2]).error, Some(ErrorKind::Io));
+    tier.submit_load(11, &keys(&[0]), KEY_LEN, &[3]).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    let mut others = Vec::new();
+    let mut wait_for = |job: u64| loop {
+        if let Some(i) = others.iter().position(|r: &JobResult| r.job_id == job) {
+            return others.swap_remove(i);
+        }
+        others.extend(tier.poll(4));
+        tier.wait(Duration::from_millis(2));
+    };
+    let (mut quick, mut slow) = (0u32, 0u32);
+    let mut job = 20;
+    while quick <= kvtier::MAX_TRANSIENT_LOAD_FAILURES {
+        let started = Instant::now();
+        tier.submit_load(job, &keys(&[1]), KEY_LEN, &[4]).unwrap();
+        let r = wait_for(job);
+        assert_eq!(r.error, Some(ErrorKind::Io), "load {job} of key 1: {r:?}");
+        if started.elapsed() < Duration::from_millis(300) {
+            quick += 1;
+        } else {
+            // It went to the server as a trial itself (a slow machine):
+            // that one counts, and the test needs fewer than three such.
+            slow += 1;
+            assert!(
+                slow < kvtier::MAX_TRANSIENT_LOAD_FAILURES,
+                "no load failed at once"
+            );
+        }
+        job += 1;
+    }
+    server.thaw();
+    wait_for(11); // answered after the thaw, or out of time: either will do
+    assert_eq!(h.lookup(&[1]), vec![Hit], "key 1 was forgotten");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let r = h.load(job, &[1], &[5]);
+        job += 1;
+        if r.is_ok() {
+            assert!(h.row_holds(5, 1));
+            break;
+        }
+        assert!(Instant::now() < deadline, "never recovered: {r:?}");
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

@@ -126,7 +126,9 @@ pub(crate) trait Backend: Send + Sync {
     /// Copies the block's stored bytes into `dst` (one block). A `Corrupt` or
     /// `NotFound` error means the stored block is gone: the tier forgets the key.
     /// Other errors are transient and keep it, up to
-    /// `MAX_TRANSIENT_LOAD_FAILURES` in a row. A backend never condemns
+    /// `MAX_TRANSIENT_LOAD_FAILURES` in a row, not counting those marked
+    /// [`Error::unsent`](crate::error::Error::unsent) (failed at once, storage
+    /// not asked). A backend never condemns
     /// stored data on what it observed in `dst` alone: the engine may be
     /// writing it (see `tier_submit_load`).
     fn load(&self, slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()>;

@@ -133,8 +133,12 @@ impl Shared {
         }
         if self.crew.all_stuck() {
             // Every thread is stuck in storage and no replacement may start:
-            // queued, the job would wait for the device to recover.
-            job.fail_all(ErrorKind::Io);
+            // queued, the job would wait for the device to recover. Nothing
+            // was read, so a load's keys are not held to blame.
+            match job.kind {
+                JobKind::Store => job.fail_all(ErrorKind::Io),
+                JobKind::Load => job.fail(job.items[0].pos, ErrorKind::Io),
+            }
             self.finish(job);
             return;
         }
@@ -195,7 +199,7 @@ impl Shared {
                             true
                         }
                         Err(e) => {
-                            job.item_failed(task.range.start + i, e.kind());
+                            job.load_failed(task.range.start + i, &e);
                             false
                         }
                     });
@@ -294,12 +298,11 @@ impl Shared {
                 };
                 match outcome {
                     Ok(bytes) => job.add_bytes(bytes),
-                    Err(e) => {
-                        job.item_failed(i, e.kind());
-                        if job.kind == JobKind::Load {
-                            break;
-                        }
+                    Err(e) if job.kind == JobKind::Load => {
+                        job.load_failed(i, &e);
+                        break;
                     }
+                    Err(e) => job.item_failed(i, e.kind()),
                 }
             }
             true

@@ -1,7 +1,7 @@
 //! Jobs and the tasks workers run for them.
 
 use crate::backend::{Row, StoreJob};
-use crate::error::{try_vec, ErrorKind, Result};
+use crate::error::{try_vec, Error, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
 use crate::sync::{Mutex, MutexGuard, RwLock};
@@ -195,6 +195,18 @@ impl Job {
         }
         drop(failed);
         self.fail(self.items[item].pos, kind);
+    }
+
+    /// A load of item `item` failed with `e`. A failure that never reached
+    /// storage proves nothing about the block: it fails the job from the
+    /// item's position on without blaming the item, so its key does not
+    /// count it among its transient failures (`MAX_TRANSIENT_LOAD_FAILURES`).
+    pub(crate) fn load_failed(&self, item: usize, e: &Error) {
+        if e.reached_storage() {
+            self.item_failed(item, e.kind());
+        } else {
+            self.fail(self.items[item].pos, e.kind());
+        }
     }
 
     /// Fails every item of the job (none of its copies ran).

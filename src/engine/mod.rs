@@ -54,8 +54,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 /// A key whose loads fail this many times in a row with a transient error
-/// (`Io`: descriptors, permissions, device errors) is dropped, so an engine
-/// that retries a failing block does not retry it forever.
+/// (`Io`: descriptors, permissions, device errors, a request past its
+/// deadline) is dropped, so an engine that retries a failing block does not
+/// retry it forever. Only failures whose request went to storage count: a
+/// load failed at once because storage is known to be unavailable (every
+/// I/O thread stuck, a Redis server that is silent or in reconnect backoff,
+/// no connection free) proves nothing about the block, and an engine that
+/// retries through an outage keeps its keys.
 pub const MAX_TRANSIENT_LOAD_FAILURES: u32 = 3;
 
 /// A load waiting for stores in flight of some of its keys.

@@ -83,7 +83,9 @@ pub const TIER_REMOVED_CORRUPT: u32 = 3;
 /// (TIER_ERR_NOT_FOUND: a file deleted, a Redis key expired or evicted).
 pub const TIER_REMOVED_VANISHED: u32 = 4;
 /// REMOVED reason: the block's loads failed transiently (TIER_ERR_IO)
-/// MAX_TRANSIENT_LOAD_FAILURES times in a row; storage may still hold it.
+/// MAX_TRANSIENT_LOAD_FAILURES times in a row (failures that never reached
+/// storage, such as a server known to be down, not counted); storage may
+/// still hold it.
 pub const TIER_REMOVED_UNREADABLE: u32 = 5;
 
 /// One block event, filled in by `tier_poll_events`.

@@ -248,7 +248,8 @@ impl Pool {
                                 "redis: server unreachable; next attempt in {} ms",
                                 at.saturating_duration_since(Instant::now()).as_millis()
                             ),
-                        ));
+                        )
+                        .unsent());
                     }
                 }
                 st.open += 1;
@@ -276,7 +277,8 @@ impl Pool {
                 return Err(Error::new(
                     ErrorKind::Io,
                     "redis: no connection free within io_timeout_ms",
-                ));
+                )
+                .unsent());
             }
         }
     }
@@ -414,6 +416,7 @@ fn silent_server() -> Error {
         "redis: the server has not answered within io_timeout_ms since its last request timed out; \
          failing at once until it answers (one request at a time goes to find out)",
     )
+    .unsent()
 }
 
 #[cfg(test)]

@@ -42,10 +42,11 @@ fn out_of_time() -> Error {
         ErrorKind::Io,
         "redis: no answer within io_timeout_ms (the job's deadline passed on another master)",
     )
+    .unsent()
 }
 
 fn unsettled() -> Error {
-    Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried")
+    Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried").unsent()
 }
 
 /// What a pass over a job's masters met besides answers.
