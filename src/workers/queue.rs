@@ -124,6 +124,8 @@ pub(crate) struct WorkQueue {
     queues: Mutex<Queues>,
     available: Condvar,
     queued: AtomicUsize,
+    /// Of `queued`, discards (changed under the `queues` lock).
+    queued_discards: AtomicUsize,
     /// Workers waiting on `available` (changed under the `queues` lock).
     sleepers: AtomicUsize,
     /// 1 while a worker polls for work (at most one does).
@@ -137,6 +139,7 @@ impl WorkQueue {
             queues: Mutex::new(Queues::default()),
             available: Condvar::new(),
             queued: AtomicUsize::new(0),
+            queued_discards: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             spinning: AtomicUsize::new(0),
             shutdown: AtomicBool::new(false),
@@ -162,14 +165,32 @@ impl WorkQueue {
             added += 1;
         }
         let queued = self.queued.fetch_add(added, Ordering::SeqCst) + added;
+        let spinning = self.spinning.load(Ordering::SeqCst);
         // A polling worker takes one piece of all that is queued without
         // being woken; every other piece wakes a sleeper, up to this push's
         // own. (Counting the poller against each push instead left all but
         // one piece of a burst queued while it polled to the poller alone.)
         // The poller gives up its claim before it takes its piece or goes
         // to sleep, so either it takes a piece or a push sees it gone.
-        let unclaimed = queued.saturating_sub(self.spinning.load(Ordering::SeqCst));
-        let wake = added.min(unclaimed);
+        //
+        // Discards are housekeeping that no caller waits for: one queued
+        // while a worker polls wakes nobody (that worker, or the next one
+        // free, runs it), and queued discards are not counted when a later
+        // push decides whom to wake. In a full tier every store job queues
+        // its evictions' discard beside its copy; counted like a copy, the
+        // pair woke a second worker per job, and a stream of stores paid a
+        // thread wake-up per job (15-20% more context switches).
+        let wake = if lane == Lane::Discards {
+            self.queued_discards.fetch_add(added, Ordering::SeqCst);
+            if spinning > 0 {
+                0
+            } else {
+                added
+            }
+        } else {
+            let copies = queued.saturating_sub(self.queued_discards.load(Ordering::SeqCst));
+            added.min(copies.saturating_sub(spinning))
+        };
         for _ in 0..wake.min(self.sleepers.load(Ordering::SeqCst)) {
             self.available.notify_one();
         }
@@ -179,6 +200,9 @@ impl WorkQueue {
     fn try_pop(&self) -> Option<Work> {
         let mut q = self.queues.lock();
         let work = q.pop()?;
+        if work.lane() == Lane::Discards {
+            self.queued_discards.fetch_sub(1, Ordering::SeqCst);
+        }
         self.queued.fetch_sub(1, Ordering::SeqCst);
         Some(work)
     }
@@ -280,6 +304,8 @@ impl WorkQueue {
         let Queues {
             probes, discards, ..
         } = &mut *q;
+        self.queued_discards
+            .fetch_sub(discards.len(), Ordering::SeqCst);
         let work: Vec<Work> = probes.drain(..).chain(discards.drain(..)).collect();
         self.queued.fetch_sub(work.len(), Ordering::SeqCst);
         work
@@ -298,6 +324,7 @@ impl WorkQueue {
         let discards = q.discards.drain(..).collect();
         *q = Queues::default();
         self.queued.store(0, Ordering::SeqCst);
+        self.queued_discards.store(0, Ordering::SeqCst);
         self.available.notify_all();
         discards
     }
@@ -418,33 +445,58 @@ mod tests {
     /// push used to count the poller against every piece queued while it
     /// polled, so a burst of one-block jobs submitted at once all ran on
     /// the poller, one after another, with the other workers asleep.
-    #[test]
-    fn a_burst_queued_while_one_worker_polls_wakes_the_sleepers() {
-        use std::sync::Arc;
-        let queue = Arc::new(WorkQueue::new());
+    /// Starts `n` workers on `queue` and waits until one polls and the
+    /// others sleep. Each worker reports each piece it takes on the
+    /// channel, then holds it (as a slow storage call would) until `release`
+    /// is set or the queue shuts down.
+    fn settled_workers(
+        queue: &std::sync::Arc<WorkQueue>,
+        n: usize,
+        release: &std::sync::Arc<AtomicBool>,
+    ) -> (
+        Vec<std::thread::JoinHandle<()>>,
+        std::sync::mpsc::Receiver<()>,
+    ) {
         let (tx, rx) = std::sync::mpsc::channel();
-        let workers: Vec<_> = (0..3)
+        let workers = (0..n)
             .map(|_| {
-                let (queue, tx) = (queue.clone(), tx.clone());
+                let (queue, tx, release) = (queue.clone(), tx.clone(), release.clone());
                 std::thread::spawn(move || {
-                    // Each worker holds its first piece of work (as a slow
-                    // storage call would) until the queue shuts down.
-                    if queue.next(Duration::from_secs(5)).is_some() {
+                    while queue.next(Duration::from_secs(5)).is_some() {
                         tx.send(()).unwrap();
-                        while !queue.shutdown.load(Ordering::Acquire) {
+                        while !queue.shutdown.load(Ordering::Acquire)
+                            && !release.load(Ordering::Acquire)
+                        {
                             std::thread::sleep(Duration::from_millis(1));
                         }
                     }
                 })
             })
             .collect();
-        // One worker polls (it has 5 s to), two sleep.
         let deadline = Instant::now() + Duration::from_secs(5);
-        while queue.sleepers.load(Ordering::SeqCst) < 2 || queue.spinning.load(Ordering::SeqCst) < 1
+        while queue.sleepers.load(Ordering::SeqCst) < n - 1
+            || queue.spinning.load(Ordering::SeqCst) < 1
         {
             assert!(Instant::now() < deadline, "workers never settled");
             std::thread::yield_now();
         }
+        (workers, rx)
+    }
+
+    fn stop(queue: &WorkQueue, workers: Vec<std::thread::JoinHandle<()>>) {
+        queue.shutdown.store(true, Ordering::Release);
+        queue.available.notify_all();
+        for w in workers {
+            w.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_burst_queued_while_one_worker_polls_wakes_the_sleepers() {
+        let queue = std::sync::Arc::new(WorkQueue::new());
+        let release = std::sync::Arc::new(AtomicBool::new(false));
+        // One worker polls, two sleep.
+        let (workers, rx) = settled_workers(&queue, 3, &release);
         for n in 0..3 {
             queue
                 .push_all(Lane::Loads, std::iter::once(marker(n)))
@@ -454,14 +506,36 @@ mod tests {
         let busy = (0..3)
             .filter(|_| rx.recv_timeout(Duration::from_secs(2)).is_ok())
             .count();
-        queue.shutdown.store(true, Ordering::Release);
-        queue.available.notify_all();
-        for w in workers {
-            w.join().unwrap();
-        }
+        stop(&queue, workers);
         assert_eq!(
             busy, 3,
             "pieces of work queued while a worker polled were left waiting"
         );
+    }
+
+    /// A store job's discard queued beside its copy while a worker polls
+    /// wakes no sleeper: the poller takes one, then the other.
+    #[test]
+    fn a_discard_beside_a_copy_wakes_no_sleeper_while_a_worker_polls() {
+        let queue = std::sync::Arc::new(WorkQueue::new());
+        let release = std::sync::Arc::new(AtomicBool::new(false));
+        let (workers, rx) = settled_workers(&queue, 2, &release);
+        queue
+            .push_all(Lane::Discards, std::iter::once(Work::Discard(Vec::new())))
+            .ok()
+            .unwrap();
+        queue
+            .push_all(Lane::Stores, std::iter::once(marker(1)))
+            .ok()
+            .unwrap();
+        let first = rx.recv_timeout(Duration::from_secs(2)).is_ok();
+        let woken = rx.recv_timeout(Duration::from_millis(300)).is_ok();
+        // The poller, done with its piece, takes the other.
+        release.store(true, Ordering::Release);
+        let second = woken || rx.recv_timeout(Duration::from_secs(2)).is_ok();
+        stop(&queue, workers);
+        assert!(first, "the poller took nothing");
+        assert!(!woken, "the sleeper was woken for the pair");
+        assert!(second, "the second piece was never taken");
     }
 }
