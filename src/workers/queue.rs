@@ -440,11 +440,6 @@ mod tests {
         assert_eq!(served(&mut q), [10, 11]);
     }
 
-    /// Work queued one piece at a time while a worker polls: the poller
-    /// takes one piece, and each of the others wakes a sleeping worker. A
-    /// push used to count the poller against every piece queued while it
-    /// polled, so a burst of one-block jobs submitted at once all ran on
-    /// the poller, one after another, with the other workers asleep.
     /// Starts `n` workers on `queue` and waits until one polls and the
     /// others sleep. Each worker reports each piece it takes on the
     /// channel, then holds it (as a slow storage call would) until `release`
@@ -491,6 +486,11 @@ mod tests {
         }
     }
 
+    /// Work queued one piece at a time while a worker polls: the poller
+    /// takes one piece, and each of the others wakes a sleeping worker. A
+    /// push used to count the poller against every piece queued while it
+    /// polled, so a burst of one-block jobs submitted at once all ran on
+    /// the poller, one after another, with the other workers asleep.
     #[test]
     fn a_burst_queued_while_one_worker_polls_wakes_the_sleepers() {
         let queue = std::sync::Arc::new(WorkQueue::new());
