@@ -11,7 +11,10 @@
 //! thread spinning on a core of this 2-core VM saw its own EXISTS answered
 //! in 26-30 us, because its core never went idle, while the worker's, which
 //! waits in `read` on an idle core, took 45-55 us; sleeping, the caller's
-//! EXISTS took 50-64 us, as the worker's did (one VM, 2026-12-02).
+//! EXISTS took 50-64 us, as the worker's did (one VM, 2026-12-02). A
+//! sleep lasts what the machine gives it, though (17 us on another VM the
+//! same day), so each verdict is reported with the last lookup that still
+//! answered PENDING: the verdict landed between the two.
 
 use super::server::Server;
 use super::{Params, NS_PROBE};
@@ -39,6 +42,12 @@ const VERDICT_LIMIT: Duration = Duration::from_secs(5);
 pub struct Results {
     pub hit_ns: Vec<u64>,
     pub miss_ns: Vec<u64>,
+    /// For each of `hit_ns` and `miss_ns`: when the last lookup that still
+    /// answered PENDING began, so the verdict landed between the two.
+    pub hit_pending_ns: Vec<u64>,
+    pub miss_pending_ns: Vec<u64>,
+    /// How long the caller's sleeps between lookups lasted.
+    pub nap_ns: Vec<u64>,
     pub exists_ns: Vec<u64>,
     /// A batched lookup's last verdict, and the crate's pipeline of as many
     /// EXISTS.
@@ -71,6 +80,9 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
     let mut r = Results {
         hit_ns: Vec::with_capacity(SINGLES),
         miss_ns: Vec::with_capacity(SINGLES),
+        hit_pending_ns: Vec::with_capacity(SINGLES),
+        miss_pending_ns: Vec::with_capacity(SINGLES),
+        nap_ns: Vec::new(),
         exists_ns: Vec::with_capacity(SINGLES),
         batch_ns: Vec::with_capacity(BATCHES),
         exists_pipeline_ns: Vec::with_capacity(BATCHES),
@@ -80,12 +92,20 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
         // Alternating which goes first: the first probe after the EXISTS may
         // find every worker asleep and pay its wake-up.
         let (hit_first, hit, miss) = (i % 2 == 0, key(&stored, i), key(&absent, i));
+        let hit_verdict = |r: &mut Results| -> Result<(), String> {
+            let v = verdicts_ns(&reader, &hit, &[TIER_HIT], &mut r.nap_ns)?;
+            r.hit_ns.push(v.verdict_ns);
+            r.hit_pending_ns.push(v.pending_ns);
+            Ok(())
+        };
         if hit_first {
-            r.hit_ns.push(verdicts_ns(&reader, &hit, &[TIER_HIT])?);
+            hit_verdict(&mut r)?;
         }
-        r.miss_ns.push(verdicts_ns(&reader, &miss, &[TIER_MISS])?);
+        let v = verdicts_ns(&reader, &miss, &[TIER_MISS], &mut r.nap_ns)?;
+        r.miss_ns.push(v.verdict_ns);
+        r.miss_pending_ns.push(v.pending_ns);
         if !hit_first {
-            r.hit_ns.push(verdicts_ns(&reader, &hit, &[TIER_HIT])?);
+            hit_verdict(&mut r)?;
         }
         let name = format!("{prefix}:exists-probe:{i}");
         let start = Instant::now();
@@ -105,7 +125,8 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
             batch.extend(key(&absent, i));
             want.extend([TIER_HIT, TIER_MISS]);
         }
-        r.batch_ns.push(verdicts_ns(&reader, &batch, &want)?);
+        r.batch_ns
+            .push(verdicts_ns(&reader, &batch, &want, &mut r.nap_ns)?.verdict_ns);
         let mut pipe = redis::pipe();
         for j in 0..BATCH {
             pipe.cmd("EXISTS")
@@ -142,11 +163,26 @@ impl Drop for FineTimerSlack {
     }
 }
 
-/// Nanoseconds from a lookup of `keys` that must answer PENDING for every
-/// key to the one that answers `want`, looking up again every 2 us.
-fn verdicts_ns(tier: &Tier, keys: &[u8], want: &[u8]) -> Result<u64, String> {
+/// When a verdict was seen, from the first lookup (nanoseconds).
+struct Verdict {
+    /// The lookup that answered it returned.
+    verdict_ns: u64,
+    /// The last lookup that still answered PENDING began.
+    pending_ns: u64,
+}
+
+/// From a lookup of `keys` that must answer PENDING for every key to the
+/// one that answers `want`, looking up again after sleeping 2 us (each
+/// sleep's length added to `naps`).
+fn verdicts_ns(
+    tier: &Tier,
+    keys: &[u8],
+    want: &[u8],
+    naps: &mut Vec<u64>,
+) -> Result<Verdict, String> {
     let mut states = vec![0u8; want.len()];
     let start = Instant::now();
+    let mut pending_ns = 0;
     tier.lookup(keys, KEY_LEN, &mut states)
         .map_err(|e| e.to_string())?;
     if let Some(s) = states.iter().find(|&&s| s != TIER_PENDING) {
@@ -155,12 +191,19 @@ fn verdicts_ns(tier: &Tier, keys: &[u8], want: &[u8]) -> Result<u64, String> {
         ));
     }
     loop {
+        let nap = Instant::now();
         std::thread::sleep(Duration::from_micros(2));
+        naps.push(nap.elapsed().as_nanos() as u64);
+        let asked_ns = start.elapsed().as_nanos() as u64;
         tier.lookup(keys, KEY_LEN, &mut states)
             .map_err(|e| e.to_string())?;
         if states == want {
-            return Ok(start.elapsed().as_nanos() as u64);
+            return Ok(Verdict {
+                verdict_ns: start.elapsed().as_nanos() as u64,
+                pending_ns,
+            });
         }
+        pending_ns = asked_ns;
         if let Some((s, w)) = states
             .iter()
             .zip(want)
@@ -188,9 +231,10 @@ impl Results {
                 num(us(&self.exists_ns, 0.99))
             ),
         );
-        for (what, ns, key) in [
-            ("HIT", &self.hit_ns, "probe_hit"),
-            ("MISS", &self.miss_ns, "probe_miss"),
+        let nap = us(&self.nap_ns, 0.5);
+        for (what, ns, pending, key) in [
+            ("HIT", &self.hit_ns, &self.hit_pending_ns, "probe_hit"),
+            ("MISS", &self.miss_ns, &self.miss_pending_ns, "probe_miss"),
         ] {
             let ratio = us(ns, 0.5) / exists;
             out.row(
@@ -198,10 +242,12 @@ impl Results {
                 us(ns, 0.5),
                 "us",
                 format!(
-                    "{}x the EXISTS round trip; first lookup PENDING, then looked up until the verdict; median of {}, p99 {} us",
+                    "{}x the EXISTS round trip; first lookup PENDING, then looked up until the verdict; median of {}, p99 {} us; still PENDING at {} us (the verdict landed between; a 2 us sleep between lookups lasted {} us)",
                     num(ratio),
                     ns.len(),
-                    num(us(ns, 0.99))
+                    num(us(ns, 0.99)),
+                    num(us(pending, 0.5)),
+                    num(nap)
                 ),
             )
             .target(
@@ -212,8 +258,10 @@ impl Results {
             );
             out.field(&format!("{key}_us"), us(ns, 0.5));
             out.field(&format!("{key}_over_exists"), ratio);
+            out.field(&format!("{key}_pending_us"), us(pending, 0.5));
         }
         out.field("exists_us", exists);
+        out.field("lookup_nap_us", nap);
         let pipeline = us(&self.exists_pipeline_ns, 0.5);
         out.row(
             format!("shared lookup: {BATCH} EXISTS pipelined"),
