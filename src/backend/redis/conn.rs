@@ -421,7 +421,35 @@ fn silent_server() -> Error {
 
 #[cfg(test)]
 mod tests {
-    use super::{Outcome, Stall};
+    use super::*;
+
+    /// A refused connection was an attempt; the failures at once during the
+    /// backoff after it, and while a silent server's trial is out, asked
+    /// nothing (`Error::unsent`: a load meeting them does not count against
+    /// its block).
+    #[test]
+    fn failures_at_once_are_marked_unsent() {
+        // A loopback port nothing listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let client = Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
+        let pool = Pool::new(
+            Target::Single(client),
+            1,
+            Duration::from_secs(1),
+            SharedConfig::default(),
+        );
+        let refused = pool.take_or_wait(true).err().expect("nothing listens");
+        assert!(refused.reached_storage(), "{refused}");
+        let backoff = pool.take_or_wait(true).err().expect("in backoff");
+        assert!(backoff.message().contains("next attempt"), "{backoff}");
+        assert!(!backoff.reached_storage(), "{backoff}");
+        pool.state.lock().stall = Stall::Trying;
+        let silent = pool.take_or_wait(true).err().expect("a trial is out");
+        assert!(!silent.reached_storage(), "{silent}");
+    }
 
     #[test]
     fn a_silent_server_gets_one_trial_at_a_time_until_it_answers() {
