@@ -188,13 +188,42 @@ impl Settings {
     /// Parses the process's arguments; on a usage error or `--help`, clap
     /// prints and exits (status 2 and 0).
     pub fn from_args() -> Settings {
-        Settings::from(Cli::parse())
+        let settings = Settings::from(Cli::parse());
+        if let Err(e) = settings.check() {
+            e.exit();
+        }
+        settings
     }
 
     #[cfg(test)]
     fn try_parse(args: &[&str]) -> Result<Settings, clap::Error> {
         let argv = std::iter::once("kvtier-bench").chain(args.iter().copied());
-        Cli::try_parse_from(argv).map(Settings::from)
+        let settings = Cli::try_parse_from(argv).map(Settings::from)?;
+        settings.check().map(|()| settings)
+    }
+
+    /// Refuses flags the chosen backend would ignore: the phase flags are
+    /// the memory backend's (the disk and Redis runs always measure every
+    /// phase), and a run that silently did what it was told not to would
+    /// be read as something it is not.
+    fn check(&self) -> Result<(), clap::Error> {
+        use clap::CommandFactory;
+        let skips = [
+            ("--skip-bandwidth", self.skip_bandwidth),
+            ("--skip-first-fill", self.skip_first_fill),
+            ("--skip-latency", self.skip_latency),
+            ("--skip-lookup", self.skip_lookup),
+        ];
+        match skips.iter().find(|(_, given)| *given) {
+            Some((flag, _)) if self.backend != Backend::Memory => Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                format!(
+                    "{flag} applies to the memory backend only; --backend {} runs every phase",
+                    format!("{:?}", self.backend).to_lowercase()
+                ),
+            )),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -306,6 +335,8 @@ mod tests {
             &["--repeat", "x"],
             &["--lookup-blocks", "10"],
             &["--backend", "tape"],
+            &["--backend", "redis", "--skip-latency"],
+            &["--backend", "disk", "--skip-bandwidth"],
         ] {
             assert!(Settings::try_parse(bad).is_err(), "{bad:?}");
         }
