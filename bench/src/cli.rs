@@ -98,17 +98,19 @@ struct Cli {
     /// print one JSON object on stdout instead of the table
     #[arg(long)]
     json: bool,
-    /// skip the bandwidth phase (memory backend)
+    /// skip the bandwidth phase (memory backend; refused with another)
     #[arg(long)]
     skip_bandwidth: bool,
-    /// skip the first-fill phase (memory backend): cold stores against the
-    /// page-population bound, prefault=full and background, page policies
+    /// skip the first-fill phase (memory backend; refused with another): cold
+    /// stores against the page-population bound, prefault=full and
+    /// background, page policies
     #[arg(long)]
     skip_first_fill: bool,
-    /// skip the 4 KiB latency phase (memory backend)
+    /// skip the 4 KiB latency phase (memory backend; refused with another)
     #[arg(long)]
     skip_latency: bool,
-    /// skip the lookup, touch and memory phase (memory backend)
+    /// skip the lookup, touch and memory phase (memory backend; refused with
+    /// another)
     #[arg(long)]
     skip_lookup: bool,
     /// no progress output on stderr
