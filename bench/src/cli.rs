@@ -221,7 +221,9 @@ impl Settings {
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
                     "{flag} applies to the memory backend only; --backend {} runs every phase",
-                    format!("{:?}", self.backend).to_lowercase()
+                    self.backend
+                        .to_possible_value()
+                        .map_or_else(String::new, |v| v.get_name().to_owned())
                 ),
             )),
             _ => Ok(()),
