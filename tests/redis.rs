@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::redis::{raw_dbsize, redis_config_at, wait_until, RedisCluster, RedisServer};
+use common::redis::{raw_dbsize, redis_config_at, wait_until, Monitor, RedisCluster, RedisServer};
 use common::*;
 use kvtier::{
     ErrorKind, EventKind, JobResult, LookupState::*, PrimaryBuffer, RemovedReason, StoredReason,
@@ -229,6 +229,69 @@ fn a_stream_of_stores_leaves_the_server_near_capacity() {
         "{:?} keys left, want {capacity}",
         raw_dbsize(port)
     );
+}
+
+/// While the tier fills up (a store evicts nothing), a job's blocks go as
+/// tasks of two blocks, each its own pipeline on its own connection: the
+/// server takes values that are fresh memory faster that way (README, "The
+/// bound's shape"). Once the tier is full and every store evicts, a job is
+/// one pipeline on one connection again. The server is frozen while the
+/// filling job is sent, so that its tasks are all in flight at once.
+#[test]
+fn a_filling_tier_spreads_a_job_over_connections_and_a_full_one_does_not() {
+    let server = redis_or_skip!();
+    const JOB: u64 = 16;
+    let mut config = redis_config_at(&server.url(), JOB as usize, BB);
+    config.set("io_threads", "4").unwrap();
+    config.set("connections", "4").unwrap();
+    let prefix = config.redis.key_prefix.clone();
+    let h = Harness::new(&config, 2 * JOB as usize, BB);
+    let mut monitor = Monitor::start(server.port());
+    for i in 0..2 * JOB {
+        h.fill(i as usize, i);
+    }
+    let filling: Vec<u64> = (0..JOB).collect();
+    let evicting: Vec<u64> = (JOB..2 * JOB).collect();
+    let rows = |ids: &[u64]| -> Vec<i64> { ids.iter().map(|&i| i as i64).collect() };
+
+    server.freeze();
+    h.tier()
+        .submit_store(1, &keys(&filling), KEY_LEN, &rows(&filling))
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    server.thaw();
+    let r = h.result_of(1);
+    assert!(r.is_ok(), "{r:?}");
+    let clients = monitor.clients_of("SET", &prefix, JOB as usize, Duration::from_secs(10));
+    let mut spread = clients.clone();
+    spread.sort();
+    spread.dedup();
+    assert!(
+        spread.len() >= 2,
+        "a filling tier's job went over {} connection(s): {clients:?}",
+        spread.len()
+    );
+
+    let r = h.store(2, &evicting, &rows(&evicting));
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(
+        h.tier().stats().evictions,
+        JOB,
+        "the second job evicts the first"
+    );
+    let clients = monitor.clients_of("SET", &prefix, JOB as usize, Duration::from_secs(10));
+    assert!(
+        clients.iter().all(|c| *c == clients[0]),
+        "a full tier's job went over several connections: {clients:?}"
+    );
+    for &i in &evicting {
+        h.write_row(i as usize, &[0u8; BB]);
+    }
+    let r = h.load(3, &evicting, &rows(&evicting));
+    assert!(r.is_ok(), "{r:?}");
+    for &i in &evicting {
+        assert!(h.row_holds(i as usize, i), "block {i}");
+    }
 }
 
 /// A cluster tier deletes what it evicts too: one job's evictions are one

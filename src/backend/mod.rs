@@ -250,6 +250,12 @@ pub(crate) trait Backend: Send + Sync {
         4 << 20
     }
 
+    /// [`Backend::min_task_bytes`] for a store job that evicts nothing: all
+    /// its blocks add to what storage holds, as while a tier fills up.
+    fn min_growing_task_bytes(&self) -> usize {
+        self.min_task_bytes()
+    }
+
     /// The tier was freed while `calls` storage calls were stuck past their
     /// deadline: this backend lives on (in those threads) until they return.
     /// A backend holding a lock others can see says so when they ask (the

@@ -143,10 +143,11 @@ impl Shared {
             return;
         }
         let job_bytes = job.items.len() * self.primary.block_bytes();
-        let max_tasks = self
-            .io_threads
-            .min(job_bytes / self.backend.min_task_bytes())
-            .max(1);
+        let min_task_bytes = match job.kind {
+            JobKind::Store if job.evicts_nothing => self.backend.min_growing_task_bytes(),
+            _ => self.backend.min_task_bytes(),
+        };
+        let max_tasks = self.io_threads.min(job_bytes / min_task_bytes).max(1);
         let min_items = job.items.len().div_ceil(max_tasks);
         let lane = match job.kind {
             JobKind::Load => Lane::Loads,

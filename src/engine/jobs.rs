@@ -75,6 +75,9 @@ pub(crate) struct Job {
     pub items: Vec<Item>,
     /// Store: slots of keys already present, pinned until the job completes.
     pub pinned: Vec<u32>,
+    /// Store: made room without evicting, so every block it copies adds to
+    /// what storage holds (a tier filling up); set when planned.
+    pub evicts_nothing: bool,
     /// Store: positions whose key is in the tier (stored or being stored) when
     /// the job completes; set under the index lock at completion.
     present_after: AtomicU32,
@@ -141,6 +144,7 @@ impl Job {
             key_len,
             items,
             pinned: Vec::new(),
+            evicts_nothing: false,
             present_after: AtomicU32::new(0),
             tasks_left: AtomicU32::new(0),
             failure: AtomicU64::new(NO_FAILURE),

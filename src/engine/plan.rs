@@ -86,6 +86,7 @@ impl Shared {
                 Counters::add(&self.counters.evictions, reserved.evicted as u64);
                 job.items = reserved.items;
                 job.pinned = reserved.pinned;
+                job.evicts_nothing = reserved.evicted == 0;
             }
             None => job.fail(0, ErrorKind::NoSpace),
         }

@@ -204,6 +204,82 @@ pub fn raw_dbsize(port: u16) -> Option<usize> {
         .ok()
 }
 
+/// A connection in MONITOR mode: the server sends it every command it runs
+/// from then on, one line each: `+<time> [<db> <client address>] "SET"
+/// "<name>" "<value, escaped>" ...`.
+pub struct Monitor {
+    lines: std::io::BufReader<TcpStream>,
+}
+
+impl Monitor {
+    /// Starts monitoring the (password-less) server on `port`.
+    pub fn start(port: u16) -> Monitor {
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let mut stream =
+            TcpStream::connect_timeout(&addr, Duration::from_secs(2)).expect("connect to MONITOR");
+        stream
+            .write_all(b"*1\r\n$7\r\nMONITOR\r\n")
+            .expect("send MONITOR");
+        let mut monitor = Monitor {
+            lines: std::io::BufReader::new(stream),
+        };
+        let ok = monitor.line(Duration::from_secs(5));
+        assert_eq!(ok.as_deref(), Some("+OK"), "MONITOR answered {ok:?}");
+        monitor
+    }
+
+    fn line(&mut self, timeout: Duration) -> Option<String> {
+        use std::io::BufRead;
+        self.lines.get_mut().set_read_timeout(Some(timeout)).ok()?;
+        let mut line = String::new();
+        match self.lines.read_line(&mut line) {
+            Ok(n) if n > 0 => Some(line.trim_end().to_string()),
+            _ => None,
+        }
+    }
+
+    /// The client address of each of the next `n` `command`s (case
+    /// insensitive) whose first argument starts with `prefix`, in the order
+    /// the server ran them; panics if they do not all come within `timeout`.
+    pub fn clients_of(
+        &mut self,
+        command: &str,
+        prefix: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        let mut clients = Vec::new();
+        let wanted = format!("\"{}\" \"{prefix}", command.to_ascii_uppercase());
+        while clients.len() < n {
+            let left = deadline.saturating_duration_since(Instant::now());
+            assert!(
+                !left.is_zero(),
+                "saw {} of {n} {command}s of {prefix}*",
+                clients.len()
+            );
+            let Some(line) = self.line(left) else {
+                continue;
+            };
+            // `[<db> <address>] "<command>" "<first argument>" ...`
+            let Some((client, rest)) = line.split_once(" [").and_then(|(_, r)| r.split_once("] "))
+            else {
+                continue;
+            };
+            let upper_command = rest
+                .split_once(' ')
+                .map(|(c, a)| (c.to_ascii_uppercase(), a));
+            if let Some((c, args)) = upper_command {
+                if format!("{c} {args}").starts_with(&wanted) {
+                    let address = client.split_once(' ').map_or(client, |(_, a)| a);
+                    clients.push(address.to_string());
+                }
+            }
+        }
+        clients
+    }
+}
+
 /// `--key value...` arguments: a value is split on whitespace into separate
 /// arguments, as on a config file line (`("user", "kv on >pw ~* +@all")`);
 /// an empty value is one empty argument (`("save", "")`).
