@@ -1787,3 +1787,33 @@ fn a_replica_takes_over_a_dead_masters_blocks() {
     assert!(r.is_ok(), "the promoted replica serves the blocks: {r:?}");
     assert!(lost.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
 }
+
+/// A filling tier's job split into more tasks than there are connections
+/// still fails about one deadline after a server hangs: the tasks that
+/// could not send wait for a connection no longer than that (and are then
+/// failed at once, unsent), instead of each waiting a deadline of its own
+/// in turn (4 rounds of 2 connections here: 2 s).
+#[test]
+fn a_filling_job_spread_over_few_connections_fails_within_a_deadline_on_a_hung_server() {
+    let server = redis_or_skip!();
+    let mut config = redis_config_at(&server.url(), 64, BB);
+    config.set("io_timeout_ms", "500").unwrap();
+    config.set("io_threads", "8").unwrap();
+    config.set("connections", "2").unwrap();
+    let h = Harness::new(&config, 16, BB);
+    h.store_all(1, &[100]);
+    server.freeze();
+    let started = Instant::now();
+    let ids: Vec<u64> = (0..16).collect();
+    let rows: Vec<i64> = (0..16).collect();
+    let r = h.store(2, &ids, &rows);
+    let took = started.elapsed();
+    server.thaw();
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(
+        took < Duration::from_millis(1500),
+        "took {took:?} for a 500 ms deadline"
+    );
+    // The block stored before the hang loads once the server answers.
+    load_once_answering(&h, 3, 100, 0);
+}
