@@ -250,7 +250,7 @@ impl Monitor {
     ) -> Vec<String> {
         let deadline = Instant::now() + timeout;
         let mut clients = Vec::new();
-        let wanted = format!("\"{}\" \"{prefix}", command.to_ascii_uppercase());
+        let (quoted_command, quoted_prefix) = (format!("\"{command}\""), format!("\"{prefix}"));
         while clients.len() < n {
             let left = deadline.saturating_duration_since(Instant::now());
             assert!(
@@ -266,11 +266,8 @@ impl Monitor {
             else {
                 continue;
             };
-            let upper_command = rest
-                .split_once(' ')
-                .map(|(c, a)| (c.to_ascii_uppercase(), a));
-            if let Some((c, args)) = upper_command {
-                if format!("{c} {args}").starts_with(&wanted) {
+            if let Some((c, args)) = rest.split_once(' ') {
+                if c.eq_ignore_ascii_case(&quoted_command) && args.starts_with(&quoted_prefix) {
                     let address = client.split_once(' ').map_or(client, |(_, a)| a);
                     clients.push(address.to_string());
                 }
