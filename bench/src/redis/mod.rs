@@ -167,7 +167,7 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
         "server",
         match server.started_here() {
             Some(dir) => format!(
-                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used at the end of the bandwidth phases",
+                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used holding the tier's last 2 MiB first fill and the steady tier",
                 server.version,
                 server.shown(),
                 dir.display(),
