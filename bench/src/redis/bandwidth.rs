@@ -45,7 +45,7 @@ pub struct Results {
     /// Minor faults of the server per block in the tier's first-fill store
     /// passes (empty when the server does not run here).
     pub fill_faults_per_store: Vec<f64>,
-    /// The steady-state store passes, one per repetition (see `steady`).
+    /// The steady-state store passes, one set per repetition (see `steady`).
     pub steady: Vec<steady::Pass>,
     pub steady_capacity_blocks: usize,
     pub server_memory: u64,
@@ -81,7 +81,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     let mut progress = Progress::new(
         p.progress,
         format!("redis {label} bandwidth"),
-        (p.repeat * (6 * n + shapes.len())) as u64,
+        (p.repeat * ((5 + steady::PASSES_PER_REPETITION) * n + shapes.len())) as u64,
     );
     let mut r = Results {
         describe: String::new(),
@@ -125,7 +125,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
                 .push(steady.pass(p, server, &primary, &src, &mut ids)?);
             r.verified_bytes += steady.verify(p, &primary, &mut ids)?;
         }
-        progress.add(n as u64);
+        progress.add((steady::PASSES_PER_REPETITION * n) as u64);
         // The first-fill passes run last and back to back, each contender's
         // store, load and delete before the next one's store: every first
         // fill (each fresh-keys setting, the client's and the tier's) then
@@ -450,6 +450,7 @@ impl Results {
             &k("steady"),
             json!({
                 "gbps": steady_gbps,
+                "pass_gbps": self.steady.iter().map(|s| &s.pass_gbps).collect::<Vec<_>>(),
                 "server_faults_per_store": self.steady.iter().map(|s| s.faults_per_store).collect::<Vec<_>>(),
                 "server_memory_before": self.steady.iter().map(|s| s.memory_before).collect::<Vec<_>>(),
                 "server_memory_after": self.steady.iter().map(|s| s.memory_after).collect::<Vec<_>>(),
@@ -530,12 +531,13 @@ impl Results {
             median(&gbps),
             "GB/s",
             format!(
-                "{}x {bound_name} bound, {}x one key (paired); capacity {} blocks, {} of {} stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
+                "{}x {bound_name} bound, {}x one key (paired; each repetition the median of {} passes); capacity {} blocks, {} of {} stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
                 num(over_bound),
                 num(paired_ratio(one_key, &gbps)),
+                steady::PASSES_PER_REPETITION,
                 self.steady_capacity_blocks,
                 evictions,
-                self.steady.len() * self.blocks,
+                self.steady.len() * steady::PASSES_PER_REPETITION * self.blocks,
                 num(min(&gbps)),
                 num(max(&gbps))
             ),
