@@ -394,7 +394,7 @@ impl Results {
             out,
         );
         let k = |key: &str| format!("{key}{suffix}");
-        let steady_gbps: Vec<f64> = self.steady.iter().map(|s| s.gbps).collect();
+        let steady_gbps: Vec<f64> = self.steady.iter().map(|s| s.gbps()).collect();
         out.field(&k("block_bytes"), block);
         out.field(&k("blocks"), self.blocks);
         out.field(&k("server_set_gbps"), median(&one_key_sets));
@@ -498,7 +498,7 @@ impl Results {
             );
             return;
         }
-        let gbps: Vec<f64> = self.steady.iter().map(|s| s.gbps).collect();
+        let gbps: Vec<f64> = self.steady.iter().map(|s| s.gbps()).collect();
         let over_bound = paired_ratio(bound, &gbps);
         let faults: Vec<f64> = self
             .steady

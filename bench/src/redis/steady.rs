@@ -29,8 +29,6 @@ pub const PASSES_PER_REPETITION: usize = 3;
 
 /// One repetition's timed passes.
 pub struct Pass {
-    /// Median of the passes' GB/s.
-    pub gbps: f64,
     /// Each pass's GB/s.
     pub pass_gbps: Vec<f64>,
     /// Minor faults of the server process per block stored (None: the
@@ -42,6 +40,13 @@ pub struct Pass {
     /// Blocks the tier evicted during the passes (one per store in steady
     /// state).
     pub evictions: u64,
+}
+
+impl Pass {
+    /// The repetition's figure: the median of its passes' GB/s.
+    pub fn gbps(&self) -> f64 {
+        median(&self.pass_gbps)
+    }
 }
 
 pub struct Steady<'a> {
@@ -117,7 +122,6 @@ impl<'a> Steady<'a> {
         let faults_after = server.minor_faults(self.server_pid);
         let stores = (PASSES_PER_REPETITION * self.n) as f64;
         Ok(Pass {
-            gbps: median(&pass_gbps),
             pass_gbps,
             faults_per_store: faults_before
                 .zip(faults_after)
