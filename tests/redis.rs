@@ -1347,6 +1347,68 @@ fn touches_reach_the_servers_lru() {
     }
 }
 
+/// Calls of `command` the server has answered so far (INFO commandstats).
+fn command_calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server.cli(&["INFO", "commandstats"]);
+    let prefix = format!("cmdstat_{command}:calls=");
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .map_or(0, |rest| {
+            rest.split(',').next().unwrap().trim().parse().unwrap()
+        })
+}
+
+/// On a single server, deletes and touches name many keys per command (at
+/// most 256): a job that evicts 600 blocks, and a touch of 600, reach
+/// every key in a few commands instead of one per key.
+#[test]
+fn a_single_server_gets_deletes_and_touches_of_many_keys_per_command() {
+    let server = redis_or_skip!();
+    let n = 600;
+    let config = redis_config_at(&server.url(), n, BB);
+    let h = Harness::new(&config, n, BB);
+    let first: Vec<u64> = (1..=n as u64).collect();
+    h.store_all(1, &first);
+    let names = names_on(&server, &config);
+    assert_eq!(names.len(), n);
+    let idle = |name: &str| -> u64 { server.cli(&["OBJECT", "IDLETIME", name]).parse().unwrap() };
+    // Every 40th key and the last (one redis-cli each: reading all 600
+    // takes longer than the idle time they are judged by).
+    let sample: Vec<&String> = names.iter().step_by(40).chain(names.last()).collect();
+    std::thread::sleep(Duration::from_millis(2100));
+    assert!(sample.iter().all(|name| idle(name) >= 2));
+    let touches = command_calls(&server, "touch");
+    h.touch(&first);
+    assert!(
+        wait_until(Duration::from_secs(5), || sample
+            .iter()
+            .all(|name| idle(name) < 2)),
+        "a touch did not reach every key"
+    );
+    let touch_calls = command_calls(&server, "touch") - touches;
+    assert!(
+        (1..=3).contains(&touch_calls),
+        "{touch_calls} TOUCH commands for {n} keys"
+    );
+    let dels = command_calls(&server, "del");
+    let second: Vec<u64> = (n as u64 + 1..=2 * n as u64).collect();
+    h.store_all(2, &second);
+    h.tier().drain();
+    assert!(
+        wait_until(Duration::from_secs(5), || names_on(&server, &config)
+            .iter()
+            .all(|name| !names.contains(name))),
+        "evicted keys were left on the server"
+    );
+    assert_eq!(names_on(&server, &config).len(), n);
+    let del_calls = command_calls(&server, "del") - dels;
+    assert!(
+        (3..=12).contains(&del_calls),
+        "{del_calls} DEL commands for {n} evicted keys"
+    );
+}
+
 /// A cluster master killed: touches of keys on the live masters still
 /// reach their LRU.
 #[test]

@@ -407,18 +407,43 @@ pub(super) fn get_receive(
     Ok(())
 }
 
-/// `DEL <name>` for each key, as one pipeline (see [`keys_send`]). The
-/// counts of keys deleted are dropped (a delete is best effort); a
-/// server's refusal of key i is pushed to `refused` with its message (a
-/// cluster node's redirection, which the caller may follow).
-pub(super) fn del_pipeline(
+/// Keys named by one variadic command (`DEL`, `TOUCH`) on a single server:
+/// a pipeline of such commands replaces one command per key. redis-server
+/// 7.0 spent 1.5 us of its CPU per one-key DEL against 0.8 us per key in
+/// DELs of 16 keys (redis-benchmark, missing keys, so that only the
+/// command's own cost counts), and the server is what a full tier's stores
+/// wait on. Bounded so that one command never holds the server for long
+/// (a DEL frees its values before it answers).
+const KEYS_PER_COMMAND: usize = 256;
+
+/// `<command> <name> <name> ...` (a variadic one: `DEL`, `TOUCH`) for
+/// `keys`, at most [`KEYS_PER_COMMAND`] names per command, as one pipeline
+/// on a single server (a cluster refuses keys of several slots in one
+/// command); the counts are dropped and a refusal ends nothing (a delete or
+/// touch is best effort). An `Err` is the connection's failure.
+pub(super) fn variadic_pipeline(
     conn: &mut RespConn,
     layout: &Layout,
+    command: &[u8],
     keys: &[&[u8]],
-    refused: &mut Vec<(usize, String)>,
 ) -> io::Result<()> {
-    keys_send(conn, layout, b"DEL", keys)?;
-    counts_receive(conn, keys.len(), "DEL", &mut |_, _| {}, refused)
+    conn.out.clear();
+    let commands = keys.chunks(KEYS_PER_COMMAND);
+    let sent = commands.len();
+    for names in commands {
+        frame_command(&mut conn.out, 1 + names.len());
+        frame_bulk(&mut conn.out, command);
+        for key in names {
+            frame_bulk_len(&mut conn.out, layout.name_len(key));
+            layout.write_name(&mut conn.out, key);
+            conn.out.extend_from_slice(b"\r\n");
+        }
+    }
+    conn.begin();
+    let len = conn.out.len();
+    conn.send_out_range(0, len)?;
+    let what = String::from_utf8_lossy(command);
+    counts_receive(conn, sent, &what, &mut |_, _| {}, &mut Vec::new())
 }
 
 /// The first half of a pipeline of one-key commands answered by an

@@ -840,6 +840,10 @@ impl Backend for RedisBackend {
             return self.best_effort_routed(router, KeyCommand::Touch, &keys);
         }
         let _ = self.pool.with_conn("TOUCH pipeline", |conn| {
+            if let Conn::Direct(c) = conn {
+                direct::variadic_pipeline(c, &self.layout(), b"TOUCH", &keys)?;
+                return Ok(());
+            }
             self.keys_by_crate(conn, "TOUCH", &keys)
         });
     }
@@ -868,9 +872,9 @@ impl Backend for RedisBackend {
             None => {
                 let _ = self.pool.with_conn("DEL pipeline", |conn| {
                     if let Conn::Direct(c) = conn {
-                        // A server's refusal of one DEL leaves that key, as
+                        // A server's refusal of one DEL leaves its keys, as
                         // the crate's pipeline does.
-                        direct::del_pipeline(c, &self.layout(), &dead, &mut Vec::new())?;
+                        direct::variadic_pipeline(c, &self.layout(), b"DEL", &dead)?;
                         return Ok(());
                     }
                     self.keys_by_crate(conn, "DEL", &dead)
