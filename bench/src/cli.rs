@@ -98,19 +98,24 @@ struct Cli {
     /// print one JSON object on stdout instead of the table
     #[arg(long)]
     json: bool,
-    /// skip the bandwidth phase (memory backend; refused with another)
+    /// skip the bandwidth phase (memory and redis backends: redis's at
+    /// --block-bytes; refused with disk)
     #[arg(long)]
     skip_bandwidth: bool,
+    /// skip the 64 KiB bandwidth phase (redis backend; refused with another)
+    #[arg(long)]
+    skip_small_blocks: bool,
     /// skip the first-fill phase (memory backend; refused with another): cold
     /// stores against the page-population bound, prefault=full and
     /// background, page policies
     #[arg(long)]
     skip_first_fill: bool,
-    /// skip the 4 KiB latency phase (memory backend; refused with another)
+    /// skip the 4 KiB latency phase (memory and redis backends; refused
+    /// with disk)
     #[arg(long)]
     skip_latency: bool,
-    /// skip the lookup, touch and memory phase (memory backend; refused with
-    /// another)
+    /// skip the lookup, touch and memory phase (memory backend), or the
+    /// lookup and shared lookups' verdicts (redis); refused with disk
     #[arg(long)]
     skip_lookup: bool,
     /// no progress output on stderr
@@ -165,6 +170,7 @@ pub struct Settings {
     pub json: bool,
     pub progress: bool,
     pub skip_bandwidth: bool,
+    pub skip_small_blocks: bool,
     pub skip_first_fill: bool,
     pub skip_latency: bool,
     pub skip_lookup: bool,
@@ -204,29 +210,41 @@ impl Settings {
         settings.check().map(|()| settings)
     }
 
-    /// Refuses flags the chosen backend would ignore: the phase flags are
-    /// the memory backend's (the disk and Redis runs always measure every
-    /// phase), and a run that silently did what it was told not to would
-    /// be read as something it is not.
+    /// Refuses flags the chosen backend would ignore: each phase flag names
+    /// the backends that have that phase (the disk run always measures every
+    /// phase), and a run that silently did what it was told not to would be
+    /// read as something it is not.
     fn check(&self) -> Result<(), clap::Error> {
         use clap::CommandFactory;
-        let skips = [
-            ("--skip-bandwidth", self.skip_bandwidth),
-            ("--skip-first-fill", self.skip_first_fill),
-            ("--skip-latency", self.skip_latency),
-            ("--skip-lookup", self.skip_lookup),
+        use Backend::{Memory, Redis};
+        let skips: [(&str, bool, &[Backend]); 5] = [
+            ("--skip-bandwidth", self.skip_bandwidth, &[Memory, Redis]),
+            ("--skip-small-blocks", self.skip_small_blocks, &[Redis]),
+            ("--skip-first-fill", self.skip_first_fill, &[Memory]),
+            ("--skip-latency", self.skip_latency, &[Memory, Redis]),
+            ("--skip-lookup", self.skip_lookup, &[Memory, Redis]),
         ];
-        match skips.iter().find(|(_, given)| *given) {
-            Some((flag, _)) if self.backend != Backend::Memory => Err(Cli::command().error(
+        let name = |b: Backend| {
+            b.to_possible_value()
+                .map_or_else(String::new, |v| v.get_name().to_owned())
+        };
+        match skips
+            .iter()
+            .find(|(_, given, backends)| *given && !backends.contains(&self.backend))
+        {
+            Some((flag, _, backends)) => Err(Cli::command().error(
                 clap::error::ErrorKind::ArgumentConflict,
                 format!(
-                    "{flag} applies to the memory backend only; --backend {} runs every phase",
-                    self.backend
-                        .to_possible_value()
-                        .map_or_else(String::new, |v| v.get_name().to_owned())
+                    "{flag} applies to --backend {} only, not {}",
+                    backends
+                        .iter()
+                        .map(|&b| name(b))
+                        .collect::<Vec<_>>()
+                        .join(" or "),
+                    name(self.backend)
                 ),
             )),
-            _ => Ok(()),
+            None => Ok(()),
         }
     }
 }
@@ -252,6 +270,7 @@ impl From<Cli> for Settings {
             json: c.json,
             progress: !c.no_progress,
             skip_bandwidth: c.skip_bandwidth,
+            skip_small_blocks: c.skip_small_blocks,
             skip_first_fill: c.skip_first_fill,
             skip_latency: c.skip_latency,
             skip_lookup: c.skip_lookup,
@@ -339,10 +358,31 @@ mod tests {
             &["--repeat", "x"],
             &["--lookup-blocks", "10"],
             &["--backend", "tape"],
-            &["--backend", "redis", "--skip-latency"],
+            &["--backend", "redis", "--skip-first-fill"],
+            &["--skip-small-blocks"],
             &["--backend", "disk", "--skip-bandwidth"],
+            &["--backend", "disk", "--skip-small-blocks"],
         ] {
             assert!(Settings::try_parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn phase_flags_go_with_the_backends_that_have_the_phase() {
+        let redis = Settings::try_parse(&[
+            "--backend",
+            "redis",
+            "--skip-bandwidth",
+            "--skip-small-blocks",
+            "--skip-latency",
+            "--skip-lookup",
+        ])
+        .unwrap();
+        assert!(redis.skip_bandwidth && redis.skip_small_blocks);
+        assert!(redis.skip_latency && redis.skip_lookup);
+        let memory = Settings::try_parse(&["--skip-first-fill", "--skip-lookup"]).unwrap();
+        assert!(memory.skip_first_fill && memory.skip_lookup);
+        let e = Settings::try_parse(&["--backend", "disk", "--skip-latency"]).unwrap_err();
+        assert!(e.to_string().contains("memory or redis"), "{e}");
     }
 }

@@ -23,7 +23,7 @@ mod steady;
 
 use crate::capi::Config;
 use crate::cli::Settings;
-use crate::report::{gib, mib, Report};
+use crate::report::{gib, mib, size, Report};
 use server::Server;
 
 /// Key namespaces, so the phases' key sets never collide.
@@ -152,31 +152,53 @@ pub fn run(s: &Settings) -> Result<Report, String> {
 
 fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     let mut report = Report::start("redis", s.quick);
-    let big = bandwidth::run(p, server, p.block_bytes, p.blocks)?;
-    let small = bandwidth::run(p, server, SMALL_BLOCK, p.small_blocks)?;
-    let latency = latency::run(p, server)?;
-    let lookup = lookup::run(p, server)?;
-    let probe = probe::run(p, server)?;
+    // The phases --skip-* leaves out are absent from the table and JSON.
+    let phase = |skip: bool| !skip;
+    let big = phase(s.skip_bandwidth)
+        .then(|| bandwidth::run(p, server, p.block_bytes, p.blocks))
+        .transpose()?;
+    let small = phase(s.skip_small_blocks)
+        .then(|| bandwidth::run(p, server, SMALL_BLOCK, p.small_blocks))
+        .transpose()?;
+    let latency = phase(s.skip_latency)
+        .then(|| latency::run(p, server))
+        .transpose()?;
+    let lookup = phase(s.skip_lookup)
+        .then(|| lookup::run(p, server))
+        .transpose()?;
+    let probe = phase(s.skip_lookup)
+        .then(|| probe::run(p, server))
+        .transpose()?;
     let source = if s.io_threads.is_some() {
         "--io-threads"
     } else {
         "redis default"
     };
     report.io_threads(p.io_threads, source, source);
+    let last_fill = big.as_ref().or(small.as_ref());
     report.line(
         "server",
-        match server.started_here() {
-            Some(dir) => format!(
-                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used holding the tier's last 2 MiB first fill and the steady tier",
+        match (server.started_here(), last_fill) {
+            (Some(dir), Some(fill)) => format!(
+                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used holding the tier's last {} first fill and the steady tier",
                 server.version,
                 server.shown(),
                 dir.display(),
-                mib(big.server_memory as f64)
+                mib(fill.server_memory as f64),
+                size(fill.block)
             ),
-            None => format!("redis {} at {} (--url)", server.version, server.shown()),
+            (Some(dir), None) => format!(
+                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end",
+                server.version,
+                server.shown(),
+                dir.display()
+            ),
+            (None, _) => format!("redis {} at {} (--url)", server.version, server.shown()),
         },
     );
-    report.line("tier", big.describe.clone());
+    if let Some(fill) = last_fill {
+        report.line("tier", fill.describe.clone());
+    }
     report.line(
         "bounds",
         format!(
@@ -186,17 +208,44 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
             p.client_connections()
         ),
     );
-    big.report(p, "", &mut report);
-    small.report(p, "_64k", &mut report);
-    latency.report(p, &mut report);
-    lookup.report(p, &mut report);
-    probe.report(&mut report);
+    if let Some(big) = &big {
+        big.report(p, "", &mut report);
+    }
+    if let Some(small) = &small {
+        small.report(p, "_64k", &mut report);
+    }
+    if let Some(latency) = &latency {
+        latency.report(p, &mut report);
+    }
+    if let Some(lookup) = &lookup {
+        lookup.report(p, &mut report);
+    }
+    if let Some(probe) = &probe {
+        probe.report(&mut report);
+    }
+    let skipped: Vec<&str> = [
+        (s.skip_bandwidth, "bandwidth"),
+        (s.skip_small_blocks, "64 KiB bandwidth"),
+        (s.skip_latency, "latency"),
+        (s.skip_lookup, "lookup"),
+    ]
+    .into_iter()
+    .filter_map(|(skip, name)| skip.then_some(name))
+    .collect();
+    if !skipped.is_empty() {
+        report.line("skipped", format!("{} (--skip-*)", skipped.join(", ")));
+    }
     report.field("server_version", &server.version);
     report.field("server_started", server.started_here().is_some());
     report.field("window", p.window);
     report.field("connections", p.connections.unwrap_or(p.io_threads));
     report.field("client_connections", p.client_connections());
-    let verified = big.verified_bytes + small.verified_bytes + latency.verified_bytes;
+    let verified = [&big, &small]
+        .iter()
+        .filter_map(|r| r.as_ref())
+        .map(|r| r.verified_bytes)
+        .sum::<u64>()
+        + latency.as_ref().map_or(0, |l| l.verified_bytes);
     report.field("verified_bytes", verified);
     report.verified(format!(
         "{} loaded back (every bandwidth repetition, every 4 KiB load; lookups all HIT)",
