@@ -500,8 +500,8 @@ impl RedisBackend {
     }
 
     /// `<command> <name>` for each key (DEL, TOUCH) through the crate, as
-    /// one pipeline whose replies are dropped (redirected keys, a single
-    /// server's touches, a cluster without a router).
+    /// one pipeline whose replies are dropped (redirected keys, a server
+    /// behind a Unix socket, a cluster without a router).
     fn keys_by_crate(
         &self,
         conn: &mut Conn,
@@ -831,9 +831,10 @@ impl Backend for RedisBackend {
         true
     }
 
-    /// One pipeline of `TOUCH` (in a cluster one per master, so that a
-    /// dead master costs only its own keys' touches), so that the server's
-    /// LRU follows what the engines use.
+    /// One pipeline of `TOUCH`es (on a single server up to 256 keys each;
+    /// in a cluster one key each, a pipeline per master, so that a dead
+    /// master costs only its own keys' touches), so that the server's LRU
+    /// follows what the engines use.
     fn touch(&self, keys: &[u8], key_len: usize) {
         let keys: Vec<&[u8]> = keys.chunks_exact(key_len).collect();
         if let Some(router) = &self.router {
@@ -852,9 +853,10 @@ impl Backend for RedisBackend {
         self.sharing == Sharing::Owned
     }
 
-    /// One pipeline of `DEL`s (per node in a cluster) for the released keys
-    /// not stored again meanwhile, under their stripe locks, so that no store
-    /// of the same key runs between the liveness check and the delete.
+    /// One pipeline of `DEL`s (on a single server up to 256 keys each; in a
+    /// cluster one key each, a pipeline per node) for the released keys not
+    /// stored again meanwhile, under their stripe locks, so that no store of
+    /// the same key runs between the liveness check and the delete.
     fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
         let _guards = self.lock_stripes(released.iter().map(|(_, key)| key.as_slice()));
         let dead: Vec<&[u8]> = released
