@@ -895,8 +895,12 @@ fn child_free_on_a_hung_mount() {
     println!("tier_free took {took:?} with 2 calls stuck on a hung mount");
     mem.unmap();
     assert_held_by_freed_tier(&cfg, "2 I/O calls were");
-    // The threads left behind are the stuck ones (and nothing more).
-    assert!(kvtier_threads() <= 2, "{} kvtier threads", kvtier_threads());
+    // The threads left behind are the stuck ones (and nothing more). The
+    // joined ones may stay listed in /proc/self/task a moment after their
+    // join returned (see tests/prefault.rs).
+    eventually("only the 2 stuck kvtier threads are left", || {
+        kvtier_threads() <= 2
+    });
 
     // The device recovers: the stuck calls fail (ENOTCONN), their threads
     // clean up and end, and the directory is free again.
