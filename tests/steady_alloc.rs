@@ -253,7 +253,7 @@ fn steady_state_jobs_allocate_per_job_not_per_block() {
         // this project (2 cores, the host stealing some of them) single
         // rounds measured 3.2 per block on stores and 4.7-5.7 on loads (the
         // server's replies cut into more records there), the lowest of
-        // three rounds 3.7-4.8 on loads.
+        // three rounds 2.7-4.8 on loads.
         let rustls = 5.0;
         let limits = (1.2 + rustls, 0.2 + rustls);
         check("redis tls", &config, &keys, limits, &mut failures);

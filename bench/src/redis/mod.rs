@@ -153,20 +153,19 @@ pub fn run(s: &Settings) -> Result<Report, String> {
 fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     let mut report = Report::start("redis", s.quick);
     // The phases --skip-* leaves out are absent from the table and JSON.
-    let phase = |skip: bool| !skip;
-    let big = phase(s.skip_bandwidth)
+    let big = (!s.skip_bandwidth)
         .then(|| bandwidth::run(p, server, p.block_bytes, p.blocks))
         .transpose()?;
-    let small = phase(s.skip_small_blocks)
+    let small = (!s.skip_small_blocks)
         .then(|| bandwidth::run(p, server, SMALL_BLOCK, p.small_blocks))
         .transpose()?;
-    let latency = phase(s.skip_latency)
+    let latency = (!s.skip_latency)
         .then(|| latency::run(p, server))
         .transpose()?;
-    let lookup = phase(s.skip_lookup)
+    let lookup = (!s.skip_lookup)
         .then(|| lookup::run(p, server))
         .transpose()?;
-    let probe = phase(s.skip_lookup)
+    let probe = (!s.skip_lookup)
         .then(|| probe::run(p, server))
         .transpose()?;
     let source = if s.io_threads.is_some() {
@@ -176,26 +175,23 @@ fn run_on(s: &Settings, p: &Params, server: &Server) -> Result<Report, String> {
     };
     report.io_threads(p.io_threads, source, source);
     let last_fill = big.as_ref().or(small.as_ref());
-    report.line(
-        "server",
-        match (server.started_here(), last_fill) {
-            (Some(dir), Some(fill)) => format!(
-                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end; {} used holding the tier's last {} first fill and the steady tier",
-                server.version,
-                server.shown(),
-                dir.display(),
-                mib(fill.server_memory as f64),
-                size(fill.block)
-            ),
-            (Some(dir), None) => format!(
-                "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end",
-                server.version,
-                server.shown(),
-                dir.display()
-            ),
-            (None, _) => format!("redis {} at {} (--url)", server.version, server.shown()),
-        },
-    );
+    let mut server_line = match server.started_here() {
+        Some(dir) => format!(
+            "redis {} at {}, started by the bench (redis-server --save \"\" --appendonly no --bind 127.0.0.1) in {}, stopped at the end",
+            server.version,
+            server.shown(),
+            dir.display()
+        ),
+        None => format!("redis {} at {} (--url)", server.version, server.shown()),
+    };
+    if let (Some(_), Some(fill)) = (server.started_here(), last_fill) {
+        server_line += &format!(
+            "; {} used holding the tier's last {} first fill and the steady tier",
+            mib(fill.server_memory as f64),
+            size(fill.block)
+        );
+    }
+    report.line("server", server_line);
     if let Some(fill) = last_fill {
         report.line("tier", fill.describe.clone());
     }
