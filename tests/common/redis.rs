@@ -1229,18 +1229,46 @@ impl RedisCluster {
 
 // ---- tier configurations on shared servers ----
 
+static SHARED_SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
+static SHARED_CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
+
 /// One standalone server for a whole test binary (suites of many small
 /// tests), or None when Redis is not installed. It lives until the process
-/// ends (PR_SET_PDEATHSIG then kills it).
+/// ends (PR_SET_PDEATHSIG then kills it); its directory goes at exit.
 pub fn shared_server() -> Option<&'static RedisServer> {
-    static SERVER: OnceLock<Option<RedisServer>> = OnceLock::new();
-    SERVER.get_or_init(RedisServer::start).as_ref()
+    remove_shared_dirs_at_exit();
+    SHARED_SERVER.get_or_init(RedisServer::start).as_ref()
 }
 
 /// One three-master cluster for a whole test binary, like [`shared_server`].
 pub fn shared_cluster() -> Option<&'static RedisCluster> {
-    static CLUSTER: OnceLock<Option<RedisCluster>> = OnceLock::new();
-    CLUSTER.get_or_init(|| RedisCluster::start(3, 0)).as_ref()
+    remove_shared_dirs_at_exit();
+    SHARED_CLUSTER
+        .get_or_init(|| RedisCluster::start(3, 0))
+        .as_ref()
+}
+
+/// Statics are never dropped, so the shared servers' directories (their
+/// logs, a cluster node's nodes.conf) would stay in the temp dir after
+/// every run: removed by an exit handler instead. The servers die with the
+/// process a moment later (PR_SET_PDEATHSIG), and a server left running
+/// meanwhile cannot create files in a directory that is gone.
+fn remove_shared_dirs_at_exit() {
+    extern "C" fn remove_shared_dirs() {
+        let server = SHARED_SERVER.get().and_then(Option::as_ref);
+        let cluster = SHARED_CLUSTER.get().and_then(Option::as_ref);
+        let servers = server
+            .into_iter()
+            .chain(cluster.into_iter().flat_map(|c| c.servers.iter()));
+        for s in servers {
+            let _ = fs::remove_dir_all(&s.dir);
+        }
+    }
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    // SAFETY: registers a function that only reads statics set by then.
+    REGISTERED.call_once(|| unsafe {
+        libc::atexit(remove_shared_dirs);
+    });
 }
 
 /// A Redis tier configuration on `url` with a key prefix of its own, so that
