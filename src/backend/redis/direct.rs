@@ -424,7 +424,7 @@ const KEYS_PER_COMMAND: usize = 256;
 pub(super) fn variadic_pipeline(
     conn: &mut RespConn,
     layout: &Layout,
-    command: &[u8],
+    command: &str,
     keys: &[&[u8]],
 ) -> io::Result<()> {
     conn.out.clear();
@@ -432,7 +432,7 @@ pub(super) fn variadic_pipeline(
     let sent = commands.len();
     for names in commands {
         frame_command(&mut conn.out, 1 + names.len());
-        frame_bulk(&mut conn.out, command);
+        frame_bulk(&mut conn.out, command.as_bytes());
         for key in names {
             frame_bulk_len(&mut conn.out, layout.name_len(key));
             layout.write_name(&mut conn.out, key);
@@ -442,8 +442,7 @@ pub(super) fn variadic_pipeline(
     conn.begin();
     let len = conn.out.len();
     conn.send_out_range(0, len)?;
-    let what = String::from_utf8_lossy(command);
-    counts_receive(conn, sent, &what, &mut |_, _| {}, &mut Vec::new())
+    counts_receive(conn, sent, command, &mut |_, _| {}, &mut Vec::new())
 }
 
 /// The first half of a pipeline of one-key commands answered by an

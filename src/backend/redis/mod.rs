@@ -842,7 +842,7 @@ impl Backend for RedisBackend {
         }
         let _ = self.pool.with_conn("TOUCH pipeline", |conn| {
             if let Conn::Direct(c) = conn {
-                direct::variadic_pipeline(c, &self.layout(), b"TOUCH", &keys)?;
+                direct::variadic_pipeline(c, &self.layout(), "TOUCH", &keys)?;
                 return Ok(());
             }
             self.keys_by_crate(conn, "TOUCH", &keys)
@@ -876,7 +876,7 @@ impl Backend for RedisBackend {
                     if let Conn::Direct(c) = conn {
                         // A server's refusal of one DEL leaves its keys, as
                         // the crate's pipeline does.
-                        direct::variadic_pipeline(c, &self.layout(), b"DEL", &dead)?;
+                        direct::variadic_pipeline(c, &self.layout(), "DEL", &dead)?;
                         return Ok(());
                     }
                     self.keys_by_crate(conn, "DEL", &dead)
