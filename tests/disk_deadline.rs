@@ -155,6 +155,102 @@ fn a_load_reports_the_blocks_it_delivered_before_its_deadline() {
     assert_eq!(h.lookup(&[1, 2, 3]), vec![Hit, Hit, Hit]);
 }
 
+/// A block larger than the 1 MiB pieces a load under a deadline reads it
+/// in: two whole pieces and a tail that is not a multiple of 4096.
+const LARGE: usize = (2 << 20) + 4096 + 100;
+const PIECE: usize = 1 << 20;
+
+fn large_config(header: &str, o_direct: &str) -> TierConfig {
+    let mut c = disk_config(8, LARGE);
+    c.io_threads = Some(2);
+    c.io_timeout_ms = Some(TIMEOUT_MS as u32);
+    c.set("block_header", header).unwrap();
+    c.set("o_direct", o_direct).unwrap();
+    c
+}
+
+#[test]
+fn blocks_larger_than_a_piece_load_byte_exact_under_a_deadline() {
+    for (header, o_direct) in [("auto", "auto"), ("file", "auto"), ("auto", "off")] {
+        let h = Harness::new(&large_config(header, o_direct), 6, LARGE);
+        h.store_all(1, &[1, 2, 3]);
+        for row in 3..6 {
+            h.write_row(row, &vec![0xee; LARGE]);
+        }
+        let r = h.load(2, &[3, 1, 2], &[3, 4, 5]);
+        assert!(r.is_ok(), "{header}/{o_direct}: {r:?}");
+        assert_eq!(r.num_done, 3);
+        for (row, i) in [(3, 3), (4, 1), (5, 2)] {
+            assert!(h.row_holds(row, i), "{header}/{o_direct}: row {row}");
+        }
+    }
+}
+
+#[test]
+fn a_damaged_later_piece_fails_its_block_as_corrupt_and_removes_the_file() {
+    // The first piece is intact, so its bytes may reach the row before the
+    // checksum, taken over all the pieces, proves the file bad.
+    for damaged_at in [PIECE + PIECE / 2, LARGE - 1] {
+        let h = Harness::new(&large_config("file", "auto"), 4, LARGE);
+        h.store_all(1, &[1, 2]);
+        let dir = dir_of(&h);
+        let file = files(&dir, ".kvb")
+            .into_iter()
+            .find(|f| {
+                let bytes = std::fs::read(f).unwrap();
+                bytes[4096..4096 + LARGE] == pattern(2, LARGE)[..]
+            })
+            .expect("block 2's file");
+        let mut bytes = std::fs::read(&file).unwrap();
+        bytes[4096 + damaged_at] ^= 0x40;
+        std::fs::write(&file, &bytes).unwrap();
+        let r = h.load(2, &[1, 2], &[2, 3]);
+        assert_eq!(
+            (r.error, r.num_done),
+            (Some(ErrorKind::Corrupt), 1),
+            "damaged at {damaged_at}: {r:?}"
+        );
+        assert!(h.row_holds(2, 1));
+        assert!(!file.exists(), "a corrupt file is removed");
+        assert_eq!(h.lookup(&[1, 2]), vec![Hit, Miss]);
+    }
+}
+
+#[test]
+fn a_piece_read_past_the_deadline_never_reaches_the_row() {
+    // The block's first piece arrives in time; the read of its second hangs
+    // past the deadline. The job is reported then; when the read returns,
+    // neither it nor any later piece is copied.
+    let h = Harness::new(&large_config("auto", "auto"), 4, LARGE);
+    h.store_all(1, &[1]);
+    let tier = h.tier();
+    let sentinel = vec![0xeeu8; LARGE];
+    h.write_row(2, &sentinel);
+    tier.hang_disk_io(HangPoint::Read, 1, 1);
+    let (r, took) = timed(
+        &h,
+        || tier.submit_load(2, &keys(&[1]), KEY_LEN, &[2]).unwrap(),
+        2,
+    );
+    assert_on_time(&r, took);
+    assert_eq!(r.num_done, 0, "the block did not reach its row whole");
+    assert_eq!(tier.wait_disk_io_hung(1, PATIENCE), 1);
+    tier.release_disk_io();
+    assert!(tier.wait_disk_io_released(PATIENCE));
+    eventually("the stuck thread is back", || {
+        tier.stats().io_threads_stuck == 0
+    });
+    assert_eq!(
+        &h.row(2)[PIECE..],
+        &sentinel[PIECE..],
+        "a piece read after the report reached the row"
+    );
+    assert!(tier.poll(8).is_empty(), "a job was reported twice");
+    // The block stays stored and loads whole.
+    let r = h.load(3, &[1], &[2]);
+    assert!(r.is_ok() && h.row_holds(2, 1), "{r:?}");
+}
+
 #[test]
 fn a_store_past_its_deadline_never_publishes_its_block() {
     let h = Harness::new(&config(2), 16, BB);

@@ -62,6 +62,55 @@ impl PayloadSum {
     }
 }
 
+impl PayloadSum {
+    /// A checksum of this one's algorithm fed piece by piece, for a payload
+    /// read in pieces: [`PayloadHasher::matches`] then says what
+    /// [`PayloadSum::matches`] says of the whole payload.
+    pub(crate) fn hasher(self) -> PayloadHasher {
+        match self {
+            PayloadSum::Xxh64(v) => PayloadHasher::Xxh64(twox_hash::XxHash64::with_seed(0), v),
+            PayloadSum::Xxh3(v) => PayloadHasher::Xxh3(
+                twox_hash::xxhash3_64::RawHasher::new(
+                    twox_hash::xxhash3_64::SecretBuffer::default(),
+                ),
+                v,
+            ),
+        }
+    }
+}
+
+type Xxh3Streaming =
+    twox_hash::xxhash3_64::RawHasher<&'static [u8; twox_hash::xxhash3_64::DEFAULT_SECRET_LENGTH]>;
+
+/// A payload checksum being computed, with the value it must reach.
+// One per load, on the stack; boxing XXH3's state would allocate per load.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum PayloadHasher {
+    Xxh64(twox_hash::XxHash64, u64),
+    /// The default secret, not a copy: no allocation per load.
+    Xxh3(Xxh3Streaming, u64),
+}
+
+impl PayloadHasher {
+    /// Feeds the next bytes of the payload.
+    pub(crate) fn write(&mut self, piece: &[u8]) {
+        use std::hash::Hasher;
+        match self {
+            PayloadHasher::Xxh64(h, _) => h.write(piece),
+            PayloadHasher::Xxh3(h, _) => h.write(piece),
+        }
+    }
+
+    /// Whether the bytes fed have the expected checksum.
+    pub(crate) fn matches(&self) -> bool {
+        use std::hash::Hasher;
+        match self {
+            PayloadHasher::Xxh64(h, v) => h.finish() == *v,
+            PayloadHasher::Xxh3(h, v) => h.finish() == *v,
+        }
+    }
+}
+
 /// The fingerprint of a namespace name, written into every stored block so
 /// that blocks of different namespaces never mix.
 pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
@@ -71,6 +120,22 @@ pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checksum_fed_in_pieces_matches_the_one_of_the_whole() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 31 / 7) as u8).collect();
+        let xxh64_sum = PayloadSum::Xxh64(xxh64(&payload, 0));
+        for sum in [PayloadSum::of(&payload), xxh64_sum] {
+            for piece in [1, 4096, 65536, 299_999, 300_000] {
+                let mut h = sum.hasher();
+                payload.chunks(piece).for_each(|p| h.write(p));
+                assert!(h.matches(), "{sum:?} in pieces of {piece}");
+            }
+            let mut h = sum.hasher();
+            h.write(&payload[1..]);
+            assert!(!h.matches(), "{sum:?} of other bytes");
+        }
+    }
 
     #[test]
     fn xxh64_matches_the_reference_vectors() {

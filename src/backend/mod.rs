@@ -81,6 +81,17 @@ impl StoreJob for Unwatched {
     }
 }
 
+/// A load job as its backend sees it under a deadline, when the backend
+/// reads a block in pieces ([`Backend::load_streamed`]): after the job is
+/// reported its rows are the caller's again, so a piece reaches the row only
+/// through [`LoadJob::write_row`], which refuses once the job is reported and
+/// holds the report off while it copies.
+pub(crate) trait LoadJob {
+    /// Copies `piece` to byte `offset` of the job's row unless the job was
+    /// reported; false if it was. Short, and never waits for storage.
+    fn write_row(&self, offset: usize, piece: &[u8]) -> bool;
+}
+
 /// Walks a tier's readable keys, least recently used first, calling its
 /// argument with each (see [`Backend::save_on_close`]).
 pub(crate) type EachBlock<'a> = dyn FnMut(&mut dyn FnMut(&[u8])) + 'a;
@@ -132,6 +143,39 @@ pub(crate) trait Backend: Send + Sync {
     /// stored data on what it observed in `dst` alone: the engine may be
     /// writing it (see `tier_submit_load`).
     fn load(&self, slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()>;
+
+    /// Under a deadline a load must not read storage straight into the
+    /// caller's row (a read that returns late would write a row whose job was
+    /// reported), so the engine reads into a worker's private buffer first.
+    /// A backend that can read a block in pieces says how large a piece is
+    /// (a multiple of 4096) and serves such loads with
+    /// [`Backend::load_streamed`], so that buffer is smaller than a block and
+    /// stays in the CPU's caches between the read and the copy. None (the
+    /// default): a buffer of a whole block and [`Backend::load`].
+    fn load_piece_bytes(&self) -> Option<usize> {
+        None
+    }
+
+    /// [`Backend::load`] a piece at a time, for a backend whose
+    /// [`Backend::load_piece_bytes`] is Some: reads the block through `piece`
+    /// (private; its length is that piece size, or less for a smaller block),
+    /// hands what each read brought to `job.write_row` in order, and verifies
+    /// the whole block. `Ok(true)`: every piece is in the row and the block
+    /// verified; `Ok(false)`: the job was reported meanwhile. A block that
+    /// fails verification fails as with `load` (the row may then hold part
+    /// of it, as after any failed load).
+    fn load_streamed(
+        &self,
+        _slot: u32,
+        _key: &[u8],
+        _piece: &mut [u8],
+        _job: &dyn LoadJob,
+    ) -> Result<bool> {
+        Err(crate::error::Error::new(
+            crate::error::ErrorKind::Io,
+            "this backend does not read blocks in pieces",
+        ))
+    }
 
     /// Whether the engine should hand this backend a task's blocks together
     /// ([`Backend::store_batch`], [`Backend::load_batch`]) rather than one by

@@ -2,7 +2,7 @@
 //! backend (no lock held), run a probe, or release evicted storage; and how a
 //! planned job is cut into tasks and queued.
 
-use super::jobs::{Job, JobKind, Task};
+use super::jobs::{Job, JobKind, LoadRow, Task};
 use super::Shared;
 use crate::error::{Error, ErrorKind, Result};
 use crate::workers::{Crew, Executor, Lane, Work, WorkQueue, Worker};
@@ -232,10 +232,12 @@ impl Shared {
     }
 
     /// Loads item `i` of a load job; `Ok(false)` if the job was reported
-    /// meanwhile (nothing was written to its row). Under a deadline the block
-    /// is read into the worker's bounce buffer and copied to the row only
-    /// while the job is not reported: a call that returns after the deadline
-    /// must not write a row whose job the engine already counts as done.
+    /// meanwhile (nothing was written to its row since). Under a deadline the
+    /// block is read into the worker's bounce buffer and copied to the row
+    /// only while the job is not reported: a call that returns after the
+    /// deadline must not write a row whose job the engine already counts as
+    /// done. A backend that reads blocks in pieces gets a bounce buffer of a
+    /// piece (see `Backend::load_piece_bytes`), else one of a block.
     fn load_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<bool> {
         let item = job.items[i];
         let key = job.key(item.pos);
@@ -245,18 +247,34 @@ impl Shared {
                 .with_row_mut(item.row, |dst| self.backend.load(item.slot, key, dst))
                 .map(|()| true);
         };
-        let block_bytes = self.primary.block_bytes();
-        w.bounce(block_bytes, |buf| {
-            w.watch(Some(job), i, || self.backend.load(item.slot, key, buf))?;
-            Ok(job.deliver(i, || {
-                self.primary
-                    .with_row_mut(item.row, |dst| dst.copy_from_slice(buf))
-            }))
+        let piece_bytes = self.backend.load_piece_bytes();
+        let bounce_bytes = piece_bytes.unwrap_or(self.primary.block_bytes());
+        w.bounce(bounce_bytes, |buf| match piece_bytes {
+            Some(_) => {
+                let row = LoadRow {
+                    job,
+                    row: item.row,
+                    primary: &self.primary,
+                };
+                let complete = w.watch(Some(job), i, || {
+                    self.backend.load_streamed(item.slot, key, buf, &row)
+                })?;
+                // Every piece is in the row and the block verified: it
+                // counts as delivered unless the job was reported since.
+                Ok(complete && job.deliver(i, || {}))
+            }
+            None => {
+                w.watch(Some(job), i, || self.backend.load(item.slot, key, buf))?;
+                Ok(job.deliver(i, || {
+                    self.primary
+                        .with_row_mut(item.row, |dst| dst.copy_from_slice(buf))
+                }))
+            }
         })
         .unwrap_or_else(|| {
             Err(Error::new(
                 ErrorKind::Alloc,
-                format!("no memory for a {block_bytes}-byte bounce buffer"),
+                format!("no memory for a {bounce_bytes}-byte bounce buffer"),
             ))
         })
     }

@@ -1,9 +1,10 @@
 //! Jobs and the tasks workers run for them.
 
-use crate::backend::{Row, StoreJob};
+use crate::backend::{LoadJob, Row, StoreJob};
 use crate::error::{try_vec, Error, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
+use crate::primary::PrimaryBuffer;
 use crate::sync::{Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -246,14 +247,23 @@ impl Job {
     }
 
     /// Load: runs `copy` (bounce buffer to the caller's row) for item `item`
-    /// unless the job was reported; true if it ran.
+    /// unless the job was reported, and counts the item's block as in its
+    /// row; true if it ran.
     pub(crate) fn deliver(&self, item: usize, copy: impl FnOnce()) -> bool {
+        self.unless_reported(|| {
+            copy();
+            self.delivered[item].store(true, Ordering::Release);
+        })
+    }
+
+    /// Runs `f` (which writes one of the job's rows) unless the job was
+    /// reported; true if it ran. The report waits while `f` runs.
+    fn unless_reported(&self, f: impl FnOnce()) -> bool {
         let reported = self.reported.read();
         if *reported {
             return false;
         }
-        copy();
-        self.delivered[item].store(true, Ordering::Release);
+        f();
         true
     }
 
@@ -376,6 +386,25 @@ impl StoreJob for Job {
 
     fn read_row(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool {
         self.read_row_unless_reported(row, read)
+    }
+}
+
+/// One block of a load job under a deadline, as a backend that reads in
+/// pieces writes it (see `LoadJob`): each piece goes to the caller's row
+/// under the read side of `reported`, as `Job::deliver` copies a whole block.
+pub(crate) struct LoadRow<'a> {
+    pub job: &'a Job,
+    pub row: usize,
+    pub primary: &'a PrimaryBuffer,
+}
+
+impl LoadJob for LoadRow<'_> {
+    fn write_row(&self, offset: usize, piece: &[u8]) -> bool {
+        self.job.unless_reported(|| {
+            self.primary.with_row_mut(self.row, |dst| {
+                dst[offset..offset + piece.len()].copy_from_slice(piece)
+            })
+        })
     }
 }
 

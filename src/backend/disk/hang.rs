@@ -12,7 +12,8 @@ pub enum HangPoint {
     /// A store, after it created its temporary file and before it read a byte
     /// of its row: an `open` that completes late.
     Create,
-    /// A load, after its read returned the block's bytes: a `pread` that
+    /// A load, after a read returned the block's bytes (under a deadline,
+    /// each read of a piece of a block larger than a piece): a `pread` that
     /// completes late.
     Read,
     /// A store, after it wrote its temporary file, before publishing it: a

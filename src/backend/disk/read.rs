@@ -2,9 +2,11 @@
 //! regular file of the block's size, check header and checksum, and condemn a
 //! file only for what a private read of it proved.
 
-use super::format::{AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
+use super::format::{padded, AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
 use super::io::{self, Fd, FileId};
 use super::{io_error, with_scratch, DiskBackend};
+use crate::backend::checksum::PayloadSum;
+use crate::backend::LoadJob;
 use crate::error::{Error, ErrorKind, Result};
 use std::path::Path;
 
@@ -63,20 +65,97 @@ impl DiskBackend {
         expected_read: usize,
         payload: &[u8],
     ) -> Option<String> {
+        match self.header_problem(header, read, expected_read) {
+            Err(why) => Some(why),
+            Ok(sum) if !sum.matches(payload) => Some("payload checksum mismatch".into()),
+            Ok(_) => None,
+        }
+    }
+
+    /// What is wrong with a block's header and the length read, if
+    /// anything; else the payload's checksum, still to be checked.
+    fn header_problem(
+        &self,
+        header: std::result::Result<Claims, String>,
+        read: usize,
+        expected_read: usize,
+    ) -> std::result::Result<PayloadSum, String> {
         match header {
             _ if read < expected_read => {
-                Some(format!("short file ({read} of {expected_read} bytes)"))
+                Err(format!("short file ({read} of {expected_read} bytes)"))
             }
-            Err(why) => Some(why),
-            Ok(h) if h.namespace_fp != self.ns_fp => Some("block of another namespace".into()),
-            Ok(h) if h.payload_len != self.block_bytes as u64 => Some(format!(
+            Err(why) => Err(why),
+            Ok(h) if h.namespace_fp != self.ns_fp => Err("block of another namespace".into()),
+            Ok(h) if h.payload_len != self.block_bytes as u64 => Err(format!(
                 "block of {} bytes, expected {}",
                 h.payload_len, self.block_bytes
             )),
-            Ok(h) if !h.names_key => Some("header names another key".into()),
-            Ok(h) if !h.payload_sum.matches(payload) => Some("payload checksum mismatch".into()),
-            Ok(_) => None,
+            Ok(h) if !h.names_key => Err("header names another key".into()),
+            Ok(h) => Ok(h.payload_sum),
         }
+    }
+
+    /// Loads a block a piece at a time through `piece` (see
+    /// `Backend::load_streamed`): each read fills the private buffer, whose
+    /// bytes feed the checksum and then go to the row through `job`. The
+    /// checksum is taken over the private reads, so a mismatch proves the
+    /// file bad, as in [`DiskBackend::read_verified`]'s private read.
+    pub(super) fn read_streamed(
+        &self,
+        path: &Path,
+        key: &[u8],
+        piece: &mut [u8],
+        job: &dyn LoadJob,
+    ) -> Result<bool> {
+        let (fd, id, form) = self.open_block(key, path, &[Form::Attr, Form::InFile])?;
+        let read_error = |e| io_error("read", path, e);
+        // The payload as stored: padded to the alignment O_DIRECT reads in.
+        let stored = padded(self.block_bytes);
+        let first = piece.len().min(stored);
+        let (claims, header_len, read) = match form {
+            Form::Attr => {
+                let attr = self.read_attr_header(&fd, key, path, &id)?;
+                let n = io::read_at(&fd, &mut [&mut piece[..first]], 0).map_err(read_error)?;
+                (Ok(attr.claims(key)), 0, n)
+            }
+            Form::InFile => with_scratch(HEADER_LEN, |h| {
+                let n = io::read_at(&fd, &mut [h, &mut piece[..first]], 0)?;
+                Ok((Header::decode(h).map(|h| h.claims(key)), HEADER_LEN, n))
+            })
+            .map_err(read_error)?,
+        };
+        self.read_returned();
+        let mut sum = match self.header_problem(claims, read, header_len + first) {
+            Ok(sum) => sum.hasher(),
+            Err(problem) => return Err(self.condemn(key, path, id, problem)),
+        };
+        let (mut offset, mut got) = (0, first);
+        loop {
+            let bytes = &piece[..got.min(self.block_bytes - offset)];
+            sum.write(bytes);
+            if !job.write_row(offset, bytes) {
+                return Ok(false);
+            }
+            offset += got;
+            if offset >= self.block_bytes {
+                break;
+            }
+            let want = piece.len().min(stored - offset);
+            let at = (header_len + offset) as u64;
+            let n = io::read_at(&fd, &mut [&mut piece[..want]], at).map_err(read_error)?;
+            self.read_returned();
+            if n < want {
+                let (n, expected) = (header_len + offset + n, header_len + stored);
+                let problem = format!("short file ({n} of {expected} bytes)");
+                return Err(self.condemn(key, path, id, problem));
+            }
+            got = want;
+        }
+        if !sum.matches() {
+            let problem = "payload checksum mismatch".to_string();
+            return Err(self.condemn(key, path, id, problem));
+        }
+        Ok(true)
     }
 
     /// Loads a block into `row`, verified. A file is condemned only on what a
@@ -135,6 +214,13 @@ impl DiskBackend {
             None => Ok(()),
             Some(problem) => Err(self.condemn(key, path, id, problem)),
         }
+    }
+
+    /// A read of a block's bytes returned: where the test seam makes a load
+    /// hang, as a `pread` that completes late would.
+    fn read_returned(&self) {
+        #[cfg(feature = "test-hooks")]
+        self.seam.pause(super::hang::HangPoint::Read);
     }
 
     /// The attribute header of an open block file of that form. A file
