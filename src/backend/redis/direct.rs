@@ -515,13 +515,23 @@ fn read_block(
         }));
     }
     conn.read_into(&mut head[..header_len])?;
-    conn.read_into(dst)?;
+    let fetched = match check(&head[..header_len]) {
+        Ok(sum) => {
+            // Checksummed as it lands (see `read_into_seen`).
+            let mut payload_sum = sum.hasher();
+            conn.read_into_seen(dst, &mut |landed| payload_sum.write(landed))?;
+            match payload_sum.matches() {
+                true => Fetched::Good,
+                false => Fetched::Recheck,
+            }
+        }
+        Err(problem) => {
+            conn.read_into(dst)?;
+            Fetched::Bad(problem)
+        }
+    };
     conn.read_crlf()?;
-    Ok(match check(&head[..header_len]) {
-        Err(problem) => Fetched::Bad(problem),
-        Ok(sum) if !sum.matches(dst) => Fetched::Recheck,
-        Ok(_) => Fetched::Good,
-    })
+    Ok(fetched)
 }
 
 /// A sealed tier's GET reply: the ciphertext is read into `dst` and
