@@ -385,7 +385,6 @@ impl RespConn {
 
     /// Reads more into the buffer (compacting it first when needed).
     fn fill(&mut self) -> io::Result<()> {
-        self.wake_after(0);
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
@@ -603,6 +602,10 @@ impl RespConn {
             at += into_dst;
             self.end = got - into_dst;
         }
+        // Raised only while a payload is read: a `poll` for the next reply
+        // (a cluster job's, on a connection back from the pool) must wake
+        // at its first byte.
+        self.wake_after(0);
         Ok(())
     }
 
@@ -1045,6 +1048,7 @@ mod tests {
             assert_eq!(c.read_head().unwrap(), Head::Bulk(len));
             let mut dst = vec![0u8; len];
             c.read_into(&mut dst).unwrap();
+            assert_eq!(c.rcvlowat, 1, "the mark outlived the payload");
             c.read_crlf().unwrap();
             assert_eq!(c.read_head().unwrap(), Head::Int(7));
             assert!(dst == payload, "{len} bytes");
