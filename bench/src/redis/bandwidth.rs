@@ -81,7 +81,9 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
     let mut progress = Progress::new(
         p.progress,
         format!("redis {label} bandwidth"),
-        (p.repeat * ((5 + steady::PASSES_PER_REPETITION) * n + shapes.len())) as u64,
+        (p.repeat
+            * ((5 + steady::SETTLING_PASSES + steady::PASSES_PER_REPETITION) * n + shapes.len()))
+            as u64,
     );
     let mut r = Results {
         describe: String::new(),
@@ -125,7 +127,7 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
                 .push(steady.pass(p, server, &primary, &src, &mut ids)?);
             r.verified_bytes += steady.verify(p, &primary, &mut ids)?;
         }
-        progress.add((steady::PASSES_PER_REPETITION * n) as u64);
+        progress.add(((steady::SETTLING_PASSES + steady::PASSES_PER_REPETITION) * n) as u64);
         // The first-fill passes run last and back to back, each contender's
         // store, load and delete before the next one's store: every first
         // fill (each fresh-keys setting, the client's and the tier's) then
@@ -451,6 +453,7 @@ impl Results {
             json!({
                 "gbps": steady_gbps,
                 "pass_gbps": self.steady.iter().map(|s| &s.pass_gbps).collect::<Vec<_>>(),
+                "settling_pass_gbps": self.steady.iter().map(|s| &s.settling_gbps).collect::<Vec<_>>(),
                 "server_faults_per_store": self.steady.iter().map(|s| s.faults_per_store).collect::<Vec<_>>(),
                 "server_memory_before": self.steady.iter().map(|s| s.memory_before).collect::<Vec<_>>(),
                 "server_memory_after": self.steady.iter().map(|s| s.memory_after).collect::<Vec<_>>(),
@@ -526,15 +529,22 @@ impl Results {
             .collect::<Vec<_>>()
             .join(" ");
         let evictions: u64 = self.steady.iter().map(|s| s.evictions).sum();
+        let settling: Vec<f64> = self
+            .steady
+            .iter()
+            .flat_map(|s| s.settling_gbps.iter().copied())
+            .collect();
         out.row(
             format!("{label} tier store, steady"),
             median(&gbps),
             "GB/s",
             format!(
-                "{}x {bound_name} bound, {}x one key (paired; each repetition the median of {} passes); capacity {} blocks, {} of {} stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
+                "{}x {bound_name} bound, {}x one key (paired; each repetition the median of {} passes after {} untimed settling passes, which ran at {} GB/s median); capacity {} blocks, {} of {} timed stores evicted (DELs timed); {server}; used_memory MiB {memory}; min {} max {}",
                 num(over_bound),
                 num(paired_ratio(one_key, &gbps)),
                 steady::PASSES_PER_REPETITION,
+                steady::SETTLING_PASSES,
+                num(median(&settling)),
                 self.steady_capacity_blocks,
                 evictions,
                 self.steady.len() * steady::PASSES_PER_REPETITION * self.blocks,
