@@ -60,9 +60,7 @@ impl PayloadSum {
             PayloadSum::Xxh3(v) => twox_hash::XxHash3_64::oneshot(payload) == v,
         }
     }
-}
 
-impl PayloadSum {
     /// A checksum of this one's algorithm fed piece by piece, for a payload
     /// read in pieces: [`PayloadHasher::matches`] then says what
     /// [`PayloadSum::matches`] says of the whole payload.

@@ -256,8 +256,8 @@ impl Job {
         })
     }
 
-    /// Runs `f` (which writes one of the job's rows) unless the job was
-    /// reported; true if it ran. The report waits while `f` runs.
+    /// Runs `f` (which reads or writes one of the job's rows) unless the job
+    /// was reported; true if it ran. The report waits while `f` runs.
     fn unless_reported(&self, f: impl FnOnce()) -> bool {
         let reported = self.reported.read();
         if *reported {
@@ -270,17 +270,12 @@ impl Job {
     /// Store: runs `read` over `row` (a backend reading the caller's row)
     /// unless the job was reported; see [`StoreJob`].
     fn read_row_unless_reported(&self, row: Row, read: &mut dyn FnMut(&[u8])) -> bool {
-        let reported = self.reported.read();
-        if *reported {
-            return false;
-        }
         // SAFETY: `row` is one of this job's rows of the primary buffer,
         // which lives as long as the tier. The tier is not freed yet: the job
         // is not reported, and `tier_free` returns only once the job of every
-        // call it leaves behind is (see `Crew::stop`), while this read side
-        // holds the report off until the slice is gone.
-        read(unsafe { row.bytes() });
-        true
+        // call it leaves behind is (see `Crew::stop`), while
+        // `unless_reported` holds the report off until the slice is gone.
+        self.unless_reported(|| read(unsafe { row.bytes() }))
     }
 
     /// The storage call for item `item` missed its deadline: claims the

@@ -796,8 +796,7 @@ impl Backend for DiskBackend {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
             None => self.read_verified(&self.path_of(key), key, dst),
         };
-        #[cfg(feature = "test-hooks")]
-        self.seam.pause(hang::HangPoint::Read);
+        self.read_returned();
         loaded
     }
 

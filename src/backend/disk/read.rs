@@ -218,7 +218,7 @@ impl DiskBackend {
 
     /// A read of a block's bytes returned: where the test seam makes a load
     /// hang, as a `pread` that completes late would.
-    fn read_returned(&self) {
+    pub(super) fn read_returned(&self) {
         #[cfg(feature = "test-hooks")]
         self.seam.pause(super::hang::HangPoint::Read);
     }
