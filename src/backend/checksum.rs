@@ -3,8 +3,9 @@
 //! - XXH3-64 checks payloads (format version 2 of disk files and Redis
 //!   values). Every store and load checksums every byte it moves, and this
 //!   is often the first read of a row: with AVX2 (chosen at run time)
-//!   XXH3-64 runs at 45-60 GB/s per core in cache and ~1.5x XXH64's rate
-//!   from memory, where XXH64 stays at 11-14 GB/s either way
+//!   XXH3-64 runs at 36-60 GB/s per core in cache and ~1.7x XXH64's rate
+//!   from memory (9-16 GB/s, 4 KiB pages to huge pages), where XXH64 runs
+//!   at 11-15 GB/s in cache
 //!   (`cargo run --release -p kvtier-bench --example checksums`).
 //! - XXH64 checks headers, names disk files, picks stripes and fingerprints
 //!   namespaces, as it always has (those values are on disk and servers), and
