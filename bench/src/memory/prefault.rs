@@ -143,57 +143,44 @@ pub fn run(p: &Settings, s: &Setup) -> Result<Results, String> {
     let mut ids = JobIds::default();
     for rep in 0..p.repeat {
         let bound_first = rep % 2 == 0;
-        if bound_first {
-            bounds(s, &mut r, &mut bar)?;
-        }
-        let (gbps, verified) = first_pass(s, "off", Wait::No, &mut ids, &mut bar)?;
+        let ((), (gbps, verified)) = next_to(
+            bound_first,
+            &mut bar,
+            |bar| bounds(s, &mut r, bar),
+            |bar| first_pass(s, "off", Wait::No, &mut ids, bar),
+        )?;
         r.cold_store.push(gbps);
         r.verified_bytes += verified;
-        if !bound_first {
-            bounds(s, &mut r, &mut bar)?;
-        }
 
-        if bound_first {
-            r.full_after_bound
-                .push(populated_copy(s, r.huge_advice, &mut bar)?);
-        }
+        let huge = r.huge_advice;
         let mut populated = 0.0;
-        let (gbps, verified) = first_pass(
-            s,
-            "full",
-            Wait::Resident(&mut populated),
-            &mut ids,
+        let (bound, (gbps, verified)) = next_to(
+            bound_first,
             &mut bar,
+            |bar| populated_copy(s, huge, bar),
+            |bar| first_pass(s, "full", Wait::Resident(&mut populated), &mut ids, bar),
         )?;
+        r.full_after_bound.push(bound);
         r.full_populate_s_per_gib
             .push(populated / (s.capacity as f64 / (1u64 << 30) as f64));
         r.full_store_after.push(gbps);
         r.verified_bytes += verified;
-        if !bound_first {
-            r.full_after_bound
-                .push(populated_copy(s, r.huge_advice, &mut bar)?);
-        }
         let (gbps, verified) = first_pass(s, "full", Wait::No, &mut ids, &mut bar)?;
         r.full_store_during.push(gbps);
         r.verified_bytes += verified;
-        let touch = |bar: &mut Progress| {
-            let gbps = first_touch_copy(s.buf, s.rows, s.block, s.io_threads, r.huge_advice)?.0;
-            bar.add(bytes);
-            Ok::<f64, String>(gbps)
-        };
-        let touched_first = if bound_first {
-            Some(touch(&mut bar)?)
-        } else {
-            None
-        };
-        let (gbps, verified) = first_pass(s, "background", Wait::No, &mut ids, &mut bar)?;
+        let (bound, (gbps, verified)) = next_to(
+            bound_first,
+            &mut bar,
+            |bar| {
+                let gbps = first_touch_copy(s.buf, s.rows, s.block, s.io_threads, huge)?.0;
+                bar.add(bytes);
+                Ok(gbps)
+            },
+            |bar| first_pass(s, "background", Wait::No, &mut ids, bar),
+        )?;
+        r.background_bound.push(bound);
         r.background_store_first.push(gbps);
         r.verified_bytes += verified;
-        let touched = match touched_first {
-            Some(gbps) => gbps,
-            None => touch(&mut bar)?,
-        };
-        r.background_bound.push(touched);
 
         for (i, advice) in [Advice::NoHuge, Advice::Huge, Advice::Collapse]
             .into_iter()
@@ -226,6 +213,24 @@ fn bounds(s: &Setup, r: &mut Results, bar: &mut Progress) -> Result<(), String> 
     r.first_touch_bound.push(touched);
     bar.add(2 * r.bytes);
     Ok(())
+}
+
+/// Runs `bound` and `pass` one after the other, the bound first when
+/// `bound_first` (alternated by repetition: ABBA), so that each pass is judged
+/// against a bound the kernel gave the same kind of pages; (bound, pass).
+fn next_to<B, T>(
+    bound_first: bool,
+    bar: &mut Progress,
+    bound: impl FnOnce(&mut Progress) -> Result<B, String>,
+    pass: impl FnOnce(&mut Progress) -> Result<T, String>,
+) -> Result<(B, T), String> {
+    if bound_first {
+        let b = bound(bar)?;
+        Ok((b, pass(bar)?))
+    } else {
+        let p = pass(bar)?;
+        Ok((bound(bar)?, p))
+    }
 }
 
 /// The bound of a populated tier's first store: a fresh region with the
