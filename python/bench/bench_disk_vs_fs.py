@@ -18,6 +18,11 @@ a new one under /var/tmp, which is on the same device as /tmp here):
   (``raw_odirect.c``, built here with ``cc``; N = 4, 16 and 32 by default, 32
   being kvtier's io_threads): no checksum, no header, no
   rename. The bound is the best of the raw rows, per repetition;
+- ``raw-32 publishing``: raw-32's stores, each published as kvtier
+  publishes a block (a temporary name, a 56-byte header attribute, then
+  rename; ``raw_publish_pass``), its loads raw-32's: not a bound (a raw
+  file is not crash-safe), but what the publication itself costs the
+  device, so that ``kvtier/raw publishing`` is the cost of kvtier's code;
 - ``raw-32 on kvtier's files``: after kvtier's load pass, the same raw reads
   (32 threads, O_DIRECT, header and payload in one ``preadv``, oldest file
   first) of the block files kvtier wrote in that repetition: what kvtier's
@@ -171,9 +176,10 @@ class TierContender:
 
 
 class RawContender:
-    def __init__(self, lib, threads: int, primary: np.ndarray):
-        self.name = f"raw-{threads}"
+    def __init__(self, lib, threads: int, primary: np.ndarray, publish: bool = False):
+        self.name = f"raw-{threads}" + (" publishing" if publish else "")
         self.lib, self.threads, self.primary = lib, threads, primary
+        self.publish = publish
         self.directory = None
 
     def open(self, directory: str) -> None:
@@ -185,15 +191,18 @@ class RawContender:
     def run(self, jobs: list, load: bool) -> float:
         rows = np.asarray([r for _, rs in jobs for r in rs], dtype=np.int64)
         row_bytes = self.primary.shape[1]
-        secs = self.lib.raw_pass(
+        common = (
             self.directory.encode(),
             ctypes.c_void_p(self.primary.ctypes.data),
             row_bytes,
             rows.ctypes.data_as(ctypes.POINTER(ctypes.c_long)),
             len(rows),
             self.threads,
-            int(load),
         )
+        if self.publish and not load:
+            secs = self.lib.raw_publish_pass(*common)
+        else:
+            secs = self.lib.raw_pass(*common, int(load))
         if secs < 0:
             raise OSError(int(-secs), os.strerror(int(-secs)))
         return secs
@@ -220,6 +229,15 @@ def build_raw(workdir: str):
         ctypes.c_size_t,
         ctypes.c_int,
     ]
+    lib.raw_publish_pass.restype = ctypes.c_double
+    lib.raw_publish_pass.argtypes = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_long),
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     lib.raw_pass.restype = ctypes.c_double
     lib.raw_pass.argtypes = [
         ctypes.c_char_p,
@@ -234,6 +252,8 @@ def build_raw(workdir: str):
 
 
 SAME_FILES = "raw-32 on kvtier's files"
+# kvtier's default io_threads for disk.
+PUBLISHING_THREADS = 32
 
 
 def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, drop: bool) -> float | None:
@@ -303,6 +323,7 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
         )
     if raw_lib is not None:
         contenders += [RawContender(raw_lib, t, primary) for t in args.raw_threads]
+        contenders.append(RawContender(raw_lib, PUBLISHING_THREADS, primary, publish=True))
     times = {c.name: {"store": [], "load": []} for c in contenders}
     # kvtier's load and the raw read of its files, per repetition.
     same_files = []
@@ -353,13 +374,20 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
     if same_files:
         out[SAME_FILES] = {"load": stats([total / raw / 1e9 for _, raw in same_files])}
         out["load_kvtier_over_raw_on_its_files"] = stats([raw / t for t, raw in same_files])
-    raw_names = [c.name for c in contenders if isinstance(c, RawContender)]
+    raw_names = [c.name for c in contenders if isinstance(c, RawContender) and not c.publish]
+    publishing = [c.name for c in contenders if isinstance(c, RawContender) and c.publish]
     for k in ("store", "load"):
         kv = times["kvtier"][k]
         out[f"{k}_kvtier_over_vllm_fs"] = stats([f / t for t, f in zip(kv, times["vllm-fs"][k])])
         if raw_names:
             best = [min(times[n][k][i] for n in raw_names) for i in range(args.repeat)]
             out[f"{k}_kvtier_over_raw"] = stats([b / t for t, b in zip(kv, best)])
+    for name in publishing:
+        kv, pub = times["kvtier"]["store"], times[name]["store"]
+        out["store_kvtier_over_raw_publishing"] = stats([p / t for t, p in zip(kv, pub)])
+        plain = times.get(f"raw-{PUBLISHING_THREADS}")
+        if plain:
+            out["store_raw_publishing_over_raw_32"] = stats([r / p for p, r in zip(pub, plain["store"])])
     return out
 
 
@@ -431,6 +459,12 @@ def main() -> None:
             if f"{k}_kvtier_over_raw" in r:
                 raw = r[f"{k}_kvtier_over_raw"]
                 line += f"   kvtier/raw {raw['median']:.3f} [{raw['min']:.2f}, {raw['max']:.2f}]"
+            if k == "store" and "store_kvtier_over_raw_publishing" in r:
+                pub = r["store_kvtier_over_raw_publishing"]
+                line += f"   kvtier/raw publishing {pub['median']:.3f} [{pub['min']:.2f}, {pub['max']:.2f}]"
+            if k == "store" and "store_raw_publishing_over_raw_32" in r:
+                pub = r["store_raw_publishing_over_raw_32"]
+                line += f"   (raw publishing/raw-32 {pub['median']:.3f})"
             if k == "load" and "load_kvtier_over_raw_on_its_files" in r:
                 same = r["load_kvtier_over_raw_on_its_files"]
                 line += f"   kvtier/raw on its files {same['median']:.3f} [{same['min']:.2f}, {same['max']:.2f}]"

@@ -5,7 +5,10 @@
  * (one directory would serialise the creates on its lock, as no tier does).
  * And the same reads of files another writer made (`raw_read_files`: kvtier's
  * own block files, header and payload), to tell the tier's code from its
- * files. Built by the script with `cc -O2 -shared -fPIC -pthread` and called
+ * files. And the same writes published as kvtier publishes a block
+ * (`raw_publish_pass`: a temporary name, a 56-byte `user.kvtier` attribute
+ * where the file system takes one, then rename), to tell the tier's code
+ * from its crash-safe publication. Built by the script with `cc -O2 -shared -fPIC -pthread` and called
  * through ctypes (which releases the GIL). */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -15,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/uio.h>
+#include <sys/xattr.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -25,6 +29,9 @@ struct pass {
     const long *rows;
     size_t n;
     int load;
+    /* raw_publish_pass: write under a temporary name, set the attribute,
+     * rename into place. */
+    int publish;
     /* raw_read_files: the files, and the header read before each payload. */
     const char *const *paths;
     size_t header;
@@ -36,6 +43,26 @@ struct span {
     struct pass *p;
     struct timespec start, end;
 };
+
+/* Writes `path` as kvtier's disk tier publishes a block (its header as
+ * the file's attribute): 0 or an errno. The attribute's bytes are
+ * arbitrary; a file system without user attributes gets none, as kvtier
+ * then keeps its header in the file. */
+static int publish(const char *path, const char *row, size_t row_bytes) {
+    char tmp[4200];
+    static const char header[56] = {'K', 'V', 'T', 'X'};
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    int fd = open(tmp, O_CREAT | O_EXCL | O_WRONLY | O_DIRECT | O_CLOEXEC, 0600);
+    if (fd < 0) return errno;
+    ssize_t done = pwrite(fd, row, row_bytes, 0);
+    int error = done == (ssize_t)row_bytes ? 0 : done < 0 ? errno : EIO;
+    if (!error && fsetxattr(fd, "user.kvtier", header, sizeof header, 0) != 0 &&
+        errno != ENOTSUP)
+        error = errno;
+    close(fd);
+    if (!error && rename(tmp, path) != 0) error = errno;
+    return error;
+}
 
 static void *worker(void *arg) {
     struct span *s = arg;
@@ -65,6 +92,14 @@ static void *worker(void *arg) {
             continue;
         }
         snprintf(path, sizeof path, "%s/%zu/raw-%zu.bin", p->dir, i % 256, i);
+        if (p->publish) {
+            int error = publish(path, row, p->row_bytes);
+            if (error) {
+                atomic_store(&p->error, error);
+                break;
+            }
+            continue;
+        }
         int fd = p->load ? open(path, O_RDONLY | O_DIRECT | O_CLOEXEC)
                          : open(path, O_CREAT | O_WRONLY | O_TRUNC | O_DIRECT | O_CLOEXEC, 0600);
         if (fd < 0) {
@@ -87,7 +122,14 @@ static double run(struct pass *p, int threads);
 /* Seconds from the first thread's start to the last one's end, or -errno. */
 double raw_pass(const char *dir, char *base, size_t row_bytes, const long *rows, size_t n,
                 int threads, int load) {
-    struct pass p = {dir, base, row_bytes, rows, n, load, NULL, 0, 0, 0};
+    struct pass p = {dir, base, row_bytes, rows, n, load, 0, NULL, 0, 0, 0};
+    return run(&p, threads);
+}
+
+/* raw_pass's stores, each published as kvtier publishes a block. */
+double raw_publish_pass(const char *dir, char *base, size_t row_bytes, const long *rows,
+                        size_t n, int threads) {
+    struct pass p = {dir, base, row_bytes, rows, n, 0, 1, NULL, 0, 0, 0};
     return run(&p, threads);
 }
 
@@ -95,7 +137,7 @@ double raw_pass(const char *dir, char *base, size_t row_bytes, const long *rows,
  * `rows[i]`, in one preadv, O_DIRECT; seconds as raw_pass, or -errno. */
 double raw_read_files(const char *const *paths, size_t header, char *base, size_t row_bytes,
                       const long *rows, size_t n, int threads) {
-    struct pass p = {NULL, base, row_bytes, rows, n, 1, paths, header, 0, 0};
+    struct pass p = {NULL, base, row_bytes, rows, n, 1, 0, paths, header, 0, 0};
     return run(&p, threads);
 }
 
