@@ -801,14 +801,16 @@ impl Backend for DiskBackend {
     }
 
     /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces. On a loop
-    /// device over memory (README, "A device fast enough"; 2 MiB blocks, 32
-    /// threads), a buffer of a whole block per thread (64 MiB in all) no
-    /// longer stays in the L3 cache between the read and the copy: in a
-    /// scratch loop over 512 files, reads through it then copied ran at
-    /// 0.93-0.96x reads straight into the rows, through 1 MiB pieces at
-    /// 1.09-1.10x, 512 KiB 1.05x, 128 KiB 0.94x (a read's fixed cost).
-    /// `kvtier-bench --backend disk` there, six alternating rounds: loads
-    /// 4.77 GB/s median in pieces against 4.52 through a whole block.
+    /// device over memory (docs/disk-vs-vllm-runs.md, "A device fast
+    /// enough"; 2 MiB blocks, 32 threads, Intel VM), a buffer of a whole
+    /// block per thread (64 MiB in all) no longer stays in the L3 cache
+    /// between the read and the copy: in a scratch loop over 512 files,
+    /// reads through it then copied ran at 0.93-0.96x reads straight into
+    /// the rows, through 1 MiB pieces at 1.09-1.10x, 512 KiB 1.05x, 128 KiB
+    /// 0.94x (a read's fixed cost). `kvtier-bench --backend disk` there,
+    /// six alternating rounds: loads 4.77 GB/s median in pieces against
+    /// 4.52 through a whole block. On the AMD VM (2026-12-03), 256 KiB
+    /// pieces loaded no faster than 1 MiB ones (3.5 against 3.9 GB/s).
     fn load_piece_bytes(&self) -> Option<usize> {
         const PIECE: usize = 1 << 20;
         // A sealed block is opened whole (its tag covers all of it).
