@@ -229,25 +229,19 @@ def build_raw(workdir: str):
         ctypes.c_size_t,
         ctypes.c_int,
     ]
+    # dir, rows' base, row bytes, row numbers, how many, threads.
+    pass_args = [
+        ctypes.c_char_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_long),
+        ctypes.c_size_t,
+        ctypes.c_int,
+    ]
     lib.raw_publish_pass.restype = ctypes.c_double
-    lib.raw_publish_pass.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_long),
-        ctypes.c_size_t,
-        ctypes.c_int,
-    ]
+    lib.raw_publish_pass.argtypes = pass_args
     lib.raw_pass.restype = ctypes.c_double
-    lib.raw_pass.argtypes = [
-        ctypes.c_char_p,
-        ctypes.c_void_p,
-        ctypes.c_size_t,
-        ctypes.POINTER(ctypes.c_long),
-        ctypes.c_size_t,
-        ctypes.c_int,
-        ctypes.c_int,
-    ]
+    lib.raw_pass.argtypes = pass_args + [ctypes.c_int]  # and load or store
     return lib, None
 
 
