@@ -248,6 +248,7 @@ def build_raw(workdir: str):
 SAME_FILES = "raw-32 on kvtier's files"
 # kvtier's default io_threads for disk.
 PUBLISHING_THREADS = 32
+PUBLISHING = f"raw-{PUBLISHING_THREADS} publishing"
 
 
 def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, drop: bool) -> float | None:
@@ -369,15 +370,14 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
         out[SAME_FILES] = {"load": stats([total / raw / 1e9 for _, raw in same_files])}
         out["load_kvtier_over_raw_on_its_files"] = stats([raw / t for t, raw in same_files])
     raw_names = [c.name for c in contenders if isinstance(c, RawContender) and not c.publish]
-    publishing = [c.name for c in contenders if isinstance(c, RawContender) and c.publish]
     for k in ("store", "load"):
         kv = times["kvtier"][k]
         out[f"{k}_kvtier_over_vllm_fs"] = stats([f / t for t, f in zip(kv, times["vllm-fs"][k])])
         if raw_names:
             best = [min(times[n][k][i] for n in raw_names) for i in range(args.repeat)]
             out[f"{k}_kvtier_over_raw"] = stats([b / t for t, b in zip(kv, best)])
-    for name in publishing:
-        kv, pub = times["kvtier"]["store"], times[name]["store"]
+    if PUBLISHING in times:
+        kv, pub = times["kvtier"]["store"], times[PUBLISHING]["store"]
         out["store_kvtier_over_raw_publishing"] = stats([p / t for t, p in zip(kv, pub)])
         plain = times.get(f"raw-{PUBLISHING_THREADS}")
         if plain:

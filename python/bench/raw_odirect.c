@@ -8,8 +8,8 @@
  * files. And the same writes published as kvtier publishes a block
  * (`raw_publish_pass`: a temporary name, a 56-byte `user.kvtier` attribute
  * where the file system takes one, then rename), to tell the tier's code
- * from its crash-safe publication. Built by the script with `cc -O2 -shared -fPIC -pthread` and called
- * through ctypes (which releases the GIL). */
+ * from its crash-safe publication. Built by the script with `cc -O2 -shared
+ * -fPIC -pthread` and called through ctypes (which releases the GIL). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
