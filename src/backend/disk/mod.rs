@@ -515,8 +515,13 @@ impl DiskBackend {
     }
 
     /// Writes the block file; for a sealed tier, returns the nonce it sealed
-    /// with. `Ok(None)` from `job.read_row` means the job was reported
-    /// before the row could be read: nothing was written.
+    /// with. `None` means `job.read_row` said the job was reported before
+    /// the row could be read: nothing was written. Also returns the file's
+    /// identity, taken by `fstat` before it is closed (cheaper than an
+    /// `lstat` of its path), so that a rename withdrawn later can tell
+    /// whether the path still names this file. The file is closed here,
+    /// before it is published: on NFS, `close` is where written data
+    /// reaches the server, so another client must not find the name first.
     ///
     /// The row is the caller's and this call may outlive the tier (see
     /// `Backend::store_unless`), so it is read from user space (checksum,
@@ -532,7 +537,7 @@ impl DiskBackend {
         key: &[u8],
         row: Row,
         job: &dyn StoreJob,
-    ) -> std::io::Result<Option<Option<Nonce>>> {
+    ) -> std::io::Result<(io::FileId, Option<Option<Nonce>>)> {
         let fd = match io::create_exclusive(tmp, self.direct) {
             Err(e) if io::is_missing(&e) => {
                 let dir = tmp.parent().expect("fan-out dir");
@@ -551,7 +556,8 @@ impl DiskBackend {
         }
         let in_place = self.seal.is_none() && self.aligned(row.as_ptr(), row.len());
         if self.form_for(key) == Form::Attr {
-            return self.write_attr_form(&fd, key, row, job, in_place);
+            let written = self.write_attr_form(&fd, key, row, job, in_place)?;
+            return Ok((io::fstat(&fd)?, written));
         }
         let staged_len = if in_place {
             HEADER_LEN
@@ -588,7 +594,7 @@ impl DiskBackend {
         if nonce.is_some() && self.sync == SyncMode::Data {
             io::fdatasync(&fd)?;
         }
-        Ok(nonce)
+        Ok((io::fstat(&fd)?, nonce))
     }
 
     /// `write_tmp` for a block whose header is the file's attribute: the
@@ -684,14 +690,13 @@ impl DiskBackend {
         #[cfg(feature = "test-hooks")]
         self.seam.pause(hang::HangPoint::Write);
         let mut withdrawn = false;
-        let published = written.and_then(|nonce| {
+        let published = written.and_then(|(ours, nonce)| {
             let _guard = self.stripe(key).lock();
             // `None`: reported before its row was read, nothing written.
             let Some(nonce) = nonce.filter(|_| !job.abandoned()) else {
                 withdrawn = true;
                 return Err(std::io::Error::from(std::io::ErrorKind::TimedOut));
             };
-            let ours = io::lstat(&tmp)?;
             std::fs::rename(&tmp, &path)?;
             #[cfg(feature = "test-hooks")]
             self.seam.pause(hang::HangPoint::Publish);
