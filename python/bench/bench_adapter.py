@@ -1,7 +1,11 @@
 """Benchmark: kvtier through the vLLM adapter vs the C API, in one process.
 
+    cargo build --release --lib
     KVTIER_LIBRARY=target/release/libkvtier.so \
         /path/to/vllm-venv/bin/python python/bench/bench_adapter.py [--quick] [--json]
+
+(``--lib``: a build with ``--all-targets`` leaves a library with the test
+seams compiled in, as the tests' dev-dependency turns them on.)
 
 1. Bandwidth, 2 MiB rows in 16-row jobs, `--window` jobs in flight:
    - "C API": the library's functions called directly through ctypes with

@@ -1,8 +1,12 @@
 """Benchmark: kvtier's disk backend through the vLLM adapter, side by side with
 vLLM's own file-system tier and a raw O_DIRECT bound, in one process.
 
+    cargo build --release --lib
     KVTIER_LIBRARY=target/release/libkvtier.so \\
         /tmp/vllm-env/bin/python python/bench/bench_disk_vs_fs.py [--dir D] [--quick] [--json]
+
+(``--lib``: a build with ``--all-targets`` leaves a library with the test
+seams compiled in, as the tests' dev-dependency turns them on.)
 
 Contenders, each built through vLLM 0.33's ``SecondaryTierFactory`` with its
 defaults (nothing tuned), each in a fresh directory under ``--dir`` (default:
