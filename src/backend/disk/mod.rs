@@ -517,7 +517,7 @@ impl DiskBackend {
     /// Writes the block file; for a sealed tier, returns the nonce it sealed
     /// with. `None` means `job.read_row` said the job was reported before
     /// the row could be read: nothing was written. Also returns the file's
-    /// identity, taken by `fstat` before it is closed (cheaper than an
+    /// identity, taken by `fstat` once it is created (cheaper than an
     /// `lstat` of its path), so that a rename withdrawn later can tell
     /// whether the path still names this file. The file is closed here,
     /// before it is published: on NFS, `close` is where written data
@@ -548,6 +548,7 @@ impl DiskBackend {
             }
             other => other?,
         };
+        let ours = io::fstat(&fd)?;
         #[cfg(feature = "test-hooks")]
         self.seam.pause(hang::HangPoint::Create);
         #[cfg(feature = "test-hooks")]
@@ -557,7 +558,7 @@ impl DiskBackend {
         let in_place = self.seal.is_none() && self.aligned(row.as_ptr(), row.len());
         if self.form_for(key) == Form::Attr {
             let written = self.write_attr_form(&fd, key, row, job, in_place)?;
-            return Ok((io::fstat(&fd)?, written));
+            return Ok((ours, written));
         }
         let staged_len = if in_place {
             HEADER_LEN
@@ -594,7 +595,7 @@ impl DiskBackend {
         if nonce.is_some() && self.sync == SyncMode::Data {
             io::fdatasync(&fd)?;
         }
-        Ok((io::fstat(&fd)?, nonce))
+        Ok((ours, nonce))
     }
 
     /// `write_tmp` for a block whose header is the file's attribute: the
