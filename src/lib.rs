@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+mod aligned;
 mod backend;
 mod config;
 mod engine;

@@ -13,6 +13,7 @@
 //! `Arc` of the engine, so what it still touches lives until its call
 //! returns, and it then leaves like any other.
 
+use crate::aligned::AlignedBuf;
 use crate::engine::jobs::Job;
 use crate::sync::MutexGuard;
 use crate::sync::{Condvar, Mutex};
@@ -296,7 +297,7 @@ pub(crate) struct Worker<'a> {
     id: usize,
     /// Where a load's block lands before it is copied to the caller's row
     /// (see [`Worker::bounce`]).
-    bounce: RefCell<Vec<u8>>,
+    bounce: RefCell<Option<AlignedBuf>>,
 }
 
 impl<'a> Worker<'a> {
@@ -304,7 +305,7 @@ impl<'a> Worker<'a> {
         Worker {
             crew,
             id,
-            bounce: RefCell::new(Vec::new()),
+            bounce: RefCell::new(None),
         }
     }
 
@@ -340,20 +341,16 @@ impl<'a> Worker<'a> {
     }
 
     /// Runs `f` on this worker's bounce buffer of `len` bytes, page-aligned
-    /// (so that O_DIRECT reads into it in place), or returns None if there is
-    /// no memory for it.
+    /// (so that O_DIRECT reads into it in place) and, from 256 KiB, in huge
+    /// pages where the kernel grants them (see `crate::aligned`), or returns None if
+    /// there is no memory for it.
     pub(crate) fn bounce<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
-        const PAGE: usize = 4096;
         let mut buf = self.bounce.borrow_mut();
-        if buf.len() < len + PAGE {
-            buf.clear();
-            buf.shrink_to_fit();
-            if buf.try_reserve_exact(len + PAGE).is_err() {
-                return None;
-            }
-            buf.resize(len + PAGE, 0);
+        if buf.as_ref().is_none_or(|b| b.len() < len) {
+            // The old buffer goes first: never both mapped at once.
+            *buf = None;
+            *buf = Some(AlignedBuf::new(len).ok()?);
         }
-        let start = buf.as_ptr().align_offset(PAGE);
-        Some(f(&mut buf[start..start + len]))
+        Some(f(&mut buf.as_mut()?.as_mut_slice()[..len]))
     }
 }

@@ -444,56 +444,6 @@ pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
     })
 }
 
-/// A 4096-byte-aligned, zero-initialized heap buffer.
-pub(crate) struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
-    len: usize,
-}
-
-// SAFETY: plain owned bytes.
-unsafe impl Send for AlignedBuf {}
-
-impl AlignedBuf {
-    /// A buffer of `len` bytes; an error of kind `OutOfMemory` if the memory
-    /// is not available.
-    pub(crate) fn new(len: usize) -> io::Result<AlignedBuf> {
-        let no_memory = || {
-            io::Error::new(
-                io::ErrorKind::OutOfMemory,
-                format!("could not allocate {len} bytes for an aligned I/O buffer"),
-            )
-        };
-        let layout =
-            std::alloc::Layout::from_size_align(len.max(1), 4096).map_err(|_| no_memory())?;
-        // SAFETY: non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(no_memory)?;
-        Ok(AlignedBuf { ptr, len })
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    pub(crate) fn as_slice(&self) -> &[u8] {
-        // SAFETY: owned, initialized, len bytes.
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
-    }
-
-    pub(crate) fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: owned, initialized, len bytes, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
-
-impl Drop for AlignedBuf {
-    fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(1), 4096).expect("layout");
-        // SAFETY: allocated in `new` with this layout.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
-    }
-}
-
 /// True for errors that say the storage itself is bad or gone, as opposed to
 /// a transient condition (descriptors, permissions, interrupts, symlink loops)
 /// after which the file must be kept.
@@ -708,12 +658,5 @@ mod tests {
         assert_eq!(&a, b"hel");
         assert_eq!(&b[..8], b"lo world");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn aligned_buffers_are_aligned_and_zeroed() {
-        let b = AlignedBuf::new(8192).unwrap();
-        assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
-        assert!(b.as_slice().iter().all(|&x| x == 0));
     }
 }

@@ -52,11 +52,12 @@ mod recover;
 mod sealed;
 
 use self::format::{file_len, AttrHeader, Form, Header, ALIGN, ATTR_NAME, HEADER_LEN};
-use self::io::{AlignedBuf, Fd};
+use self::io::Fd;
 use self::manifest::Taken;
 use self::recover::OrderHint;
 use super::checksum::{xxh64, PayloadSum};
 use super::{Backend, LoadJob, Row, StoreJob, Unwatched};
+use crate::aligned::AlignedBuf;
 use crate::config::{BlockHeader, DirectIo, DiskConfig, SyncMode};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{Nonce, NonceLedger, Sealer};
@@ -815,8 +816,12 @@ impl Backend for DiskBackend {
     /// the rows, through 1 MiB pieces at 1.09-1.10x, 512 KiB 1.05x, 128 KiB
     /// 0.94x (a read's fixed cost). `kvtier-bench --backend disk` there,
     /// six alternating rounds: loads 4.77 GB/s median in pieces against
-    /// 4.52 through a whole block. On the AMD VM (2026-12-03), 256 KiB
-    /// pieces loaded no faster than 1 MiB ones (3.5 against 3.9 GB/s).
+    /// 4.52 through a whole block. Since the buffer is in huge pages (see
+    /// `crate::aligned`), on an AMD VM (2026-12-03, `kvtier-bench --backend
+    /// disk --repeat 3 --gib 1`, three rounds) 2 MiB loads ran at 1.01-1.06x
+    /// raw reads on the loop device in 1 MiB pieces, 0.88-1.20x in 256 KiB
+    /// ones and 0.85-1.00x through a whole block; on the VM's virtio disk
+    /// at 1.6-1.9x raw (reading into 4 KiB pages) whatever the piece.
     fn load_piece_bytes(&self) -> Option<usize> {
         const PIECE: usize = 1 << 20;
         // A sealed block is opened whole (its tag covers all of it).
