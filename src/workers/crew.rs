@@ -342,8 +342,8 @@ impl<'a> Worker<'a> {
 
     /// Runs `f` on this worker's bounce buffer of `len` bytes, page-aligned
     /// (so that O_DIRECT reads into it in place) and, from 256 KiB, in huge
-    /// pages where the kernel grants them (see `crate::aligned`), or returns None if
-    /// there is no memory for it.
+    /// pages where the kernel grants them (see `crate::aligned`), or returns
+    /// None if there is no memory for it.
     pub(crate) fn bounce<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
         let mut buf = self.bounce.borrow_mut();
         if buf.as_ref().is_none_or(|b| b.len() < len) {

@@ -821,7 +821,7 @@ impl Backend for DiskBackend {
     /// disk --repeat 3 --gib 1`, three rounds) 2 MiB loads ran at 1.01-1.06x
     /// raw reads on the loop device in 1 MiB pieces, 0.88-1.20x in 256 KiB
     /// ones and 0.85-1.00x through a whole block; on the VM's virtio disk
-    /// at 1.6-1.9x raw (reading into 4 KiB pages) whatever the piece.
+    /// at 1.5-2.4x raw (reading into 4 KiB pages) whatever the piece.
     fn load_piece_bytes(&self) -> Option<usize> {
         const PIECE: usize = 1 << 20;
         // A sealed block is opened whole (its tag covers all of it).
