@@ -346,11 +346,6 @@ impl<'a> Worker<'a> {
     /// None if there is no memory for it.
     pub(crate) fn bounce<R>(&self, len: usize, f: impl FnOnce(&mut [u8]) -> R) -> Option<R> {
         let mut buf = self.bounce.borrow_mut();
-        if buf.as_ref().is_none_or(|b| b.len() < len) {
-            // The old buffer goes first: never both mapped at once.
-            *buf = None;
-            *buf = Some(AlignedBuf::new(len).ok()?);
-        }
-        Some(f(&mut buf.as_mut()?.as_mut_slice()[..len]))
+        AlignedBuf::reuse(&mut buf, len).ok().map(f)
     }
 }

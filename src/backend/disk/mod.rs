@@ -95,14 +95,7 @@ fn with_scratch<R>(
     len: usize,
     f: impl FnOnce(&mut [u8]) -> std::io::Result<R>,
 ) -> std::io::Result<R> {
-    SCRATCH.with(|cell| {
-        let mut slot = cell.borrow_mut();
-        if slot.as_ref().is_none_or(|b| b.len() < len) {
-            *slot = None; // free the old one first
-            *slot = Some(AlignedBuf::new(len)?);
-        }
-        f(&mut slot.as_mut().expect("scratch").as_mut_slice()[..len])
-    })
+    SCRATCH.with(|cell| f(AlignedBuf::reuse(&mut cell.borrow_mut(), len)?))
 }
 
 fn io_error(what: &str, path: &Path, err: std::io::Error) -> Error {
