@@ -43,7 +43,12 @@ polled the same way: ``get_finished_jobs()``, then a 100 us sleep when
 nothing finished (vLLM steps its scheduler; neither tier gets a blocking
 wait). GB/s = 10^9 bytes per second of payload; medians of ``--repeat``;
 ratios ``kvtier/vllm-fs`` and ``kvtier/raw`` are taken per repetition, and
-their medians reported.
+their medians reported. Beside the rates, each contender's CPU per GB
+moved: this process's CPU time (every thread: the tier's workers, the C
+threads, the polling loop both tiers share) and the whole machine's busy
+time (which adds the kernel threads doing the I/O: a loop device copies
+every byte on one) over the same pass. Where the device is not the limit,
+that is what caps a contender.
 
 Not a test: on a shared machine the disk and the cores are noisy; read the
 min/max columns and run it again when it is quiet.
@@ -57,6 +62,7 @@ import hashlib
 import json
 import mmap
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -283,6 +289,33 @@ def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, d
     return secs
 
 
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds() -> tuple[float, float]:
+    """(this process's CPU seconds, all threads; the machine's busy CPU
+    seconds, in clock ticks of 10 ms). The second counts what the process
+    cannot see: kernel threads doing its I/O (a loop device's copies, block
+    completions), and any other load, so read it beside the first."""
+    own = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, unlike os.times
+    with open("/proc/stat") as f:
+        ticks = [int(v) for v in f.readline().split()[1:]]
+    # user, nice, system, irq, softirq: not idle, iowait, steal (the
+    # hypervisor's), nor guest (already in user).
+    busy = sum(ticks[i] for i in (0, 1, 2, 5, 6))
+    return own.ru_utime + own.ru_stime, busy / CLOCK_TICKS
+
+
+def timed_pass(c, jobs: list, load: bool, cpu: dict) -> float:
+    """Runs one pass; appends its CPU seconds (process, machine) to cpu."""
+    before = cpu_seconds()
+    secs = c.run(jobs, load=load)
+    after = cpu_seconds()
+    cpu.setdefault("process", []).append(after[0] - before[0])
+    cpu.setdefault("machine", []).append(after[1] - before[1])
+    return secs
+
+
 def stats(xs):
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "runs": xs}
 
@@ -324,6 +357,8 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
         contenders += [RawContender(raw_lib, t, primary) for t in args.raw_threads]
         contenders.append(RawContender(raw_lib, PUBLISHING_THREADS, primary, publish=True))
     times = {c.name: {"store": [], "load": []} for c in contenders}
+    # CPU seconds per pass, (contender, direction) -> {"process", "machine"}.
+    cpu = {(c.name, k): {} for c in contenders for k in ("store", "load")}
     # kvtier's load and the raw read of its files, per repetition.
     same_files = []
     dropped = True
@@ -346,10 +381,10 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
             c.open(directory)
             try:
                 dropped &= drop_caches(args.drop_caches)
-                times[c.name]["store"].append(c.run(store_jobs, load=False))
+                times[c.name]["store"].append(timed_pass(c, store_jobs, False, cpu[c.name, "store"]))
                 primary[n_rows:] = 0
                 dropped &= drop_caches(args.drop_caches)
-                times[c.name]["load"].append(c.run(load_jobs, load=True))
+                times[c.name]["load"].append(timed_pass(c, load_jobs, True, cpu[c.name, "load"]))
                 if not np.array_equal(primary[n_rows:], primary[:n_rows]):
                     raise RuntimeError(f"{c.name}: loaded bytes differ from the stored rows")
                 if c.name == "kvtier" and raw_lib is not None:
@@ -370,6 +405,13 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
     out = {"row_bytes": row, "rows": n_rows, "bytes_per_pass": total, "page_cache_dropped": dropped}
     for name, d in times.items():
         out[name] = {k: stats([total / t / 1e9 for t in v]) for k, v in d.items()}
+        # CPU milliseconds per GB moved: what a contender costs the cores,
+        # which caps it where the device does not (a fast device, or one
+        # whose driver copies, as a loop device does).
+        out[name]["cpu_ms_per_gb"] = {
+            k: {w: stats([secs * 1e3 / (total / 1e9) for secs in v]) for w, v in cpu[name, k].items()}
+            for k in d
+        }
     if same_files:
         out[SAME_FILES] = {"load": stats([total / raw / 1e9 for _, raw in same_files])}
         out["load_kvtier_over_raw_on_its_files"] = stats([raw / t for t, raw in same_files])
@@ -467,6 +509,14 @@ def main() -> None:
                 same = r["load_kvtier_over_raw_on_its_files"]
                 line += f"   kvtier/raw on its files {same['median']:.3f} [{same['min']:.2f}, {same['max']:.2f}]"
             print(line)
+        print("  CPU ms per GB, median: this process (every thread) / the whole machine (kernel threads too)")
+        for name, d in r.items():
+            if isinstance(d, dict) and "cpu_ms_per_gb" in d:
+                c = d["cpu_ms_per_gb"]
+                print(
+                    f"  {name:24} store {c['store']['process']['median']:4.0f} / {c['store']['machine']['median']:4.0f}"
+                    f"   load {c['load']['process']['median']:4.0f} / {c['load']['machine']['median']:4.0f}"
+                )
 
 
 if __name__ == "__main__":
