@@ -233,10 +233,11 @@ fn a_stream_of_stores_leaves_the_server_near_capacity() {
 
 /// While the tier fills up (a store evicts nothing), a job's blocks go as
 /// tasks of two blocks, each its own pipeline on its own connection: the
-/// server takes values that are fresh memory faster that way (README, "The
-/// bound's shape"). Once the tier is full and every store evicts, a job is
-/// one pipeline on one connection again. The server is frozen while the
-/// filling job is sent, so that its tasks are all in flight at once.
+/// server takes values that are fresh memory faster that way
+/// (docs/runs/redis.md, "The bound's shape"). Once the tier is full and
+/// every store evicts, a job is one pipeline on one connection again. The
+/// server is frozen while the filling job is sent, so that its tasks are
+/// all in flight at once.
 #[test]
 fn a_filling_tier_spreads_a_job_over_connections_and_a_full_one_does_not() {
     let server = redis_or_skip!();

@@ -2,7 +2,7 @@
 //! sealed version of a block put back under its name (a replay: it still
 //! authenticates) is refused. It knows the blocks this process wrote, found at
 //! open, or found by a probe; a block it has never seen is trusted on first
-//! sight (see the README for what that leaves open).
+//! sight (docs/sealing.md says what that leaves open).
 
 use super::record::Nonce;
 use crate::backend::checksum::xxh64;

@@ -1,7 +1,7 @@
 //! The cryptography of sealing, on `ring` (already built for rustls):
 //! AES-256-GCM for blocks (hardware AES and carry-less multiply make it
-//! several times faster per core than ChaCha20-Poly1305 here; the README has
-//! the numbers), HMAC-SHA-256 to derive subkeys and to name blocks.
+//! several times faster per core than ChaCha20-Poly1305 here; the numbers
+//! are in docs/performance.md), HMAC-SHA-256 to derive subkeys and to name blocks.
 //!
 //! Three subkeys come from the tenant's key, each for one job, so that no key
 //! serves two purposes: the payload AEAD, the key-field AEAD (the same nonce
