@@ -7,11 +7,9 @@
 //! 128 of at most 64 KiB on a loop device. Memory of scattered 4 KiB pages
 //! is a segment per page, so a 1 MiB read into it goes to such a device as
 //! two or more requests. A buffer of 256 KiB or more is therefore mapped in
-//! huge pages (2 MiB-aligned, `MADV_HUGEPAGE`) where the kernel grants them.
-//! Measured on an AMD VM (README, "The disk tier through vLLM"): 2 MiB
-//! loads under a deadline, read in 1 MiB pieces through a worker's buffer,
-//! went to the virtio disk as requests of 600-700 KiB and ran at 0.43-0.62x
-//! raw reads; from a huge page, as requests of a whole piece, at 1.5-2.4x.
+//! huge pages (2 MiB-aligned, `MADV_HUGEPAGE`) where the kernel grants them
+//! (`kvtier-bench --backend disk --repeat 3 --gib 1`; the runs are in
+//! docs/runs/disk.md).
 
 use std::io;
 use std::ptr::NonNull;

@@ -4,11 +4,10 @@
 //! (cold: from memory, as a store's rows usually are), the 512 MiB on 4 KiB
 //! pages and on transparent huge pages. Best of 5 passes.
 //!
-//! The page size matters from memory: on the Intel Xeon VM of 2026-12-03
-//! XXH3-64 read cold rows at 8.6-9.4 GB/s on 4 KiB pages and 14.9-15.1 on
-//! huge pages (software prefetching a page or more ahead did not close the
-//! gap: 8.4-9.8). A store from an engine buffer of 4 KiB pages (vLLM's, or
-//! `numpy` over an anonymous mapping) pays the slower rate.
+//! The page size matters from memory: cold rows on 4 KiB pages read more
+//! slowly than on huge pages, and software prefetching does not close the
+//! gap (docs/runs/checksums.md). A store from an engine buffer of 4 KiB
+//! pages (vLLM's, or `numpy` over an anonymous mapping) pays the slower rate.
 //!
 //!     cargo run --release -p kvtier-bench --example checksums
 

@@ -15,8 +15,8 @@ builds are compared on the same machine state). Without ``--url`` the tier
 is the memory backend.
 
 A Redis job is one task (its blocks travel in one pipeline), so a burst of
-them is where the workers' wake-ups show: before 2026-12-02 a burst queued
-while one worker polled ran on that worker alone.
+them is where the workers' wake-ups show: a burst queued while one worker
+polls must wake the sleeping ones (the runs: docs/runs/redis.md).
 
 Not a test: the machine is noisy; run it more than once.
 """

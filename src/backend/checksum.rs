@@ -3,10 +3,9 @@
 //! - XXH3-64 checks payloads (format version 2 of disk files and Redis
 //!   values). Every store and load checksums every byte it moves, and this
 //!   is often the first read of a row: with AVX2 (chosen at run time)
-//!   XXH3-64 runs at 36-60 GB/s per core in cache and ~1.7x XXH64's rate
-//!   from memory (9-16 GB/s, 4 KiB pages to huge pages), where XXH64 runs
-//!   at 11-15 GB/s in cache
-//!   (`cargo run --release -p kvtier-bench --example checksums`).
+//!   XXH3-64 is faster than XXH64 both in cache and from memory
+//!   (`cargo run --release -p kvtier-bench --example checksums`; figures in
+//!   docs/dependencies.md).
 //! - XXH64 checks headers, names disk files, picks stripes and fingerprints
 //!   namespaces, as it always has (those values are on disk and servers), and
 //!   checks the payloads of blocks written by format version 1.

@@ -33,11 +33,9 @@
 //! fresh memory costs changes from one pass to the next. On a VM with free
 //! page reporting (this one: `page_reporting_order=11`), memory freed for
 //! about 2 s goes back to the hypervisor, and the next first touch of it pays
-//! the host's fault as well (populating at 0.4-1.7 GB/s instead of 8-17 GB/s
-//! here); and the first memcpy into memory populated from such pages ran at
-//! 8.6-10.9 GB/s against 12.4-13.5 for the next one. A median of bounds
-//! taken minutes away from the pass they judge then scores the machine, not
-//! the tier.
+//! the host's fault as well; so does the first memcpy into memory populated
+//! from such pages (docs/runs/memory.md). A median of bounds taken minutes
+//! away from the pass they judge then scores the machine, not the tier.
 
 use super::bandwidth::verify;
 use crate::buffer::{time_parallel, MappedBuf};

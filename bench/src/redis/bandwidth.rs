@@ -134,10 +134,10 @@ pub fn run(p: &Params, server: &Server, block: usize, n: usize) -> Result<Result
         // faults in memory the pass before it freed a moment ago. On a VM
         // whose balloon reports free memory to its host (about 2 s after it
         // is freed), memory freed longer ago, or never used, costs the host's
-        // fault too on first touch (0.3 GB/s against 2.2-2.8 in a C loop on
-        // this project's VM): when both contenders stored before either
-        // deleted, the second store pass of a repetition met such memory and
-        // ran at a third of the first's, whichever contender it was.
+        // fault too on first touch (docs/runs/redis.md): when both
+        // contenders stored before either deleted, the second store pass of
+        // a repetition met such memory and ran at a third of the first's,
+        // whichever contender it was.
         if server.started_here().is_some() {
             r.fresh_set.push(benchmark::fresh_set_best(
                 server,

@@ -8,13 +8,11 @@
 //!
 //! Between lookups the caller sleeps (2 us, with a timer slack of 1 ns), as
 //! an engine's scheduler loop does something else, rather than spinning: a
-//! thread spinning on a core of this 2-core VM saw its own EXISTS answered
-//! in 26-30 us, because its core never went idle, while the worker's, which
-//! waits in `read` on an idle core, took 45-55 us; sleeping, the caller's
-//! EXISTS took 50-64 us, as the worker's did (one VM, 2026-12-02). A
-//! sleep lasts what the machine gives it, though (17 us on another VM the
-//! same day), so each verdict is reported with the last lookup that still
-//! answered PENDING: the verdict landed between the two.
+//! caller spinning on its core sees its own round trips answered faster than
+//! a worker waiting on an idle core does, so the bound would be unfair
+//! (docs/runs/redis.md). A sleep lasts what the machine gives it, though,
+//! so each verdict is reported with the last lookup that still answered
+//! PENDING: the verdict landed between the two.
 
 use super::server::Server;
 use super::{Params, NS_PROBE};

@@ -21,19 +21,18 @@ const NS_STEADY: u64 = 22;
 /// How long the evictions' DELs may trail a pass's last job.
 const DEL_WAIT: Duration = Duration::from_secs(30);
 /// Timed passes per repetition, back to back; the repetition's figure is
-/// their median. One pass of 8192 64 KiB blocks lasts about 0.15 s, and on
-/// this project's VM single passes of the same build ranged 2.8-4.8 GB/s
-/// (`redis_loads ... steady 64 512 5`), so one pass per repetition made the
-/// figure a draw of that spread.
+/// their median: one pass of 8192 64 KiB blocks lasts about 0.15 s, and
+/// single passes of one build spread widely (`redis_loads ... steady 64 512
+/// 5`; docs/runs/redis.md), so one pass per repetition made the figure a
+/// draw of that spread.
 pub const PASSES_PER_REPETITION: usize = 3;
 /// Untimed passes before them in each repetition. A repetition's steady
 /// passes follow the bounds' redis-benchmark runs on the same server, and
 /// the first passes after those ran slower than the later ones of the same
-/// tier (64 KiB, eight timed passes per repetition, three repetitions:
-/// 0.23-0.27 s for the first two, 0.19-0.25 for the next six; `redis_loads
-/// ... steady 64 512 5`, whose passes follow one another, 0.18-0.19): a
-/// transient of the server after the bounds' load, not the tier's steady
-/// state. Their rate is still reported beside the figure.
+/// tier (docs/runs/redis.md, "each repetition's steady passes follow two
+/// untimed settling passes"): a transient of the server after the bounds'
+/// load, not the tier's steady state. Their rate is still reported beside
+/// the figure.
 pub const SETTLING_PASSES: usize = 2;
 
 /// One repetition's timed passes.

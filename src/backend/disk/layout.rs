@@ -8,9 +8,8 @@
 //! 39,000 files each at 10 million blocks, whatever the key distribution (a
 //! two-level htree on ext4, as 2,400 files are). Fewer directories than
 //! the 4096 of the layout before (`-v3` names this one) because each one a
-//! cold load meets costs a directory and an inode-table read of its own: at
-//! 4096 64 KiB blocks, cold O_DIRECT loads ran 1.2-1.3 GB/s spread over 4096
-//! directories and 1.3-1.7 GB/s over 256 (32 threads, median of 6).
+//! cold load meets costs a directory and an inode-table read of its own
+//! (measured with raw cold O_DIRECT loads; docs/runs/disk.md).
 //! The older layout's directory (no `-v3`: 4096 fan-out directories, headers
 //! in the files) is not read; `tier_describe` says when one is beside it.
 //! `<name>` is the key in hex, or for keys longer than 100 bytes (whose hex would

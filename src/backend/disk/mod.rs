@@ -817,21 +817,11 @@ impl Backend for DiskBackend {
         loaded
     }
 
-    /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces. On a loop
-    /// device over memory (docs/disk-vs-vllm-runs.md, "A device fast
-    /// enough"; 2 MiB blocks, 32 threads, Intel VM), a buffer of a whole
-    /// block per thread (64 MiB in all) no longer stays in the L3 cache
-    /// between the read and the copy: in a scratch loop over 512 files,
-    /// reads through it then copied ran at 0.93-0.96x reads straight into
-    /// the rows, through 1 MiB pieces at 1.09-1.10x, 512 KiB 1.05x, 128 KiB
-    /// 0.94x (a read's fixed cost). `kvtier-bench --backend disk` there,
-    /// six alternating rounds: loads 4.77 GB/s median in pieces against
-    /// 4.52 through a whole block. Since the buffer is in huge pages (see
-    /// `crate::aligned`), on an AMD VM (2026-12-03, `kvtier-bench --backend
-    /// disk --repeat 3 --gib 1`, three rounds) 2 MiB loads ran at 1.01-1.06x
-    /// raw reads on the loop device in 1 MiB pieces, 0.88-1.20x in 256 KiB
-    /// ones and 0.85-1.00x through a whole block; on the VM's virtio disk
-    /// at 1.5-2.4x raw (reading into 4 KiB pages) whatever the piece.
+    /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces: a buffer of
+    /// a whole block per thread no longer stays in the L3 cache between the
+    /// read and the copy, and smaller pieces pay a read's fixed cost more
+    /// often (`kvtier-bench --backend disk --repeat 3 --gib 1`; the runs are
+    /// in docs/runs/disk.md).
     fn load_piece_bytes(&self) -> Option<usize> {
         const PIECE: usize = 1 << 20;
         // A sealed block is opened whole (its tag covers all of it).

@@ -127,37 +127,19 @@ pub(super) fn set_pipeline(
     set_receive(conn, layout, blocks, started, replies)
 }
 
-/// Payload bytes of SETs one connection keeps unanswered. A job's whole
-/// pipeline of large SETs written at once made Redis 7.0 on loopback serve
-/// them more slowly, the server waiting for bytes rather than busier:
-/// redis-benchmark on one connection stored 2 MiB values at 1,200-1,600
-/// SETs/s pipelined 1 or 2 deep and 470-550 at 3 to 16 deep, with the same
-/// server CPU per SET. The tier's own first-fill stores of 2 MiB blocks ran
-/// at 1.80 GB/s with this window against 1.62 without (medians of three
-/// interleaved runs each, `redis_loads ... store 2048 512 4`); steady
-/// stores, whose values reuse the server's memory, showed no difference
-/// beyond the noise (2.36 against 2.47). A cluster reads one master's
-/// replies at a time, so the other masters' SETs beyond their first window
-/// wait for it; three loopback masters measured no loss all the same
-/// (`RL_CLUSTER=1 redis_loads`: first fill 2.43 against 2.59 GB/s, steady
-/// 3.37 against 3.15, medians of three). Small blocks keep a whole job in
-/// flight (64 KiB: 64).
+/// Payload bytes of SETs one connection keeps unanswered: a job's whole
+/// pipeline of large SETs written at once made Redis serve them more
+/// slowly, the server waiting for bytes rather than busier (`redis_loads
+/// ... store 2048 512 4`; the runs are in docs/runs/redis.md). Small blocks
+/// keep a whole job in flight (64 KiB: 64).
 const SET_WINDOW_BYTES: usize = 4 << 20;
 
 /// Blocks of this size and more are SET one at a time per connection: the
 /// next SET is written once the last is answered, so the server reads
 /// each value alone and keeps the buffer it read as the value (Redis's
 /// path for a large argument at the end of its query buffer) instead of
-/// copying it out of one that already holds the next SET's start. First
-/// fills of 2 MiB blocks (`redis_loads ... store 2048 512 5`, 2026-12-03,
-/// two alternating rounds): 1.95 and 1.88 GB/s one at a time, 1.61 and
-/// 1.63 two at a time, 1.59 and 1.68 four; the server faulted 393-410
-/// pages per SET against 449-455. 1 MiB blocks: 1.91 and 1.90 one at a
-/// time, 1.77 and 1.77 two, 1.73 and 1.84 four. Steady 2 MiB stores
-/// 2.60 and 2.67 against 2.56 and 2.59; 256 KiB and 64 KiB blocks showed
-/// no difference between windows beyond the noise. Three loopback masters
-/// (`RL_CLUSTER=1`): 2 MiB first fills 2.20 and 2.16 against 2.02 and 2.01
-/// two at a time, steady 2.84 and 2.82 against 2.79 and 2.75.
+/// copying it out of one that already holds the next SET's start
+/// (`redis_loads ... store 2048 512 5`; the runs are in docs/runs/redis.md).
 const SET_ALONE_BYTES: usize = 1 << 20;
 
 /// How many SETs of `payload_len`-byte blocks one connection keeps
@@ -318,21 +300,16 @@ pub(super) fn set_receive(
 /// never more than fit in this many value bytes, and at least 2 (one reply
 /// being read while the server writes the next). The server copies each
 /// GET's value into a reply buffer of its own before writing it, and deep
-/// pipelines of large values made it fault fresh memory for those buffers:
-/// measured on loopback with Redis 7.0, 2 MiB GETs 16 deep on each of 4
-/// connections cost the server about 230 minor faults and 1.4 ms of CPU per
-/// GET, against 0-2 faults and 0.6 ms at 4 deep or less (README, "The
-/// Redis backend").
+/// pipelines of large values made it fault fresh memory for those buffers
+/// (`redis_loads ... load` with `RL_PERF_SERVER=1`; docs/runs/redis.md).
 const GET_WINDOW_BYTES: usize = 8 << 20;
 
 /// Below that, the value bytes one connection keeps in flight, and at
-/// least [`GET_WINDOW_MIN`] GETs. A whole 16-block job of 64 KiB GETs in
-/// flight on each of 4 connections loaded at 1.63-2.07 GB/s, 4 deep at
-/// 1.83-2.41, higher in each of six paired runs (`kvtier-bench --backend
-/// redis`, medians 1.82 and 2.10 GB/s; 2 and 8 deep were no better than
-/// 4). Not profiled: the server builds every reply of what it has read
-/// before it writes, and 4 replies of 64 KiB stay in its CPU's caches
-/// where 16 do not.
+/// least [`GET_WINDOW_MIN`] GETs: 64 KiB loads 4 deep ran faster than a
+/// whole 16-block job in flight (`kvtier-bench --backend redis --repeat 3`;
+/// docs/runs/redis.md). Not profiled: the server builds every reply of what
+/// it has read before it writes, and 4 replies of 64 KiB stay in its CPU's
+/// caches where 16 do not.
 const GET_WINDOW_SMALL_BYTES: usize = 256 << 10;
 const GET_WINDOW_MIN: usize = 4;
 

@@ -940,12 +940,11 @@ impl Backend for RedisBackend {
     /// Tasks of two blocks, each its own pipeline on its own connection,
     /// while the tier fills up. Every value is then new memory the server
     /// faults in, and it takes such values faster from several connections
-    /// a value or two deep than from one deep pipeline: redis-benchmark,
-    /// 8192 SETs of fresh 64 KiB values, 21.7K SET/s at 16 clients x 1 or
-    /// 8 x 2, 16.9K at 4 x 16, 16.1K at 1 x 16. Once every store evicts,
-    /// the server reuses the memory its DELs free, per-request costs
-    /// dominate, and one pipeline per job costs it less (README, "The
-    /// bound's shape"). A cluster job is spread over its masters already.
+    /// a value or two deep than from one deep pipeline. Once every store
+    /// evicts, the server reuses the memory its DELs free, per-request costs
+    /// dominate, and one pipeline per job costs it less (`kvtier-bench
+    /// --backend redis --repeat 3`; docs/runs/redis.md, "The bound's
+    /// shape"). A cluster job is spread over its masters already.
     fn min_growing_task_bytes(&self) -> usize {
         if self.router.is_some() {
             usize::MAX
