@@ -32,6 +32,7 @@
 
 mod aligned;
 mod backend;
+mod checksum;
 mod config;
 mod engine;
 mod error;

@@ -4,13 +4,15 @@
 //! the index lock. It knows nothing of rows or of the primary buffer, so it can
 //! be tested with plain buffers.
 
-pub(crate) mod checksum;
 pub(crate) mod disk;
 pub(crate) mod memory;
 mod prefault;
 #[cfg(feature = "redis-backend")]
 pub(crate) mod redis;
 
+/// The checksums live below the backends (`crate::checksum`, shared with
+/// sealing); the backends name them by this path.
+pub(crate) use crate::checksum;
 use crate::error::Result;
 
 /// A caller's row handed to a store under a deadline: an address and a

@@ -5,7 +5,7 @@
 //! sight (docs/sealing.md says what that leaves open).
 
 use super::record::Nonce;
-use crate::backend::checksum::xxh64;
+use crate::checksum::xxh64;
 use crate::sync::Mutex;
 use std::collections::HashMap;
 

@@ -1,4 +1,5 @@
-//! Checksums and hashes of stored blocks, from the `twox-hash` crate.
+//! Checksums and hashes of stored blocks, from the `twox-hash` crate: a leaf
+//! utility, shared by the backends and by sealing.
 //!
 //! - XXH3-64 checks payloads (format version 2 of disk files and Redis
 //!   values). Every store and load checksums every byte it moves, and this
