@@ -1,5 +1,5 @@
-//! The caller's primary buffer: the one place the core touches memory it does not
-//! own.
+//! The caller's primary buffer and its rows: the one place the core touches
+//! memory it does not own.
 
 use crate::error::{bail, Result};
 use std::ptr::NonNull;
@@ -101,12 +101,12 @@ impl PrimaryBuffer {
     /// Row `row` as an address and length, without borrowing it: for a store
     /// that may outlive the buffer (see `Backend::store_unless`). Panics if
     /// `row` is out of range.
-    pub(crate) fn row_unborrowed(&self, row: usize) -> crate::backend::Row {
+    pub(crate) fn row_unborrowed(&self, row: usize) -> Row {
         assert!(row < self.rows, "row {row} out of range");
         // In bounds (checked above, len validated at construction): `add`
         // stays inside the buffer's allocation, and nothing is read.
         let ptr = unsafe { self.base.as_ptr().add(row * self.block_bytes) };
-        crate::backend::Row::new(ptr, self.block_bytes)
+        Row::new(ptr, self.block_bytes)
     }
 
     /// Row `row`, read-only, for a store that reads several rows at once (a
@@ -145,6 +145,48 @@ impl PrimaryBuffer {
             )
         };
         f(slice)
+    }
+}
+
+/// A caller's row handed to a store under a deadline: an address and a
+/// length, not a borrow, because the call may outlive the row (see
+/// `Backend::store_unless`). Read it through `StoreJob::read_row`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Row {
+    ptr: *const u8,
+    len: usize,
+}
+
+impl Row {
+    /// The row at `ptr`, `len` bytes (nothing is read here).
+    pub(crate) fn new(ptr: *const u8, len: usize) -> Row {
+        Row { ptr, len }
+    }
+
+    /// A row that is a plain borrowed slice (backends' own tests, stores
+    /// without a deadline).
+    pub(crate) fn of(slice: &[u8]) -> Row {
+        Row::new(slice.as_ptr(), slice.len())
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// The address, for alignment checks and for the kernel (a write system
+    /// call given an address no longer mapped fails with EFAULT; it never
+    /// faults in user space).
+    pub(crate) fn as_ptr(&self) -> *const u8 {
+        self.ptr
+    }
+
+    /// The row's bytes.
+    ///
+    /// # Safety
+    /// The row must be valid for reads for as long as the slice lives: inside
+    /// `StoreJob::read_row`, or where the row is known to outlive the call.
+    pub(crate) unsafe fn bytes<'a>(&self) -> &'a [u8] {
+        std::slice::from_raw_parts(self.ptr, self.len)
     }
 }
 

@@ -14,48 +14,7 @@ pub(crate) mod redis;
 /// sealing); the backends name them by this path.
 pub(crate) use crate::checksum;
 use crate::error::Result;
-
-/// A caller's row handed to a store under a deadline: an address and a
-/// length, not a borrow, because the call may outlive the row (see
-/// [`Backend::store_unless`]). Read it through [`StoreJob::read_row`].
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Row {
-    ptr: *const u8,
-    len: usize,
-}
-
-impl Row {
-    /// The row at `ptr`, `len` bytes (nothing is read here).
-    pub(crate) fn new(ptr: *const u8, len: usize) -> Row {
-        Row { ptr, len }
-    }
-
-    /// A row that is a plain borrowed slice (backends' own tests, stores
-    /// without a deadline).
-    pub(crate) fn of(slice: &[u8]) -> Row {
-        Row::new(slice.as_ptr(), slice.len())
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
-    /// The address, for alignment checks and for the kernel (a write system
-    /// call given an address no longer mapped fails with EFAULT; it never
-    /// faults in user space).
-    pub(crate) fn as_ptr(&self) -> *const u8 {
-        self.ptr
-    }
-
-    /// The row's bytes.
-    ///
-    /// # Safety
-    /// The row must be valid for reads for as long as the slice lives: inside
-    /// [`StoreJob::read_row`], or where the row is known to outlive the call.
-    pub(crate) unsafe fn bytes<'a>(&self) -> &'a [u8] {
-        std::slice::from_raw_parts(self.ptr, self.len)
-    }
-}
+pub(crate) use crate::primary::Row;
 
 /// What a store under a deadline ([`Backend::store_unless`]) may ask of its
 /// job.

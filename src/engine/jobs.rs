@@ -1,10 +1,10 @@
 //! Jobs and the tasks workers run for them.
 
-use crate::backend::{LoadJob, Row, StoreJob};
+use crate::backend::{LoadJob, StoreJob};
 use crate::error::{try_vec, Error, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
-use crate::primary::PrimaryBuffer;
+use crate::primary::{PrimaryBuffer, Row};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
