@@ -40,6 +40,7 @@ mod events;
 pub mod ffi;
 mod fork;
 mod index;
+mod job_kind;
 mod key;
 mod metrics;
 mod primary;

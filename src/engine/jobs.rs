@@ -10,15 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Which direction a job moves data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum JobKind {
-    /// Primary rows into the tier.
-    Store = 1,
-    /// Tier blocks into primary rows.
-    Load = 2,
-}
+pub use crate::job_kind::JobKind;
 
 /// The outcome of one job, reported exactly once by [`Tier::poll`](crate::Tier::poll).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

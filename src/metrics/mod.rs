@@ -8,7 +8,7 @@ mod text;
 pub(crate) use self::histogram::Histogram;
 use self::histogram::HistogramSnapshot;
 use self::text::Exposition;
-use crate::engine::jobs::JobKind;
+use crate::job_kind::JobKind;
 use crate::stats::Stats;
 
 /// Histograms per job kind, indexed by [`kind_index`].
