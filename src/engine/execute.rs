@@ -2,14 +2,17 @@
 //! backend (no lock held), run a probe, or release evicted storage; and how a
 //! planned job is cut into tasks and queued.
 
-use super::jobs::{Job, JobKind, LoadRow, Task};
+use super::jobs::{Crew, Job, JobKind, LoadRow, Task, Work, WorkQueue, Worker};
 use super::Shared;
 use crate::error::{Error, ErrorKind, Result};
-use crate::workers::{Crew, Executor, Lane, Work, WorkQueue, Worker};
+use crate::workers::{Executor, Lane};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
 impl Executor for Shared {
+    type Task = Task;
+    type Job = Job;
+
     fn queue(&self) -> &WorkQueue {
         &self.queue
     }

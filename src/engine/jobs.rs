@@ -6,6 +6,7 @@ pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
 use crate::primary::{PrimaryBuffer, Row};
 use crate::sync::{Mutex, MutexGuard, RwLock};
+use crate::workers::{self, CopyTask};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
@@ -400,6 +401,23 @@ pub(crate) struct Task {
     pub job: Arc<Job>,
     pub range: std::ops::Range<usize>,
 }
+
+impl CopyTask for Task {
+    fn kind(&self) -> JobKind {
+        self.job.kind
+    }
+
+    #[cfg(feature = "test-hooks")]
+    fn job_id(&self) -> u64 {
+        self.job.id
+    }
+}
+
+/// The workers' types over this engine's tasks and jobs.
+pub(crate) type Work = workers::Work<Task>;
+pub(crate) type WorkQueue = workers::WorkQueue<Task>;
+pub(crate) type Crew = workers::Crew<Job>;
+pub(crate) type Worker<'a> = workers::Worker<'a, Job>;
 
 /// The items of a job whose copy failed.
 #[derive(Default)]

@@ -32,7 +32,7 @@ mod plan;
 mod probes;
 
 use self::completion::Completions;
-use self::jobs::{Job, JobKind, JobResult};
+use self::jobs::{Crew, Job, JobKind, JobResult, WorkQueue};
 use self::plan::check_distinct_rows;
 use self::probes::Probe;
 use crate::backend::Backend;
@@ -45,7 +45,6 @@ use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use crate::sync::Mutex;
-use crate::workers::{Crew, WorkQueue};
 use hashlink::LruCache;
 use std::collections::HashMap;
 use std::os::fd::BorrowedFd;

@@ -2,6 +2,7 @@
 //! index from what storage already holds (disk), and starts the workers.
 
 use super::completion::Completions;
+use super::jobs::{Crew, WorkQueue};
 use super::probes::MAX_PROBE_MEMORY;
 use super::{Shared, State, Tier};
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
@@ -16,7 +17,7 @@ use crate::primary::PrimaryBuffer;
 use crate::seal::Sealer;
 use crate::stats::Counters;
 use crate::sync::Mutex;
-use crate::workers::{Crew, Pool, WorkQueue};
+use crate::workers::Pool;
 use hashlink::LruCache;
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;

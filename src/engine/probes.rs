@@ -4,11 +4,12 @@
 //! joins the index; not found: remembered for `probe_ttl_ms`) is kept in a
 //! bounded LRU map, the least recently asked forgotten first.
 
+use super::jobs::Work;
 use super::{Shared, State};
 use crate::events::StoredReason;
 use crate::index::{Admitted, LookupCounts, LookupState};
 use crate::stats::Counters;
-use crate::workers::{Lane, Work};
+use crate::workers::Lane;
 use hashlink::LruCache;
 use std::time::Instant;
 

@@ -14,7 +14,6 @@
 //! returns, and it then leaves like any other.
 
 use crate::aligned::AlignedBuf;
-use crate::engine::jobs::Job;
 use crate::sync::MutexGuard;
 use crate::sync::{Condvar, Mutex};
 use std::cell::RefCell;
@@ -24,9 +23,9 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// A storage call in progress on one worker.
-pub(crate) struct Watch {
+pub(crate) struct Watch<J> {
     /// The job it copies for (None: background work, a probe or a discard).
-    pub job: Option<Arc<Job>>,
+    pub job: Option<Arc<J>>,
     /// The index of the item it copies, in the job's items.
     pub item: usize,
     since: Instant,
@@ -44,14 +43,16 @@ struct Headcount {
 }
 
 /// The worker threads of one tier: how many, which are stuck, their handles.
-pub(crate) struct Crew {
+/// `J` is what a storage call copies for (the engine's job), which the
+/// watchdog hands back to the executor when the call is past its deadline.
+pub(crate) struct Crew<J> {
     /// Threads that serve the queue when nothing is stuck.
     target: usize,
     /// Most threads alive at once: `target` plus as many replacements.
     limit: usize,
     timeout: Option<Duration>,
     /// Indexed by worker id.
-    watches: Vec<Mutex<Option<Watch>>>,
+    watches: Vec<Mutex<Option<Watch<J>>>>,
     heads: Mutex<Headcount>,
     /// Signalled when a thread leaves or is counted stuck (for [`Crew::stop`]).
     heads_changed: Condvar,
@@ -72,10 +73,10 @@ pub(crate) struct Crew {
     expired_total: AtomicU64,
 }
 
-impl Crew {
+impl<J> Crew<J> {
     /// A crew of `target` threads; `timeout` is the deadline of one storage
     /// call (None: no deadline, no watchdog, no replacements).
-    pub(crate) fn new(target: usize, timeout: Option<Duration>) -> Crew {
+    pub(crate) fn new(target: usize, timeout: Option<Duration>) -> Crew<J> {
         let limit = if timeout.is_some() {
             2 * target
         } else {
@@ -186,7 +187,7 @@ impl Crew {
 
     /// Marks the calls past their deadline as expired (each once) and counts
     /// their threads as stuck; returns them for the engine to report.
-    pub(crate) fn collect_expired(&self) -> Vec<(Option<Arc<Job>>, usize)> {
+    pub(crate) fn collect_expired(&self) -> Vec<(Option<Arc<J>>, usize)> {
         let Some(timeout) = self.timeout else {
             return Vec::new();
         };
@@ -292,16 +293,16 @@ impl Crew {
 
 /// One worker thread's view of its crew, handed to the executor with each
 /// piece of work.
-pub(crate) struct Worker<'a> {
-    crew: &'a Crew,
+pub(crate) struct Worker<'a, J> {
+    crew: &'a Crew<J>,
     id: usize,
     /// Where a load's block lands before it is copied to the caller's row
     /// (see [`Worker::bounce`]).
     bounce: RefCell<Option<AlignedBuf>>,
 }
 
-impl<'a> Worker<'a> {
-    pub(crate) fn new(crew: &'a Crew, id: usize) -> Worker<'a> {
+impl<'a, J> Worker<'a, J> {
+    pub(crate) fn new(crew: &'a Crew<J>, id: usize) -> Worker<'a, J> {
         Worker {
             crew,
             id,
@@ -319,7 +320,7 @@ impl<'a> Worker<'a> {
     /// replacement; this thread resumes here when the call returns.
     pub(crate) fn watch<R>(
         &self,
-        job: Option<&Arc<Job>>,
+        job: Option<&Arc<J>>,
         item: usize,
         call: impl FnOnce() -> R,
     ) -> R {

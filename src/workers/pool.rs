@@ -3,27 +3,32 @@
 //! storage calls past their deadline and replaces their stuck threads.
 
 use super::crew::{Crew, Worker};
-use super::{Work, WorkQueue};
-use crate::engine::jobs::Job;
+use super::{CopyTask, Work, WorkQueue};
 use crate::error::{bail, Result};
 use crate::thread::spawn_running;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// What runs the work the threads take: the engine.
+/// What runs the work the threads take: the engine, which names its own
+/// task and job types; the threads only pass them along.
 pub(crate) trait Executor: Send + Sync + 'static {
+    /// A copy task, as the queue holds it.
+    type Task: CopyTask;
+    /// What a storage call copies for: handed back by the watchdog when the
+    /// call is past its deadline.
+    type Job: Send + Sync + 'static;
     /// The queue the threads drain.
-    fn queue(&self) -> &WorkQueue;
+    fn queue(&self) -> &WorkQueue<Self::Task>;
     /// The threads' accounting and deadlines.
-    fn crew(&self) -> &Crew;
+    fn crew(&self) -> &Crew<Self::Job>;
     /// Runs one piece of work on the calling worker thread.
-    fn execute(&self, work: Work, worker: &Worker);
+    fn execute(&self, work: Work<Self::Task>, worker: &Worker<Self::Job>);
     /// A storage call for item `item` of `job` is past its deadline: report
     /// the job failed now (exactly once), although the call has not returned.
-    fn expire(&self, job: &Arc<Job>, item: usize);
+    fn expire(&self, job: &Arc<Self::Job>, item: usize);
     /// Every thread is stuck and no replacement may start: fail this queued
     /// work instead of letting it wait for the device.
-    fn refuse(&self, work: Work);
+    fn refuse(&self, work: Work<Self::Task>);
 }
 
 /// Starts the tier's threads; the [`Crew`] keeps their handles.
@@ -91,14 +96,14 @@ fn spawn_worker<E: Executor>(executor: &Arc<E>, id: usize, spin: Duration) -> st
 }
 
 /// A worker thread on its way out: still counted alive until dropped.
-struct Leaving<'a> {
-    crew: &'a Crew,
+struct Leaving<'a, J> {
+    crew: &'a Crew<J>,
     id: usize,
     /// False once the thread was counted out (`Crew::retire_if_surplus`).
     counted: bool,
 }
 
-impl Drop for Leaving<'_> {
+impl<J> Drop for Leaving<'_, J> {
     fn drop(&mut self) {
         if self.counted {
             self.crew.leave(self.id);

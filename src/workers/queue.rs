@@ -9,16 +9,27 @@
 //! job; the others sleep at once, so idle workers do not compete with the
 //! engine's threads for cores.
 
-use crate::engine::jobs::{JobKind, Task};
+use crate::job_kind::JobKind;
 use crate::sync::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-/// One unit of work for a worker.
-pub(crate) enum Work {
+/// What the queue asks of a copy task: its kind, which decides its lane.
+/// The engine's tasks implement it; the queue knows nothing else of them.
+pub(crate) trait CopyTask: Send + 'static {
+    /// Store or load: loads are served first.
+    fn kind(&self) -> JobKind;
+    /// The caller's id of the job it copies for (tests that step jobs by
+    /// hand take a job's task out of the queue).
+    #[cfg(feature = "test-hooks")]
+    fn job_id(&self) -> u64;
+}
+
+/// One unit of work for a worker; `T` is the engine's copy task.
+pub(crate) enum Work<T> {
     /// Copy a run of one job's blocks.
-    Copy(Task),
+    Copy(T),
     /// Does storage hold these keys (shared tiers)? One key each for a
     /// backend that asks per key, the keys of one lookup for one that asks
     /// for many at once (`Backend::probes_in_batches`).
@@ -38,10 +49,10 @@ pub(crate) enum Lane {
     Discards,
 }
 
-impl Work {
+impl<T: CopyTask> Work<T> {
     fn lane(&self) -> Lane {
         match self {
-            Work::Copy(t) if t.job.kind == JobKind::Load => Lane::Loads,
+            Work::Copy(t) if t.kind() == JobKind::Load => Lane::Loads,
             Work::Copy(_) => Lane::Stores,
             // Background work a lookup or touch asked for, dropped when the
             // tier shuts down.
@@ -60,12 +71,11 @@ impl Work {
 /// worker is busy.
 const FOREGROUND_BURST: u32 = 8;
 
-#[derive(Default)]
-struct Queues {
-    loads: VecDeque<Work>,
-    probes: VecDeque<Work>,
-    stores: VecDeque<Work>,
-    discards: VecDeque<Work>,
+struct Queues<T> {
+    loads: VecDeque<Work<T>>,
+    probes: VecDeque<Work<T>>,
+    stores: VecDeque<Work<T>>,
+    discards: VecDeque<Work<T>>,
     /// The last of the two background lanes served was stores: a discard
     /// goes next if one waits.
     discard_next: bool,
@@ -73,8 +83,21 @@ struct Queues {
     foreground_streak: u32,
 }
 
-impl Queues {
-    fn pop(&mut self) -> Option<Work> {
+impl<T> Default for Queues<T> {
+    fn default() -> Self {
+        Queues {
+            loads: VecDeque::new(),
+            probes: VecDeque::new(),
+            stores: VecDeque::new(),
+            discards: VecDeque::new(),
+            discard_next: false,
+            foreground_streak: 0,
+        }
+    }
+}
+
+impl<T> Queues<T> {
+    fn pop(&mut self) -> Option<Work<T>> {
         let background_waits = !self.stores.is_empty() || !self.discards.is_empty();
         if !background_waits || self.foreground_streak < FOREGROUND_BURST {
             if let Some(work) = self.loads.pop_front().or_else(|| self.probes.pop_front()) {
@@ -110,7 +133,7 @@ impl Queues {
             && self.discards.is_empty()
     }
 
-    fn lane(&mut self, lane: Lane) -> &mut VecDeque<Work> {
+    fn lane(&mut self, lane: Lane) -> &mut VecDeque<Work<T>> {
         match lane {
             Lane::Loads => &mut self.loads,
             Lane::Probes => &mut self.probes,
@@ -120,8 +143,8 @@ impl Queues {
     }
 }
 
-pub(crate) struct WorkQueue {
-    queues: Mutex<Queues>,
+pub(crate) struct WorkQueue<T> {
+    queues: Mutex<Queues<T>>,
     available: Condvar,
     queued: AtomicUsize,
     /// Of `queued`, discards (changed under the `queues` lock).
@@ -133,8 +156,8 @@ pub(crate) struct WorkQueue {
     shutdown: AtomicBool,
 }
 
-impl WorkQueue {
-    pub(crate) fn new() -> WorkQueue {
+impl<T: CopyTask> WorkQueue<T> {
+    pub(crate) fn new() -> WorkQueue<T> {
         WorkQueue {
             queues: Mutex::new(Queues::default()),
             available: Condvar::new(),
@@ -148,7 +171,7 @@ impl WorkQueue {
 
     /// Queues `work`, all of it for `lane`. If the queue cannot grow (out of
     /// memory), queues nothing and hands `work` back.
-    pub(crate) fn push_all<I: ExactSizeIterator<Item = Work>>(
+    pub(crate) fn push_all<I: ExactSizeIterator<Item = Work<T>>>(
         &self,
         lane: Lane,
         work: I,
@@ -197,7 +220,7 @@ impl WorkQueue {
         Ok(())
     }
 
-    fn try_pop(&self) -> Option<Work> {
+    fn try_pop(&self) -> Option<Work<T>> {
         let mut q = self.queues.lock();
         let work = q.pop()?;
         if work.lane() == Lane::Discards {
@@ -207,7 +230,7 @@ impl WorkQueue {
         Some(work)
     }
 
-    fn poll(&self) -> Option<Work> {
+    fn poll(&self) -> Option<Work<T>> {
         if self.queued.load(Ordering::SeqCst) > 0 {
             self.try_pop()
         } else {
@@ -217,7 +240,7 @@ impl WorkQueue {
 
     /// Next work for a worker; None once shut down. If no other worker is
     /// polling, polls for `spin` before sleeping.
-    pub(crate) fn next(&self, spin: Duration) -> Option<Work> {
+    pub(crate) fn next(&self, spin: Duration) -> Option<Work<T>> {
         loop {
             if self.shutdown.load(Ordering::Acquire) {
                 return None;
@@ -270,23 +293,23 @@ impl WorkQueue {
     }
 
     /// Removes every queued copy task (no thread is left to run them).
-    pub(crate) fn take_copies(&self) -> Vec<Work> {
+    pub(crate) fn take_copies(&self) -> Vec<Work<T>> {
         let mut q = self.queues.lock();
         let Queues { loads, stores, .. } = &mut *q;
-        let work: Vec<Work> = loads.drain(..).chain(stores.drain(..)).collect();
+        let work: Vec<Work<T>> = loads.drain(..).chain(stores.drain(..)).collect();
         self.queued.fetch_sub(work.len(), Ordering::SeqCst);
         work
     }
 
     /// Removes the queued copy task of job `job_id` (manual stepping in tests).
     #[cfg(feature = "test-hooks")]
-    pub(crate) fn take_job(&self, job_id: u64) -> Option<Task> {
+    pub(crate) fn take_job(&self, job_id: u64) -> Option<T> {
         let mut q = self.queues.lock();
         let Queues { loads, stores, .. } = &mut *q;
         for list in [loads, stores] {
             let found = list
                 .iter()
-                .position(|w| matches!(w, Work::Copy(t) if t.job.id == job_id));
+                .position(|w| matches!(w, Work::Copy(t) if t.job_id() == job_id));
             if let Some(i) = found {
                 self.queued.fetch_sub(1, Ordering::SeqCst);
                 if let Some(Work::Copy(task)) = list.remove(i) {
@@ -299,14 +322,14 @@ impl WorkQueue {
 
     /// Removes all queued background work (probes and discards).
     #[cfg(feature = "test-hooks")]
-    pub(crate) fn take_background(&self) -> Vec<Work> {
+    pub(crate) fn take_background(&self) -> Vec<Work<T>> {
         let mut q = self.queues.lock();
         let Queues {
             probes, discards, ..
         } = &mut *q;
         self.queued_discards
             .fetch_sub(discards.len(), Ordering::SeqCst);
-        let work: Vec<Work> = probes.drain(..).chain(discards.drain(..)).collect();
+        let work: Vec<Work<T>> = probes.drain(..).chain(discards.drain(..)).collect();
         self.queued.fetch_sub(work.len(), Ordering::SeqCst);
         work
     }
@@ -318,7 +341,7 @@ impl WorkQueue {
     /// Stops the workers: queued copies and probes are dropped, running copies
     /// stop after their current block. Returns queued discards, which the
     /// caller still runs so that evicted storage is released.
-    pub(crate) fn shut_down(&self) -> Vec<Work> {
+    pub(crate) fn shut_down(&self) -> Vec<Work<T>> {
         let mut q = self.queues.lock();
         self.shutdown.store(true, Ordering::Release);
         let discards = q.discards.drain(..).collect();
@@ -333,6 +356,23 @@ impl WorkQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The queue's tests fill it with markers only; a copy task never runs.
+    struct NoTask;
+
+    impl CopyTask for NoTask {
+        fn kind(&self) -> JobKind {
+            JobKind::Store
+        }
+        #[cfg(feature = "test-hooks")]
+        fn job_id(&self) -> u64 {
+            0
+        }
+    }
+
+    type Work = super::Work<NoTask>;
+    type WorkQueue = super::WorkQueue<NoTask>;
+    type Queues = super::Queues<NoTask>;
 
     /// A marker work item (the lanes are filled directly; `pop` serves by
     /// lane, whatever the item).
