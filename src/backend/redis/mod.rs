@@ -442,6 +442,24 @@ impl RedisBackend {
         )
     }
 
+    /// A GET the server refused: a value of another type under a block's
+    /// name (WRONGTYPE) is no block, as garbage is; any other refusal may
+    /// pass.
+    fn get_refused(&self, name: &str, message: &str) -> Error {
+        if message.starts_with("WRONGTYPE") {
+            return self.condemn(name, "a value of another type than a string");
+        }
+        server_error("GET", message)
+    }
+
+    /// [`Self::get_refused`] for a GET the crate sent.
+    fn get_failed(&self, name: &str, e: &redis::RedisError) -> Error {
+        if is_wrong_type(e) {
+            return self.condemn(name, "a value of another type than a string");
+        }
+        io_error("GET", e)
+    }
+
     /// The outcomes of a direct GET pipeline (payloads already in rows),
     /// in order until `done` says stop. Condemning a value (DEL) and the
     /// private re-read of a payload whose checksum failed in its row happen
@@ -464,7 +482,7 @@ impl RedisBackend {
         match fetched {
             Fetched::Good => Ok(()),
             Fetched::Missing => Err(self.not_found(&self.name(key))),
-            Fetched::Refused(message) => Err(server_error("GET", &message)),
+            Fetched::Refused(message) => Err(self.get_refused(&self.name(key), &message)),
             Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
             Fetched::Recheck => self.load(slot, key, dst),
         }
@@ -548,7 +566,7 @@ impl RedisBackend {
         for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
             let outcome = match value {
                 Ok(value) => self.check_value(&names[i], value, key, dst),
-                Err(e) => Err(io_error("GET", &e)),
+                Err(e) => Err(self.get_failed(&names[i], &e)),
             };
             if !done(i, outcome) {
                 return;
@@ -698,9 +716,26 @@ fn pipelined<T: redis::FromRedisValue>(
     }
     match pipe.query::<Vec<T>>(conn) {
         Ok(replies) => Ok(replies.into_iter().map(Ok).collect()),
-        Err(e) if redirected(&e) => Ok((0..n).map(|i| make(i).query(conn.like())).collect()),
+        // One command's refusal fails the crate's whole pipeline: one by
+        // one, each gets its own answer.
+        Err(e) if redirected(&e) || is_wrong_type(&e) || wrong_type_within(&e) => {
+            Ok((0..n).map(|i| make(i).query(conn.like())).collect())
+        }
         Err(e) => Err(e),
     }
+}
+
+/// Whether the server refused a command on a value of another type.
+fn is_wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+}
+
+/// Whether a pipeline failed because the server refused a command on a
+/// value of another type.
+fn wrong_type_within(e: &redis::RedisError) -> bool {
+    e.clone()
+        .into_server_errors()
+        .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "WRONGTYPE"))
 }
 
 /// Whether a pipeline failed because slots are moving (MOVED, ASK, TRYAGAIN).
@@ -752,10 +787,16 @@ impl Backend for RedisBackend {
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let name = self.name(key);
-        let value: Option<Vec<u8>> = self
-            .pool
-            .with("GET", |c| redis::cmd("GET").arg(&name).query(c))?;
-        self.check_value(&name, value, key, dst)
+        let value = self.pool.with("GET", |c| {
+            match redis::cmd("GET").arg(&name).query::<Option<Vec<u8>>>(c) {
+                Err(e) if is_wrong_type(&e) => Ok(Err(e)),
+                other => other.map(Ok),
+            }
+        })?;
+        match value {
+            Ok(value) => self.check_value(&name, value, key, dst),
+            Err(e) => Err(self.get_failed(&name, &e)),
+        }
     }
 
     fn batches(&self) -> bool {
