@@ -637,65 +637,87 @@ impl RedisBackend {
     fn scan_keys(&self) -> Result<Vec<Vec<u8>>> {
         let pattern = format!("{}*", self.name_prefix);
         let mut found = Vec::new();
-        for holder in self.key_holders()? {
-            let mut con = holder
-                .get_connection_with_timeout(Duration::from_secs(5))
-                .map_err(|e| io_error("adopting keys", &e))?;
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query(&mut con)
-                    .map_err(|e| io_error("SCAN", &e))?;
-                for name in names {
-                    if let Some(seal) = self.sealed() {
-                        if !sealed::is_sealed_name(&self.name_prefix, &name) {
-                            continue;
-                        }
-                        let record: Vec<u8> = redis::cmd("GETRANGE")
-                            .arg(&name)
-                            .arg(0)
-                            .arg(RECORD_LEN - 1)
-                            .query(&mut con)
-                            .map_err(|e| io_error("GETRANGE", &e))?;
-                        let opened = seal.open_key(self.namespace_fp, self.block_bytes, &record);
-                        if let Some((key, nonce)) = opened {
-                            if self.name(&key).as_bytes() == name.as_slice() {
-                                self.ledger.record(&key, nonce);
-                                found.push(key);
-                            }
-                        }
-                        continue;
-                    }
-                    match format::key_from_name(&self.name_prefix, &name) {
-                        Some(key) => found.push(key),
-                        None => {
-                            // A hashed name: the key is in the value's header.
-                            let head: Vec<u8> = redis::cmd("GETRANGE")
-                                .arg(&name)
-                                .arg(0)
-                                .arg(format::header_len(crate::MAX_KEY_LEN) - 1)
-                                .query(&mut con)
-                                .map_err(|e| io_error("GETRANGE", &e))?;
-                            if let Ok(h) = format::read_header(&head) {
-                                if self.name(h.key).as_bytes() == name.as_slice() {
-                                    found.push(h.key.to_vec());
-                                }
-                            }
-                        }
-                    }
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
+        let holders = self.key_holders()?;
+        let mut failed = Vec::new();
+        for holder in &holders {
+            if let Err(e) = self.scan_holder(holder, &pattern, &mut found) {
+                failed.push(format!(
+                    "{}: {}",
+                    holder.get_connection_info().addr(),
+                    e.message()
+                ));
             }
         }
+        // A master down at open (its slots fail on their own deadline) keeps
+        // its keys unadopted; a cluster none of whose masters answer fails.
+        if !holders.is_empty() && failed.len() == holders.len() {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("redis: adopting keys: {}", failed.join("; ")),
+            ));
+        }
         Ok(found)
+    }
+
+    /// Adds the keys of this tier one server holds to `found`.
+    fn scan_holder(&self, holder: &Client, pattern: &str, found: &mut Vec<Vec<u8>>) -> Result<()> {
+        let mut con = holder
+            .get_connection_with_timeout(Duration::from_secs(5))
+            .map_err(|e| io_error("adopting keys", &e))?;
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .query(&mut con)
+                .map_err(|e| io_error("SCAN", &e))?;
+            for name in names {
+                if let Some(seal) = self.sealed() {
+                    if !sealed::is_sealed_name(&self.name_prefix, &name) {
+                        continue;
+                    }
+                    let record: Vec<u8> = redis::cmd("GETRANGE")
+                        .arg(&name)
+                        .arg(0)
+                        .arg(RECORD_LEN - 1)
+                        .query(&mut con)
+                        .map_err(|e| io_error("GETRANGE", &e))?;
+                    let opened = seal.open_key(self.namespace_fp, self.block_bytes, &record);
+                    if let Some((key, nonce)) = opened {
+                        if self.name(&key).as_bytes() == name.as_slice() {
+                            self.ledger.record(&key, nonce);
+                            found.push(key);
+                        }
+                    }
+                    continue;
+                }
+                match format::key_from_name(&self.name_prefix, &name) {
+                    Some(key) => found.push(key),
+                    None => {
+                        // A hashed name: the key is in the value's header.
+                        let head: Vec<u8> = redis::cmd("GETRANGE")
+                            .arg(&name)
+                            .arg(0)
+                            .arg(format::header_len(crate::MAX_KEY_LEN) - 1)
+                            .query(&mut con)
+                            .map_err(|e| io_error("GETRANGE", &e))?;
+                        if let Ok(h) = format::read_header(&head) {
+                            if self.name(h.key).as_bytes() == name.as_slice() {
+                                found.push(h.key.to_vec());
+                            }
+                        }
+                    }
+                }
+            }
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        Ok(())
     }
 }
 
