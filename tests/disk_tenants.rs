@@ -1,11 +1,13 @@
 //! Whose files a disk tier may delete (docs/reliability-rules.md): a tier
 //! opening a directory that holds another tenant's blocks (another seal
-//! key, or sealed and unsealed) deletes none of them, shared or not.
+//! key, or sealed and unsealed) deletes none of them, shared or not; a
+//! sealed tier in a shared directory deletes no damaged file, at its own
+//! names or at another tenant's.
 
 mod common;
 
 use common::*;
-use kvtier::TierConfig;
+use kvtier::{ErrorKind, TierConfig};
 use std::path::{Path, PathBuf};
 
 const BB: usize = 8192;
@@ -40,6 +42,18 @@ fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
         .collect();
     all.sort();
     all
+}
+
+/// The file a store of `id` into `h` adds to `dir`.
+fn stored_file(h: &Harness, dir: &Path, job: u64, id: u64) -> PathBuf {
+    let before = files(dir, "");
+    h.store_all(job, &[id]);
+    let mut new: Vec<_> = files(dir, "")
+        .into_iter()
+        .filter(|f| !before.contains(f))
+        .collect();
+    assert_eq!(new.len(), 1, "{new:?}");
+    new.pop().unwrap()
 }
 
 /// A fills a directory (not shared); B, with another seal key or the other
@@ -90,4 +104,94 @@ fn another_tenant_opening_a_directory_deletes_none_of_its_blocks() {
             std::fs::remove_dir_all(&dir).unwrap();
         }
     }
+}
+
+/// In a shared directory a sealed tier deletes no file at its own names
+/// that is truncated, extended or replaced by another of its own blocks (a
+/// load is a miss, a reopening scan leaves them), and another tenant's tier
+/// deletes no file at A's name whose content is its own block.
+#[test]
+fn a_shared_sealed_tier_deletes_no_damaged_file() {
+    let dir = scratch_dir();
+    let a = tier(&disk(&dir, true, Some(SEAL_A)));
+    let f: Vec<PathBuf> = (1..=4).map(|id| stored_file(&a, &dir, id, id)).collect();
+    let b = tier(&disk(&dir, true, Some(SEAL_B)));
+    let b_block = std::fs::read(stored_file(&b, &dir, 10, 10)).unwrap();
+    drop(b);
+
+    let len = std::fs::metadata(&f[0]).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f[0])
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f[1])
+        .unwrap()
+        .set_len(len + 4096)
+        .unwrap();
+    std::fs::copy(&f[3], &f[2]).unwrap();
+    std::fs::write(&f[3], &b_block).unwrap();
+    let damaged = snapshot(&dir);
+
+    for (n, id) in (1..=4).enumerate() {
+        let r = a.load(20 + n as u64, &[id], &[0]);
+        assert_eq!(r.error, Some(ErrorKind::NotFound), "block {id}: {r:?}");
+    }
+    assert_eq!(snapshot(&dir), damaged, "A's loads deleted nothing");
+    drop(a);
+    // Reopening scans: A's tier and B's tier, shared.
+    for key in [SEAL_A, SEAL_B] {
+        let h = tier(&disk(&dir, true, Some(key)));
+        drop(h);
+        assert_eq!(snapshot(&dir), damaged, "a scan deleted something");
+    }
+    // The next store of a damaged key replaces its file; the block loads.
+    let a = tier(&disk(&dir, true, Some(SEAL_A)));
+    a.store_all(30, &[1, 2, 3, 4]);
+    let rows: Vec<i64> = (0..4).collect();
+    let r = a.load(31, &[1, 2, 3, 4], &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!((0..4).all(|row| a.row_holds(row, row as u64 + 1)));
+    drop(a);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Not shared, a sealed tier still deletes its own damaged block at its own
+/// name (on load, and a file cut short at the reopening scan), and leaves
+/// a file of its own under another of its names (which may be another
+/// tenant's) in place.
+#[test]
+fn an_unshared_sealed_tier_deletes_only_its_own_damaged_blocks() {
+    let dir = scratch_dir();
+    let a = tier(&disk(&dir, false, Some(SEAL_A)));
+    let f: Vec<PathBuf> = (1..=4).map(|id| stored_file(&a, &dir, id, id)).collect();
+    let len = std::fs::metadata(&f[0]).unwrap().len();
+    let mut bytes = std::fs::read(&f[0]).unwrap();
+    bytes[5000] ^= 1;
+    std::fs::write(&f[0], &bytes).unwrap();
+    let r = a.load(10, &[1], &[0]);
+    assert_eq!(r.error, Some(ErrorKind::Corrupt), "{r:?}");
+    assert!(!f[0].exists(), "its own corrupt block, deleted");
+    drop(a);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&f[1])
+        .unwrap()
+        .set_len(len - 100)
+        .unwrap();
+    std::fs::copy(&f[3], &f[2]).unwrap();
+    let a = tier(&disk(&dir, false, Some(SEAL_A)));
+    assert!(
+        !f[1].exists(),
+        "its own block cut short, deleted by the scan"
+    );
+    assert!(f[2].exists(), "its own block under another name, left");
+    assert_eq!(a.tier().stats().num_blocks, 1, "block 4 alone");
+    let r = a.load(11, &[4], &[0]);
+    assert!(r.is_ok() && a.row_holds(0, 4), "{r:?}");
+    drop(a);
+    std::fs::remove_dir_all(&dir).unwrap();
 }
