@@ -530,6 +530,7 @@ void tier_config_free(struct tier_config_t *cfg);
  *   nodes that failed). A cluster with a master down opens: that master's
  *   slots fail their jobs with TIER_ERR_IO until it or a replica serves
  *   them.
+ *
  * Reopening a disk directory deletes only temporary files of interrupted
  * stores and this tier's own blocks at their own names that it read and
  * found bad (a sealed tier with shared=true: none); another tenant's

@@ -169,6 +169,7 @@ pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
 ///   nodes that failed). A cluster with a master down opens: that master's
 ///   slots fail their jobs with TIER_ERR_IO until it or a replica serves
 ///   them.
+///
 /// Reopening a disk directory deletes only temporary files of interrupted
 /// stores and this tier's own blocks at their own names that it read and
 /// found bad (a sealed tier with shared=true: none); another tenant's
