@@ -151,19 +151,29 @@ pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
 /// into rows of `block_bytes` (the row stride). Starts the I/O threads.
 ///
 /// Returns TIER_OK and writes the handle to `*out`; otherwise `*out` is not
-/// written and nothing is left behind: TIER_ERR_NULL_ARG (`primary` or `out`);
-/// TIER_ERR_INVALID_ARG (block_bytes 0 or larger than the buffer, primary_len
-/// not a multiple of block_bytes); TIER_ERR_CONFIG (capacity below one block,
-/// or a disk `path` that cannot be a tier's directory: not a directory, not
-/// creatable, not writable, or in use by another tier); TIER_ERR_IO (the disk
-/// backend could not lock, probe or scan its directory for want of file
-/// descriptors or kernel memory, or the directory could not be read: nothing
-/// was changed on disk, retry when the condition clears); TIER_ERR_ALLOC
-/// (memory for the storage or index, the I/O threads, or registering the fork
-/// handler); TIER_ERR_PANIC.
-/// Reopening a disk directory deletes only files it read and found bad (or
-/// temporary files of interrupted stores); a block file it could not read is
-/// left on disk, unindexed.
+/// written and nothing is left behind. The codes, by backend:
+/// - every backend: TIER_ERR_NULL_ARG (`primary` or `out`);
+///   TIER_ERR_INVALID_ARG (block_bytes 0 or larger than the buffer,
+///   primary_len not a multiple of block_bytes); TIER_ERR_CONFIG (a setting
+///   the backend refuses, capacity below one block); TIER_ERR_ALLOC (memory
+///   for the storage or index, the I/O threads, or registering the fork
+///   handler); TIER_ERR_PANIC.
+/// - disk: TIER_ERR_CONFIG (a `path` that cannot be a tier's directory: not a
+///   directory, not creatable, not writable, or in use by another tier);
+///   TIER_ERR_IO (the directory could not be locked, probed or scanned for
+///   want of file descriptors or kernel memory, or could not be read:
+///   nothing was changed on disk, retry when the condition clears).
+/// - redis: TIER_ERR_CONFIG (no usable url, several seeds for a single
+///   server, io_timeout_ms 0, a refused password or user); TIER_ERR_IO (no
+///   seed answers, or none gives a cluster's slot map; the message names the
+///   nodes that failed). A cluster with a master down opens: that master's
+///   slots fail their jobs with TIER_ERR_IO until it or a replica serves
+///   them.
+///
+/// Reopening a disk directory deletes only temporary files of interrupted
+/// stores and this tier's own blocks at their own names that it read and
+/// found bad (a sealed tier with shared=true: none); another tenant's
+/// files, and any file it could not read, stay on disk, unindexed.
 /// Ownership: `cfg` is read, not taken (free it when convenient). The primary
 /// buffer stays the caller's and must outlive the tier; the tier reads a row
 /// only during a store of it and writes a row only during a load into it, until
@@ -319,6 +329,10 @@ unsafe fn submit(
 /// as a whole with TIER_ERR_NO_SPACE and the tier is unchanged. While copying,
 /// the new keys look up as TIER_PENDING; on success they become TIER_HIT and
 /// most recently used (the first key most recent).
+/// The codes of a failed store, by backend: every backend TIER_ERR_NO_SPACE;
+/// disk and redis also TIER_ERR_IO (a full device or a write error; an
+/// unreachable, silent or refusing server, or a cluster master that is down;
+/// the deadline).
 /// Returns TIER_OK if accepted: its result is then reported exactly once by
 /// tier_poll_finished. A rejected call produces no result: TIER_ERR_NULL_ARG,
 /// TIER_ERR_INVALID_ARG (key_len), TIER_ERR_OUT_OF_RANGE (a block id that is
@@ -364,7 +378,16 @@ pub unsafe extern "C" fn tier_submit_store(
 /// (as for tier_touch and a store).
 /// A stored block found corrupt or gone fails the job with TIER_ERR_CORRUPT or
 /// TIER_ERR_NOT_FOUND and its key becomes a MISS (a TIER_EVENT_REMOVED with
-/// TIER_REMOVED_CORRUPT or TIER_REMOVED_VANISHED); a transient storage error
+/// TIER_REMOVED_CORRUPT or TIER_REMOVED_VANISHED). The codes of a failed
+/// load, by backend: memory: TIER_ERR_NOT_FOUND; disk: TIER_ERR_NOT_FOUND (no
+/// file), TIER_ERR_CORRUPT (a file that is not this block: wrong type, size,
+/// header or checksum), TIER_ERR_IO (a transient error or the deadline);
+/// redis: TIER_ERR_NOT_FOUND (no value), TIER_ERR_CORRUPT (a value that is
+/// not this block: no kvtier header, a bad checksum, a list, hash or other
+/// non-string type), TIER_ERR_IO (an unreachable or silent server, the
+/// deadline, a server's refusal). A sealed tier in shared storage reports a
+/// block that does not authenticate as TIER_ERR_NOT_FOUND and deletes
+/// nothing. A transient storage error
 /// fails it with TIER_ERR_IO and keeps the key (and the stored data) until
 /// its loads fail that way 3 times in a row, after which the key is a MISS
 /// (TIER_REMOVED_UNREADABLE; the data stays in storage, found again by the

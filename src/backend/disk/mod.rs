@@ -18,8 +18,9 @@
 //! - Reopening a directory after a clean close reads the manifest `tier_free`
 //!   wrote (the index in LRU order, see `manifest`) and deletes it. Without a
 //!   valid one it rebuilds the index from the files, deleting leftover
-//!   temporary files and files it read and found bad, never a file it could
-//!   not read: in the order of the last clean close's hint and the store
+//!   temporary files and its own blocks it read and found bad at their own
+//!   names (none for a sealed shared tier), never another tenant's file or
+//!   a file it could not read (docs/reliability-rules.md): in the order of the last clean close's hint and the store
 //!   journal (`journal`) for the files they name, by modification time
 //!   (oldest first) for the others.
 //! - Eviction deletes files, on a worker, never a file that a newer store of the

@@ -252,7 +252,9 @@ impl DiskBackend {
     /// Under the key's stripe lock and only if the path still names the file
     /// that was examined: a good block published there since (by a process
     /// sharing the directory) is never removed in its place. Directories are
-    /// left alone: kvtier never made them.
+    /// left alone: kvtier never made them. A sealed tier in a shared
+    /// directory deletes nothing: the file is a miss, left in place (see
+    /// docs/reliability-rules.md).
     pub(super) fn condemn(
         &self,
         key: &[u8],
@@ -260,6 +262,15 @@ impl DiskBackend {
         examined: FileId,
         problem: String,
     ) -> Error {
+        if self.shared && self.seal.is_some() {
+            return Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{}: {problem}; a miss, left in place (shared)",
+                    path.display()
+                ),
+            );
+        }
         let outcome = {
             let _guard = self.stripe(key).lock();
             match io::lstat(path) {

@@ -9,7 +9,9 @@ use super::layout::FAN_DIRS;
 use super::{io, layout, DiskBackend, SHARED_TMP_GRACE};
 use crate::backend::checksum::xxh64;
 use crate::error::{bail, Result};
+use crate::seal::Sealer;
 use std::ffi::{CStr, OsStr};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::SystemTime;
@@ -250,8 +252,14 @@ impl DiskBackend {
             if !name.ends_with(want.ext) || !meta.is_regular() {
                 continue;
             }
-            let mut sealed_nonce = None;
-            let hashed = self.seal.is_some() || layout::is_hashed_name(name);
+            if let Some(seal) = &self.seal {
+                let file = (&dir, fan_path.as_path(), cname);
+                if let Some(key) = self.scan_sealed(seal, file, meta.len, want) {
+                    found.others.push(Recovered { key, modified });
+                }
+                continue;
+            }
+            let hashed = layout::is_hashed_name(name);
             // Only a file whose name spells its key can have its header in
             // an attribute (see `DiskBackend::form_for`); the scan leaves
             // that header to the first load, as it leaves the payload.
@@ -264,21 +272,7 @@ impl DiskBackend {
                 self.unlink_debris(&dir, &fan_path, cname);
                 continue;
             }
-            let key = if let Some(seal) = &self.seal {
-                match self.read_sealed_header(seal, &fan_path.join(name)) {
-                    Ok(Ok(opened)) => {
-                        sealed_nonce = Some(opened.nonce);
-                        Some(opened.key().to_vec())
-                    }
-                    // Another tenant's block, perhaps: not ours to delete.
-                    Ok(Err(_)) if self.shared => continue,
-                    Ok(Err(_)) => None,
-                    Err(_) => {
-                        self.left_unindexed();
-                        continue;
-                    }
-                }
-            } else if hashed {
+            let key = if hashed {
                 match self.read_key(&fan_path.join(name)) {
                     Ok(key) => key,
                     // Not read (descriptors, permissions, I/O): nothing is
@@ -303,9 +297,6 @@ impl DiskBackend {
                             layout::is_hex_block_path(fan, name, &key)
                         } =>
                 {
-                    if let Some(nonce) = sealed_nonce {
-                        self.ledger.record(&key, nonce);
-                    }
                     found.others.push(Recovered { key, modified })
                 }
                 // Read and found misplaced or not a block header: no
@@ -313,6 +304,45 @@ impl DiskBackend {
                 _ => self.unlink_debris(&dir, &fan_path, cname),
             }
         }
+    }
+
+    /// The key of a sealed block file the scan found, if it is this
+    /// tenant's block at its own name. Only a file whose header opens under
+    /// this tier's key and names the key this file is named after is provably
+    /// the tier's own: one cut short or grown is then corrupt (deleted unless
+    /// shared, see docs/reliability-rules.md). Anything else stays, unindexed:
+    /// another tenant's block, a header damaged beyond telling whose it is,
+    /// or this tenant's block under a name that may be another tenant's.
+    fn scan_sealed(
+        &self,
+        seal: &Sealer,
+        (dir, fan_path, cname): (&io::Fd, &Path, &CStr),
+        len: u64,
+        want: &Want,
+    ) -> Option<Vec<u8>> {
+        let path = fan_path.join(OsStr::from_bytes(cname.to_bytes()));
+        let opened = match self.read_sealed_header(seal, &path) {
+            Ok(Ok(opened)) => opened,
+            Ok(Err(_)) | Err(_) => {
+                self.left_unindexed();
+                return None;
+            }
+        };
+        let key = opened.key();
+        if key.is_empty() || key.len() > crate::MAX_KEY_LEN || self.path_of(key) != path {
+            self.left_unindexed();
+            return None;
+        }
+        if Form::of_len(len, want.block_bytes) != Some(Form::InFile) {
+            if self.shared {
+                self.left_unindexed();
+            } else {
+                self.unlink_debris(dir, fan_path, cname);
+            }
+            return None;
+        }
+        self.ledger.record(key, opened.nonce);
+        Some(key.to_vec())
     }
 
     /// Deletes a file the scan proved is no block of this tier's index; one

@@ -3,18 +3,22 @@
 //! zero-padded like an unsealed one, so that sizes and alignment stay those
 //! of the unsealed format.
 //!
-//! A file that does not authenticate as this key's block (a header or
+//! A file at this key's name that is not this key's block (a header or
 //! payload that does not open, another key's block under this name, an
-//! older version than the one this process last wrote or saw) is:
-//! - in shared mode, a miss (NotFound) and left in place: it may belong to
-//!   another tenant, whom this tier cannot tell from an attacker;
+//! older version than the one this process last wrote or saw, a wrong
+//! length) is:
+//! - in shared mode, a miss (NotFound) and left in place: nothing is
+//!   deleted for being bad there, and the next store of the key replaces it;
 //! - otherwise corrupt, and removed, as an unsealed file that fails its
 //!   checksum.
+//!
+//! A scan deletes only this tenant's own blocks at their own names (see
+//! `recover`): another tenant's files are never touched, in any mode.
 
 use super::format::{file_len, Form, HEADER_LEN};
-use super::io::{self, FileId};
+use super::io;
 use super::{io_error, with_scratch, DiskBackend};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::seal::{Nonce, OpenedRecord, Sealer, Seen, RECORD_LEN};
 use std::path::Path;
 
@@ -110,21 +114,7 @@ impl DiskBackend {
             Ok(outcome)
         })
         .map_err(read_error)?;
-        outcome.map_err(|problem| self.reject(key, path, id, problem))
-    }
-
-    /// The error for a file at this key's name that is not this key's block.
-    fn reject(&self, key: &[u8], path: &Path, examined: FileId, problem: String) -> Error {
-        if self.shared {
-            return Error::new(
-                ErrorKind::NotFound,
-                format!(
-                    "{}: {problem}; a miss, left in place (shared)",
-                    path.display()
-                ),
-            );
-        }
-        self.condemn(key, path, examined, problem)
+        outcome.map_err(|problem| self.condemn(key, path, id, problem))
     }
 
     /// Whether `path` holds a complete block whose header authenticates as

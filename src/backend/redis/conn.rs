@@ -194,7 +194,12 @@ impl Pool {
     /// can be told from an unreachable server).
     pub(super) fn ping(&self) -> std::result::Result<(), RedisError> {
         let mut conn = self.connect()?;
-        redis::cmd("PING").query::<String>(conn.like())?;
+        // A cluster connection is made by a seed answering with the slot
+        // map; the crate's PING would go to every master and fail while one
+        // is down, whose slots fail on their own deadline instead.
+        if !self.is_cluster() {
+            redis::cmd("PING").query::<String>(conn.like())?;
+        }
         let mut st = self.state.lock();
         st.open += 1;
         st.idle.push(conn);

@@ -26,6 +26,7 @@
 //!   checks it. One client configuration per tier, shared by its pools.
 //!
 //! Files: `format` (key names and the value layout), `conn` (the pool),
+//! `adopt` (an owned tier's keys found on the servers at open),
 //! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
 //! `tls` (its TLS configuration, one per tier), `direct` (the data path
 //! over it: payloads written from and read into rows), `cluster` (a
@@ -37,6 +38,7 @@
 //! and TLS, and everything but the data path of a cluster), `sealed`
 //! (sealed names and values).
 
+mod adopt;
 mod cluster;
 mod conn;
 mod direct;
@@ -62,7 +64,7 @@ use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
 use crate::sync::Mutex;
 use redis::cluster::ClusterClient;
-use redis::{Client, ConnectionAddr, IntoConnectionInfo, RedisWrite, ToRedisArgs};
+use redis::{Client, IntoConnectionInfo, RedisWrite, ToRedisArgs};
 use std::time::Duration;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
@@ -75,9 +77,6 @@ const STRIPES: usize = 65_536;
 fn stripe_of(key: &[u8]) -> usize {
     xxh64(key, 2) as usize % STRIPES
 }
-
-/// Keys asked for per SCAN step when adopting a keyspace.
-const SCAN_COUNT: usize = 1000;
 
 /// Blocks per task of a store job that evicts nothing (standalone server;
 /// see `min_growing_task_bytes`).
@@ -442,6 +441,24 @@ impl RedisBackend {
         )
     }
 
+    /// A GET the server refused: a value of another type under a block's
+    /// name (WRONGTYPE) is no block, as garbage is; any other refusal may
+    /// pass.
+    fn get_refused(&self, name: &str, message: &str) -> Error {
+        if message.starts_with("WRONGTYPE") {
+            return self.condemn(name, "a value of another type than a string");
+        }
+        server_error("GET", message)
+    }
+
+    /// [`Self::get_refused`] for a GET the crate sent.
+    fn get_failed(&self, name: &str, e: &redis::RedisError) -> Error {
+        if is_wrong_type(e) {
+            return self.condemn(name, "a value of another type than a string");
+        }
+        io_error("GET", e)
+    }
+
     /// The outcomes of a direct GET pipeline (payloads already in rows),
     /// in order until `done` says stop. Condemning a value (DEL) and the
     /// private re-read of a payload whose checksum failed in its row happen
@@ -464,7 +481,7 @@ impl RedisBackend {
         match fetched {
             Fetched::Good => Ok(()),
             Fetched::Missing => Err(self.not_found(&self.name(key))),
-            Fetched::Refused(message) => Err(server_error("GET", &message)),
+            Fetched::Refused(message) => Err(self.get_refused(&self.name(key), &message)),
             Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
             Fetched::Recheck => self.load(slot, key, dst),
         }
@@ -548,136 +565,12 @@ impl RedisBackend {
         for (i, ((_, key, dst), value)) in blocks.iter_mut().zip(values).enumerate() {
             let outcome = match value {
                 Ok(value) => self.check_value(&names[i], value, key, dst),
-                Err(e) => Err(io_error("GET", &e)),
+                Err(e) => Err(self.get_failed(&names[i], &e)),
             };
             if !done(i, outcome) {
                 return;
             }
         }
-    }
-
-    /// The servers holding keys: the one server, or every cluster master
-    /// (from `CLUSTER NODES` of the first seed that answers).
-    fn key_holders(&self) -> Result<Vec<Client>> {
-        if !self.pool.is_cluster() {
-            return Ok(self.seeds.clone());
-        }
-        let mut last = None;
-        for seed in &self.seeds {
-            let nodes: std::result::Result<String, _> = seed
-                .get_connection_with_timeout(Duration::from_secs(5))
-                .and_then(|mut c| redis::cmd("CLUSTER").arg("NODES").query(&mut c));
-            match nodes {
-                Ok(nodes) => {
-                    let mut masters = Vec::new();
-                    for line in nodes.lines() {
-                        let fields: Vec<&str> = line.split_whitespace().collect();
-                        let (Some(addr), Some(flags)) = (fields.get(1), fields.get(2)) else {
-                            continue;
-                        };
-                        if !flags.split(',').any(|f| f == "master") || flags.contains("fail") {
-                            continue;
-                        }
-                        let hostport = addr.split('@').next().unwrap_or("");
-                        let Some((host, port)) = hostport.rsplit_once(':') else {
-                            continue;
-                        };
-                        let Ok(port) = port.parse::<u16>() else {
-                            continue;
-                        };
-                        let info = seed.get_connection_info();
-                        // Over the seed's transport: a TLS cluster's
-                        // nodes announce their TLS ports.
-                        let addr = match info.addr() {
-                            ConnectionAddr::TcpTls {
-                                insecure,
-                                tls_params,
-                                ..
-                            } => ConnectionAddr::TcpTls {
-                                host: host.to_string(),
-                                port,
-                                insecure: *insecure,
-                                tls_params: tls_params.clone(),
-                            },
-                            _ => ConnectionAddr::Tcp(host.to_string(), port),
-                        };
-                        let info = info.clone().set_addr(addr);
-                        masters.push(Client::open(info).map_err(|e| io_error("cluster node", &e))?);
-                    }
-                    return Ok(masters);
-                }
-                Err(e) => last = Some(e),
-            }
-        }
-        Err(io_error(
-            "CLUSTER NODES",
-            last.as_ref().expect("at least one seed"),
-        ))
-    }
-
-    /// Keys of this namespace and block size already on the server(s).
-    fn scan_keys(&self) -> Result<Vec<Vec<u8>>> {
-        let pattern = format!("{}*", self.name_prefix);
-        let mut found = Vec::new();
-        for holder in self.key_holders()? {
-            let mut con = holder
-                .get_connection_with_timeout(Duration::from_secs(5))
-                .map_err(|e| io_error("adopting keys", &e))?;
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(SCAN_COUNT)
-                    .query(&mut con)
-                    .map_err(|e| io_error("SCAN", &e))?;
-                for name in names {
-                    if let Some(seal) = self.sealed() {
-                        if !sealed::is_sealed_name(&self.name_prefix, &name) {
-                            continue;
-                        }
-                        let record: Vec<u8> = redis::cmd("GETRANGE")
-                            .arg(&name)
-                            .arg(0)
-                            .arg(RECORD_LEN - 1)
-                            .query(&mut con)
-                            .map_err(|e| io_error("GETRANGE", &e))?;
-                        let opened = seal.open_key(self.namespace_fp, self.block_bytes, &record);
-                        if let Some((key, nonce)) = opened {
-                            if self.name(&key).as_bytes() == name.as_slice() {
-                                self.ledger.record(&key, nonce);
-                                found.push(key);
-                            }
-                        }
-                        continue;
-                    }
-                    match format::key_from_name(&self.name_prefix, &name) {
-                        Some(key) => found.push(key),
-                        None => {
-                            // A hashed name: the key is in the value's header.
-                            let head: Vec<u8> = redis::cmd("GETRANGE")
-                                .arg(&name)
-                                .arg(0)
-                                .arg(format::header_len(crate::MAX_KEY_LEN) - 1)
-                                .query(&mut con)
-                                .map_err(|e| io_error("GETRANGE", &e))?;
-                            if let Ok(h) = format::read_header(&head) {
-                                if self.name(h.key).as_bytes() == name.as_slice() {
-                                    found.push(h.key.to_vec());
-                                }
-                            }
-                        }
-                    }
-                }
-                if next == 0 {
-                    break;
-                }
-                cursor = next;
-            }
-        }
-        Ok(found)
     }
 }
 
@@ -698,9 +591,26 @@ fn pipelined<T: redis::FromRedisValue>(
     }
     match pipe.query::<Vec<T>>(conn) {
         Ok(replies) => Ok(replies.into_iter().map(Ok).collect()),
-        Err(e) if redirected(&e) => Ok((0..n).map(|i| make(i).query(conn.like())).collect()),
+        // One command's refusal fails the crate's whole pipeline: one by
+        // one, each gets its own answer.
+        Err(e) if redirected(&e) || is_wrong_type(&e) || wrong_type_within(&e) => {
+            Ok((0..n).map(|i| make(i).query(conn.like())).collect())
+        }
         Err(e) => Err(e),
     }
+}
+
+/// Whether the server refused a command on a value of another type.
+fn is_wrong_type(e: &redis::RedisError) -> bool {
+    e.code() == Some("WRONGTYPE")
+}
+
+/// Whether a pipeline failed because the server refused a command on a
+/// value of another type.
+fn wrong_type_within(e: &redis::RedisError) -> bool {
+    e.clone()
+        .into_server_errors()
+        .is_some_and(|errors| errors.iter().any(|(_, err)| err.code() == "WRONGTYPE"))
 }
 
 /// Whether a pipeline failed because slots are moving (MOVED, ASK, TRYAGAIN).
@@ -752,10 +662,16 @@ impl Backend for RedisBackend {
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let name = self.name(key);
-        let value: Option<Vec<u8>> = self
-            .pool
-            .with("GET", |c| redis::cmd("GET").arg(&name).query(c))?;
-        self.check_value(&name, value, key, dst)
+        let value = self.pool.with("GET", |c| {
+            match redis::cmd("GET").arg(&name).query::<Option<Vec<u8>>>(c) {
+                Err(e) if is_wrong_type(&e) => Ok(Err(e)),
+                other => other.map(Ok),
+            }
+        })?;
+        match value {
+            Ok(value) => self.check_value(&name, value, key, dst),
+            Err(e) => Err(self.get_failed(&name, &e)),
+        }
     }
 
     fn batches(&self) -> bool {

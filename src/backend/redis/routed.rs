@@ -19,7 +19,6 @@
 //! as on a single server.
 
 use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
-use super::conn::io_error;
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
 use super::fanout::{past, run_pass, Pass};
 use super::resp::RespConn;
@@ -223,7 +222,7 @@ impl RedisBackend {
             let outcome = match got {
                 Got::Fetched(fetched) => self.judge(*slot, key, dst, fetched),
                 Got::Value(Ok(value)) => self.check_value(&self.name(key), value, key, dst),
-                Got::Value(Err(e)) => Err(io_error("GET", &e)),
+                Got::Value(Err(e)) => Err(self.get_failed(&self.name(key), &e)),
                 Got::Failed(e) => Err(e),
                 Got::Retry => Err(unsettled()),
             };

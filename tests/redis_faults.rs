@@ -1,0 +1,216 @@
+//! Redis faults at the edges of the keyspace's contract, on real servers
+//! started by the tests: a cluster joined while one master is down, and
+//! values that are not kvtier blocks (another type, no header) under a
+//! tier's names. See docs/reliability-rules.md.
+
+mod common;
+
+use common::redis::{redis_config_at, RedisCluster};
+use common::*;
+use kvtier::{
+    ErrorKind, EventKind, LookupState::*, PrimaryBuffer, RemovedReason, Tier, TierConfig,
+};
+use std::time::{Duration, Instant};
+
+const BB: usize = 4096;
+
+fn hex_of(i: u64) -> String {
+    key(i).iter().map(|b| format!("{b:02x}")).collect()
+}
+
+const IO_TIMEOUT_MS: u64 = 1000;
+
+/// The slot test key `i`'s name hashes to (its name ends in `{<key hex>}`).
+fn slot_of(i: u64) -> u16 {
+    common::redis::key_slot(format!("{{{}}}", hex_of(i)).as_bytes())
+}
+
+fn open_err(config: &TierConfig) -> kvtier::Error {
+    let mut rows = vec![0u8; 4 * BB];
+    let primary = unsafe { PrimaryBuffer::new(rows.as_mut_ptr(), rows.len(), BB) }.unwrap();
+    Tier::new(config, primary).expect_err("tier_new should fail")
+}
+
+/// Stores block `i` alone; the job's error, if any, and how long it took.
+fn store_one(h: &Harness, job: u64, i: u64) -> (Option<ErrorKind>, Duration) {
+    h.fill(0, i);
+    let started = Instant::now();
+    let r = h.store(job, &[i], &[0]);
+    (r.error, started.elapsed())
+}
+
+/// With one master of three down before `tier_new` (the cluster not
+/// requiring full coverage, so the others serve their slots), tiers open
+/// from any seed, the live masters' slots work, the dead one's fail on time,
+/// and once the master is back every slot works. A seed list of only the
+/// dead node fails, naming it.
+#[test]
+fn a_cluster_with_a_dead_master_can_be_joined_and_recovers() {
+    let mut cluster = redis_or_skip!(RedisCluster::start_with(
+        3,
+        0,
+        &[("cluster-require-full-coverage", "no")]
+    ));
+    let dead = cluster.kill9_master(0);
+    let mut config = redis_config_at(&cluster.url(), 256, BB);
+    config.set("cluster", "on").unwrap();
+    config
+        .set("io_timeout_ms", &IO_TIMEOUT_MS.to_string())
+        .unwrap();
+    let in_time = Duration::from_millis(IO_TIMEOUT_MS) + Duration::from_secs(5);
+
+    // Before the others flag it failed (seeds in any order), and after.
+    let mut seeds: Vec<u16> = cluster.ports();
+    seeds.sort_by_key(|&p| p != dead.port);
+    let dead_first = seeds
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut early = config.clone();
+    early.set("url", &dead_first).unwrap();
+    let early = Harness::new(&early, 8, BB);
+    cluster.wait_for_nodes(
+        "the dead master flagged",
+        Duration::from_secs(30),
+        |nodes| nodes.iter().any(|n| n.port == dead.port && n.failed),
+    );
+    for sharing in ["owned", "shared"] {
+        let mut c = config.clone();
+        c.set("sharing", sharing).unwrap();
+        drop(Harness::new(&c, 8, BB));
+    }
+    drop(early);
+    let h = Harness::new(&config, 8, BB);
+
+    let ids: Vec<u64> = (0..48).collect();
+    let (lost, kept): (Vec<u64>, Vec<u64>) = ids.iter().partition(|&&i| dead.serves(slot_of(i)));
+    assert!(!lost.is_empty() && !kept.is_empty(), "keys on every master");
+    let mut job = 0;
+    for &i in &kept {
+        job += 1;
+        let (error, _) = store_one(&h, job, i);
+        assert_eq!(error, None, "block {i} on a live master");
+    }
+    for &i in &lost[..3] {
+        job += 1;
+        let (error, took) = store_one(&h, job, i);
+        assert_eq!(error, Some(ErrorKind::Io), "block {i} on the dead master");
+        assert!(took < in_time, "failed after {took:?}");
+    }
+    for &i in &kept {
+        job += 1;
+        let r = h.load(job, &[i], &[1]);
+        assert!(r.is_ok() && h.row_holds(1, i), "block {i}: {r:?}");
+    }
+
+    // Only the dead node as seed: it is the one the message names.
+    let mut only_dead = config.clone();
+    only_dead
+        .set("url", &format!("redis://127.0.0.1:{}", dead.port))
+        .unwrap();
+    let e = open_err(&only_dead);
+    assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+    assert!(e.message().contains(&dead.port.to_string()), "{e}");
+
+    cluster.restart(dead.port);
+    cluster.wait_for_state("ok", Duration::from_secs(30));
+    // The tier's connection to the returned master comes back within its
+    // reconnection backoff; every block then stores and loads.
+    for &i in &lost {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            job += 1;
+            match store_one(&h, job, i) {
+                (None, _) => break,
+                (Some(e), _) if Instant::now() < deadline => {
+                    assert_eq!(e, ErrorKind::Io);
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+                (Some(e), _) => panic!("block {i} after the master returned: {e:?}"),
+            }
+        }
+    }
+    let rows: Vec<i64> = (0..ids.len().min(8) as i64).collect();
+    for chunk in ids.chunks(8) {
+        job += 1;
+        let r = h.load(job, chunk, &rows[..chunk.len()]);
+        assert!(r.is_ok(), "{chunk:?}: {r:?}");
+        assert!(chunk
+            .iter()
+            .enumerate()
+            .all(|(row, &i)| h.row_holds(row, i)));
+    }
+    // A fresh tier joins the whole cluster again.
+    drop(Harness::new(&config, 8, BB));
+}
+
+/// What `tamper` leaves under block 1's name makes its load fail Corrupt at
+/// once (not a transient Io), the key a MISS with a Removed(Corrupt) event,
+/// and (owned keyspace) the value deleted.
+fn a_foreign_value_is_corrupt(config: TierConfig, cli: &dyn Fn(&[&str]) -> String) {
+    let config = with_events(config, 64);
+    let h = Harness::new(&config, 8, BB);
+    let prefix = config.redis.key_prefix.clone();
+    let headerless = "z".repeat(BB + 64);
+    let tampers: [(&str, &[&str]); 5] = [
+        ("a list", &["RPUSH", "{name}", "x", "y"]),
+        ("a hash", &["HSET", "{name}", "f", "v"]),
+        ("a set", &["SADD", "{name}", "m"]),
+        ("an empty string", &["SET", "{name}", ""]),
+        ("a string without a header", &["SET", "{name}", &headerless]),
+    ];
+    for (n, (what, tamper)) in tampers.iter().enumerate() {
+        let id = 1 + n as u64;
+        let job = 10 * id;
+        h.store_all(job, &[id]);
+        let pattern = format!("{prefix}:*{}}}", hex_of(id));
+        let name = cli(&["--scan", "--pattern", &pattern]);
+        assert!(!name.is_empty() && !name.contains('\n'), "{name:?}");
+        cli(&["DEL", &name]);
+        let args: Vec<&str> = tamper
+            .iter()
+            .map(|a| if *a == "{name}" { name.as_str() } else { a })
+            .collect();
+        cli(&args);
+        let _ = h.events();
+        let r = h.load(job + 1, &[id], &[1]);
+        assert_eq!(r.error, Some(ErrorKind::Corrupt), "{what}: {r:?}");
+        assert_eq!(h.lookup(&[id]), [Miss], "{what}");
+        let corrupt = EventKind::Removed(RemovedReason::Corrupt);
+        assert_eq!(h.events(), [(corrupt, id)], "{what}");
+        assert_eq!(cli(&["EXISTS", &name]), "0", "{what}: deleted (owned)");
+        // The name is usable again.
+        h.store_all(job + 2, &[id]);
+        let r = h.load(job + 3, &[id], &[1]);
+        assert!(r.is_ok() && h.row_holds(1, id), "{what}: {r:?}");
+    }
+}
+
+#[test]
+fn a_value_of_another_type_or_without_a_header_is_corrupt_on_a_server() {
+    let server = redis_or_skip!();
+    let config = redis_config_at(&server.url(), 64, BB);
+    a_foreign_value_is_corrupt(config, &|args| server.cli(args));
+}
+
+#[test]
+fn a_value_of_another_type_or_without_a_header_is_corrupt_on_a_cluster() {
+    let cluster = redis_or_skip!(RedisCluster::start(3, 0));
+    let mut config = redis_config_at(&cluster.url(), 64, BB);
+    config.set("cluster", "on").unwrap();
+    a_foreign_value_is_corrupt(config, &|args| {
+        if args[0] == "--scan" {
+            // A scan of every master: the name lives on one of them.
+            cluster
+                .masters()
+                .iter()
+                .map(|m| cluster.cli_at(m.port, args))
+                .filter(|out| !out.is_empty())
+                .collect::<Vec<_>>()
+                .join("\n")
+        } else {
+            cluster.cli(args)
+        }
+    });
+}
