@@ -516,6 +516,12 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             theirs.extend(taken)
         return m
 
+    @property
+    def tier(self) -> Tier | None:
+        """The kvtier Tier (after register_mem_pool_host): for its block
+        events (``events=true``) and Prometheus text (``metrics()``)."""
+        return self._tier
+
     def stats(self) -> Any:
         """The library's counters (kvtier.TierStats), for diagnostics."""
         return self._tier.stats() if self._tier is not None else None

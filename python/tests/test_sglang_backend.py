@@ -191,6 +191,7 @@ def test_get_stats_is_sglangs_storage_metrics():
     assert stats.backup_pgs == [4] and stats.prefetch_pgs == [4]
     assert len(stats.backup_bandwidth) == 1 and stats.prefetch_bandwidth[0] > 0
     assert backend.get_stats().prefetch_pgs == []  # taken once
+    assert backend.stats().stores_ok == 1 and "kvtier_" in backend.tier.metrics()
     backend.clear()
     assert backend.batch_exists(keys) == 0
     backend.close()
