@@ -300,8 +300,10 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         """Packed kvtier keys of n pages' segments, page-major: (packed, key_len, count)."""
         n = len(keys)
         try:
+            # SGLang's keys are all 64 ASCII characters: a total of 64 n and
+            # no key shorter is exactly that, and cheaper than a set of lengths.
             joined = "".join(keys).encode("ascii")
-            regular = len(joined) == _HASH_LEN * n and set(map(len, keys)) == {_HASH_LEN}
+            regular = len(joined) == _HASH_LEN * n and min(map(len, keys)) == _HASH_LEN
         except (UnicodeEncodeError, TypeError):
             regular = False
         if not regular:
