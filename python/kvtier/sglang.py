@@ -254,11 +254,22 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                   str(pool.dtype).replace("torch.", ""), "mla" if self.is_mla else "mha"]
         if not self.is_mla:
             parts.append(f"tp{c.tp_rank}of{c.tp_size}")
+        dp_rank = getattr(c, "dp_rank", 0) or 0
+        if dp_rank and not self._shared():
+            # Attention-DP replicas hold the same heads, but a directory or
+            # keyspace that is not shared has one owner: one store each.
+            parts.append(f"dp{dp_rank}")
         if c.pp_size > 1:
             parts.append(f"pp{c.pp_rank}of{c.pp_size}")
         if getattr(c, "attn_cp_size", 1) > 1:
             parts.append(f"cp{c.attn_cp_rank}of{c.attn_cp_size}")
         return "/".join(parts)
+
+    def _shared(self) -> bool:
+        """Whether other processes may write this tier's storage."""
+        if self.backend == "disk":
+            return _parse_bool("shared", self._config.get("shared", False))
+        return self.backend in ("redis", "valkey") and str(self._config.get("sharing", "owned")).lower() == "shared"
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         # Raising here fails SGLang's attach, which is what a pool this

@@ -53,14 +53,15 @@ def make_pool(layout: str, mla: bool = False, page_size: int = PAGE, head_dim: i
 
 
 def make_backend(kvtier_config: dict[str, Any] | None = None, *, tp_rank: int = 0, tp_size: int = 1,
-                 mla: bool = False, v1: bool = True, metrics: bool = False, model: str = "org/model") -> Any:
+                 mla: bool = False, v1: bool = True, metrics: bool = False, model: str = "org/model",
+                 dp_rank: int = 0) -> Any:
     """The backend as SGLang's attach makes it: the factory, then the pool later."""
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KVTierStorage",
              "interface_v1": int(v1), **(kvtier_config or {})}
     config = HiCacheStorageConfig(
         tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
         is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=True,
-        model_name=model, extra_config=extra,
+        model_name=model, extra_config=extra, dp_rank=dp_rank,
     )
     return StorageBackendFactory.create_backend("dynamic", config, None)
 

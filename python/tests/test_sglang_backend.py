@@ -61,6 +61,22 @@ def test_round_trip_is_byte_exact_for_every_layout(kv_config, layout, mla):
             backend.close()
 
 
+def test_namespaces_keep_apart_what_must_not_mix(tmp_path):
+    disk = {"backend": "disk", "path": str(tmp_path)}
+    pool = make_pool("page_first")
+    cases = [
+        (dict(tp_rank=1, tp_size=2), {}, "sglang/org-model/page_first/bfloat16/mha/tp1of2"),
+        (dict(tp_rank=1, tp_size=2, mla=True), {}, "sglang/org-model/page_first/bfloat16/mla"),
+        (dict(dp_rank=1), disk, "sglang/org-model/page_first/bfloat16/mha/tp0of1/dp1"),
+        (dict(dp_rank=1), dict(disk, shared=True), "sglang/org-model/page_first/bfloat16/mha/tp0of1"),
+        (dict(), {"namespace": "prod"}, "prod/sglang/org-model/page_first/bfloat16/mha/tp0of1"),
+    ]
+    for kwargs, cfg, want in cases:
+        backend = make_backend(cfg, **kwargs)
+        assert backend.namespace(pool) == want
+        backend.close()
+
+
 def test_segments_map_to_rows_of_the_pool_itself():
     """Zero copy: the tier's rows are the pool's own segments."""
     for layout, segments in (("page_first", 2), ("page_first_direct", 2), ("layer_first", 6)):
