@@ -197,6 +197,17 @@ def test_failures_are_misses_and_never_raise(kv_config):
     backend.close()
 
 
+def test_hybrid_v2_calls_are_not_implemented():
+    """Documented: SGLang's default for backends without side pools."""
+    backend = make_backend()
+    attach(backend, make_pool("page_first"))
+    with pytest.raises(NotImplementedError):
+        backend.batch_exists_v2(new_keys(1))
+    with pytest.raises(NotImplementedError):
+        backend.batch_get_v2([])
+    backend.close()
+
+
 def test_get_stats_is_sglangs_storage_metrics():
     from sglang.srt.observability.metrics_collector import StorageMetrics
 
