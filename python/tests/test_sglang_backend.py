@@ -6,6 +6,9 @@ imported; see python/requirements-engines*.txt."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from sglang_helpers import (  # noqa: I001 (skips the module without SGLang)
@@ -59,6 +62,15 @@ def test_round_trip_is_byte_exact_for_every_layout(kv_config, layout, mla):
             round_trip(backend, layout, mla, v1)
         finally:
             backend.close()
+
+
+def test_the_example_extra_config_attaches(tmp_path):
+    config = json.loads((Path(__file__).resolve().parents[2] / "examples" / "sglang_extra_config.json").read_text())
+    assert (config["module_path"], config["class_name"], config["interface_v1"]) == ("kvtier.sglang", "KVTierStorage", 1)
+    config["path"] = str(tmp_path)
+    backend = make_backend({k: v for k, v in config.items() if k not in ("module_path", "class_name")})
+    round_trip(backend, "page_first")
+    backend.close()
 
 
 def test_namespaces_keep_apart_what_must_not_mix(tmp_path):
