@@ -225,7 +225,8 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         self._user_namespace = str(config.pop("namespace", ""))
         _check_config(config)
         self._config = config
-        self._metrics = bool(storage_config.enable_storage_metrics)
+        # SGLang 0.5.6's config has no metrics, pipeline nor context-parallel fields.
+        self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
         self._prefetch_pgs: list[int] = []
         self._backup_pgs: list[int] = []
         self._prefetch_bw: list[float] = []
@@ -259,7 +260,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             # Attention-DP replicas hold the same heads, but a directory or
             # keyspace that is not shared has one owner: one store each.
             parts.append(f"dp{dp_rank}")
-        if c.pp_size > 1:
+        if getattr(c, "pp_size", 1) > 1:
             parts.append(f"pp{c.pp_rank}of{c.pp_size}")
         if getattr(c, "attn_cp_size", 1) > 1:
             parts.append(f"cp{c.attn_cp_rank}of{c.attn_cp_size}")

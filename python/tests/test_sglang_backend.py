@@ -6,6 +6,7 @@ imported; see python/requirements-engines*.txt."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -71,6 +72,33 @@ def test_the_example_extra_config_attaches(tmp_path):
     backend = make_backend({k: v for k, v in config.items() if k not in ("module_path", "class_name")})
     round_trip(backend, "page_first")
     backend.close()
+
+
+def test_sglang_056_storage_config_is_enough(tmp_path):
+    """SGLang 0.5.6 (the first with interface_v1) passes a config of six
+    fields: no metrics, pipeline, context-parallel nor is_storage_writer."""
+
+    @dataclasses.dataclass
+    class Config056:
+        tp_rank: int
+        tp_size: int
+        is_mla_model: bool
+        is_page_first_layout: bool
+        model_name: str | None
+        extra_config: dict | None = None
+
+    extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KVTierStorage",
+             "interface_v1": 1, "backend": "disk", "path": str(tmp_path)}
+    for rank in (0, 1):
+        backend = KVTierStorage(Config056(rank, 2, True, True, "m", dict(extra)), {})
+        assert backend.is_writer == (rank == 0)
+        if rank == 0:
+            _, keys = round_trip(backend, "page_first", mla=True)
+            assert backend.get_stats().backup_pgs == []
+        else:
+            attach(backend, make_pool("page_first", mla=True))
+            assert backend.batch_exists(keys) == 4  # MLA on disk: shared, the writer's pages
+        backend.close()
 
 
 def test_namespaces_keep_apart_what_must_not_mix(tmp_path):
