@@ -125,3 +125,36 @@ fn a_hashed_block_in_a_newer_format_survives_reopening() {
         h.scratch_dir = Some(dir);
     }
 }
+
+/// The same promise in a Redis keyspace shared across versions: a value whose
+/// header carries a newer format version is a miss and stays on the server.
+#[test]
+fn a_redis_value_in_a_newer_format_is_a_miss_and_is_never_deleted() {
+    use common::redis::{redis_config_at, RedisServer};
+    let server = redis_or_skip!(RedisServer::start());
+    let config = redis_config_at(&server.url(), 8, BB);
+    let h = Harness::new(&config, 8, BB);
+    h.store_all(1, &[1, 2]);
+    let names: Vec<String> = server
+        .cli(&[
+            "--scan",
+            "--pattern",
+            &format!("{}:*", config.redis.key_prefix),
+        ])
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_string)
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let hex1: String = key(1).iter().map(|b| format!("{b:02x}")).collect();
+    let one = names.iter().find(|n| n.contains(&hex1)).unwrap();
+    // The format version's low byte (bytes 8..12, little-endian) made 0x7f.
+    server.cli(&["SETRANGE", one, "8", "\u{7f}"]);
+    let before = server.cli(&["GET", one]);
+    let r = h.load(2, &[1], &[4]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    assert_eq!(h.lookup(&[1]), [LookupState::Miss]);
+    assert_eq!(server.cli(&["EXISTS", one]), "1", "the newer value is kept");
+    assert_eq!(server.cli(&["GET", one]), before);
+    assert!(h.load(3, &[2], &[5]).is_ok() && h.row_holds(5, 2));
+}
