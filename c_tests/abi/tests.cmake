@@ -65,7 +65,7 @@ add_executable(abi_frozen_abi1 "${_kvtier_abi}/frozen/frozen_abi1.c")
 target_include_directories(abi_frozen_abi1 BEFORE PRIVATE "${_kvtier_abi}/frozen")
 target_compile_options(abi_frozen_abi1 PRIVATE ${_kvtier_warnings} ${_kvtier_sanitize})
 target_link_options(abi_frozen_abi1 PRIVATE ${_kvtier_sanitize})
-target_link_libraries(abi_frozen_abi1 PRIVATE kvtier::shared)
+target_link_libraries(abi_frozen_abi1 PRIVATE kvtier::shared ${CMAKE_DL_LIBS})
 set_target_properties(abi_frozen_abi1 PROPERTIES C_STANDARD 11 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF)
 add_test(NAME abi_frozen_header COMMAND abi_frozen_abi1)
 set_tests_properties(abi_frozen_header PROPERTIES TIMEOUT ${KVTIER_TEST_TIMEOUT} LABELS "abi;asan"

@@ -8,6 +8,10 @@
  * changed a field this program reads. Every later change to the library runs
  * it.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE 1 /* RTLD_DEFAULT */
+#endif
+#include <dlfcn.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,6 +129,12 @@ int main(void) {
     uint64_t i;
     size_t len;
 
+    /* A run without the sanitizer would prove less than it claims. */
+#if defined(__SANITIZE_ADDRESS__)
+    CHECK(dlsym(RTLD_DEFAULT, "__asan_init") != NULL);
+#else
+    CHECK(!"built with -fsanitize=address");
+#endif
     CHECK(heap_info && heap_stats && heap_event && primary);
     /* First, as a dlopen host would: the ABI and the sizes of its structs. */
     GUARDED(info);
