@@ -12,15 +12,18 @@ fn main() {
 
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
     let part = |name: &str| std::env::var(name).expect("version part");
-    // ELF soname with the major version: programs record libkvtier.so.MAJOR in
-    // DT_NEEDED, so a compatible update of the library replaces it in place.
+    // ELF soname with the ABI version, not the package's: programs record
+    // libkvtier.so.ABI in DT_NEEDED, so a compatible update replaces the
+    // library in place and an incompatible one is refused by the loader.
+    // (The KVTIER_<abi> version node cannot be set here: rustc's own version
+    // script wins, so CMake relinks the shipped library with abi/kvtier.map.)
     if !matches!(
         std::env::var("CARGO_CFG_TARGET_OS").as_deref(),
         Ok("macos" | "ios" | "windows")
     ) {
         println!(
             "cargo:rustc-cdylib-link-arg=-Wl,-soname,libkvtier.so.{}",
-            part("CARGO_PKG_VERSION_MAJOR")
+            abi_version(&root)
         );
     }
     let mut config =
@@ -64,4 +67,16 @@ fn main() {
         "cargo:rustc-env=KVTIER_GENERATED_HEADER={}",
         out.join("kvtier.h").display()
     );
+}
+
+/// TIER_ABI_VERSION as src/ffi/types.rs defines it (CMake reads the same
+/// line), so the soname cannot drift from the constant.
+fn abi_version(root: &std::path::Path) -> u32 {
+    let types = std::fs::read_to_string(root.join("src/ffi/types.rs")).expect("src/ffi/types.rs");
+    types
+        .lines()
+        .find_map(|l| l.strip_prefix("pub const TIER_ABI_VERSION: u32 = "))
+        .and_then(|v| v.strip_suffix(';'))
+        .and_then(|v| v.parse().ok())
+        .expect("src/ffi/types.rs: a `pub const TIER_ABI_VERSION: u32 = N;` line")
 }

@@ -366,23 +366,27 @@ static void null_args_rejected_without_effect(tier_t *tier, uint8_t *primary) {
     CHECK(st.results_queued == 2);
 
     /* Failed polls consume nothing and write nothing. */
-    CHECK_ERROR(tier_poll_finished(NULL, res, 2, &n), TIER_ERR_NULL_ARG, "tier_poll_finished",
+    CHECK_ERROR(tier_poll_finished(NULL, res, sizeof(tier_job_result_t),
+                                   2, &n), TIER_ERR_NULL_ARG, "tier_poll_finished",
                 "tier");
-    CHECK_ERROR(tier_poll_finished(tier, NULL, 2, &n), TIER_ERR_NULL_ARG, "tier_poll_finished",
+    CHECK_ERROR(tier_poll_finished(tier, NULL, sizeof(tier_job_result_t),
+                                   2, &n), TIER_ERR_NULL_ARG, "tier_poll_finished",
                 "out");
     CHECK(n == 777);
     res[0] = untouched;
-    CHECK_ERROR(tier_poll_finished(tier, res, 2, NULL), TIER_ERR_NULL_ARG, "tier_poll_finished",
+    CHECK_ERROR(tier_poll_finished(tier, res, sizeof(tier_job_result_t),
+                                   2, NULL), TIER_ERR_NULL_ARG, "tier_poll_finished",
                 "out_n");
     CHECK(memcmp(&res[0], &untouched, sizeof untouched) == 0);
-    CHECK_ERROR(tier_poll_finished(tier, res, 0, &n), TIER_ERR_INVALID_ARG, "tier_poll_finished",
+    CHECK_ERROR(tier_poll_finished(tier, res, sizeof(tier_job_result_t),
+                                   0, &n), TIER_ERR_INVALID_ARG, "tier_poll_finished",
                 "cap");
     CHECK(n == 777);
     CHECK(memcmp(&res[0], &untouched, sizeof untouched) == 0);
     st = tu_stats(tier);
     CHECK(st.results_queued == 2);
 
-    CHECK_OK(tier_poll_finished(tier, res, 2, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 2, &n));
     CHECK(n == 2);
     CHECK(res[0].job_id == 11 && res[0].status == TIER_OK && res[0].kind == TIER_JOB_STORE);
     CHECK(res[0].num_blocks == 0 && res[0].num_done == 0 && res[0].bytes == 0);
@@ -393,9 +397,11 @@ static void null_args_rejected_without_effect(tier_t *tier, uint8_t *primary) {
     CHECK_ERROR(tier_drain(NULL), TIER_ERR_NULL_ARG, "tier_drain", "tier");
     CHECK_ERROR(tier_clear(NULL), TIER_ERR_NULL_ARG, "tier_clear", "tier");
     memset(&st, 0xCD, sizeof st);
-    CHECK_ERROR(tier_stats(NULL, &st), TIER_ERR_NULL_ARG, "tier_stats", "tier");
+    CHECK_ERROR(tier_stats(NULL, &st,
+                           sizeof(tier_stats_t)), TIER_ERR_NULL_ARG, "tier_stats", "tier");
     CHECK(tu_all_bytes((const uint8_t *)&st, sizeof st, 0xCD));
-    CHECK_ERROR(tier_stats(tier, NULL), TIER_ERR_NULL_ARG, "tier_stats", "out");
+    CHECK_ERROR(tier_stats(tier, NULL,
+                           sizeof(tier_stats_t)), TIER_ERR_NULL_ARG, "tier_stats", "out");
     expect_no_results(tier);
 }
 
@@ -513,7 +519,7 @@ static void duplicate_job_id_rejected_until_polled(tier_t *tier, uint8_t *primar
                 "tier_submit_store", "job_id");
     CHECK_ERROR(tier_submit_store(tier, 7, NULL, KEY_LEN, NULL, 0), TIER_ERR_DUPLICATE_JOB,
                 "tier_submit_store", "job_id");
-    CHECK_OK(tier_poll_finished(tier, &r, 1, &n));
+    CHECK_OK(tier_poll_finished(tier, &r, sizeof(tier_job_result_t), 1, &n));
     CHECK(n == 1 && r.job_id == 7 && r.status == TIER_OK && r.kind == TIER_JOB_STORE);
     /* The rejected duplicates produced nothing. */
     expect_no_results(tier);
@@ -547,7 +553,7 @@ static void poll_is_oldest_first_and_wait_times_out(tier_t *tier, uint8_t *prima
 
     /* Nothing ready: success with 0 results, the array left alone. */
     res[0] = untouched;
-    CHECK_OK(tier_poll_finished(tier, res, 3, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 3, &n));
     CHECK(n == 0);
     CHECK(memcmp(&res[0], &untouched, sizeof untouched) == 0);
 
@@ -566,7 +572,7 @@ static void poll_is_oldest_first_and_wait_times_out(tier_t *tier, uint8_t *prima
     CHECK_OK(tier_wait(tier, 10000));
     CHECK_OK(tier_wait(tier, 0));
     CHECK((tu_now_ns() - start) / 1000000u < 5000);
-    CHECK_OK(tier_poll_finished(tier, res, 3, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 3, &n));
     CHECK(n == 1 && res[0].job_id == 60);
     CHECK_STATUS(tier_wait(tier, 0), TIER_TIMEOUT);
 
@@ -575,15 +581,15 @@ static void poll_is_oldest_first_and_wait_times_out(tier_t *tier, uint8_t *prima
         CHECK_OK(tier_submit_store(tier, 70 + i, NULL, KEY_LEN, NULL, 0));
     }
     CHECK_OK(tier_drain(tier));
-    CHECK_OK(tier_poll_finished(tier, res, 2, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 2, &n));
     CHECK(n == 2 && res[0].job_id == 70 && res[1].job_id == 71);
-    CHECK_OK(tier_poll_finished(tier, res, 2, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 2, &n));
     CHECK(n == 2 && res[0].job_id == 72 && res[1].job_id == 73);
     res[1] = untouched;
-    CHECK_OK(tier_poll_finished(tier, res, 2, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 2, &n));
     CHECK(n == 1 && res[0].job_id == 74);
     CHECK(memcmp(&res[1], &untouched, sizeof untouched) == 0);
-    CHECK_OK(tier_poll_finished(tier, res, 2, &n));
+    CHECK_OK(tier_poll_finished(tier, res, sizeof(tier_job_result_t), 2, &n));
     CHECK(n == 0);
 }
 

@@ -123,7 +123,7 @@ static size_t eo_poll(tier_t *tier, struct eo_job *jobs, uint8_t *primary, size_
     tier_job_result_t r[8];
     size_t n = 0;
     CHECK(cap <= 8);
-    CHECK_OK(tier_poll_finished(tier, r, cap, &n));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), cap, &n));
     CHECK(n <= cap);
     eo_record(jobs, primary, r, n);
     return n;

@@ -127,7 +127,8 @@ class Completions {
             const tier_status_t w = tier_wait(tier_, 5);
             CHECK(w == TIER_OK || w == TIER_TIMEOUT);
             std::size_t n = 0;
-            check(tier_poll_finished(tier_, batch.data(), batch.size(), &n));
+            check(tier_poll_finished(tier_, batch.data(), sizeof(tier_job_result_t),
+                                     batch.size(), &n));
             if (n == 0) continue;
             std::lock_guard<std::mutex> lock(mutex_);
             for (std::size_t i = 0; i < n; ++i) {
@@ -189,7 +190,7 @@ void round_trip_from_threads() {
     for (std::thread &t : workers) t.join();
 
     tier_stats_t stats{};
-    check(tier_stats(tier.get(), &stats));
+    check(tier_stats(tier.get(), &stats, sizeof(tier_stats_t)));
     CHECK(stats.num_blocks == kWorkers * kKeysPerWorker);
     CHECK(stats.stores_ok == kWorkers && stats.loads_ok == kWorkers);
     CHECK(stats.bytes_loaded == kWorkers * kKeysPerWorker * kBlock);
@@ -224,7 +225,7 @@ void errors_become_exceptions() {
     check(tier_drain(tier.get()));
     tier_job_result_t r{};
     std::size_t n = 0;
-    check(tier_poll_finished(tier.get(), &r, 1, &n));
+    check(tier_poll_finished(tier.get(), &r, sizeof(tier_job_result_t), 1, &n));
     CHECK(n == 1 && r.job_id == 2 && r.status == TIER_OK);
     std::array<std::uint8_t, 1> state{};
     check(tier_lookup(tier.get(), packed.data(), kKeyLen, 1, state.data()));

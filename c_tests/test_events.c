@@ -43,7 +43,7 @@ static size_t poll_all(tier_t *tier, tier_event_t *out, size_t cap) {
     size_t total = 0, got = 0;
     do {
         CHECK(total + 2 <= cap);
-        CHECK_OK(tier_poll_events(tier, out + total, 2, &got));
+        CHECK_OK(tier_poll_events(tier, out + total, sizeof(tier_event_t), 2, &got));
         CHECK(got <= 2);
         total += got;
     } while (got > 0);
@@ -117,14 +117,14 @@ static void test_a_full_ring_reports_the_loss_in_place(void) {
         store(tier, id, &id, 1);
     }
     CHECK(tu_stats(tier).events_dropped == 3);
-    CHECK_OK(tier_poll_events(tier, ev, 8, &got));
+    CHECK_OK(tier_poll_events(tier, ev, sizeof(tier_event_t), 8, &got));
     CHECK(got == 3);
     CHECK(ev[0].kind == TIER_EVENT_LOST && ev[0].dropped == 3 && ev[0].seq == 0);
     CHECK(ev[0].key_len == 0 && ev[0].reason == 0);
     check_event(&ev[1], TIER_EVENT_STORED, TIER_STORED_WRITTEN, 4);
     check_event(&ev[2], TIER_EVENT_STORED, TIER_STORED_WRITTEN, 5);
     CHECK(ev[1].seq == 3 && ev[2].seq == 4);
-    CHECK_OK(tier_poll_events(tier, ev, 8, &got));
+    CHECK_OK(tier_poll_events(tier, ev, sizeof(tier_event_t), 8, &got));
     CHECK(got == 0);
     tier_free(tier);
     free(primary);
@@ -142,19 +142,24 @@ static void test_bad_calls_are_clear_errors(void) {
     store(tier, 1, &one, 1);
     memset(&untouched, 0xCD, sizeof untouched);
     ev[0] = untouched;
-    CHECK_ERROR(tier_poll_events(NULL, ev, 2, &got), TIER_ERR_NULL_ARG, "tier_poll_events",
+    CHECK_ERROR(tier_poll_events(NULL, ev, sizeof(tier_event_t),
+                                 2, &got), TIER_ERR_NULL_ARG, "tier_poll_events",
                 "tier");
-    CHECK_ERROR(tier_poll_events(tier, NULL, 2, &got), TIER_ERR_NULL_ARG, "tier_poll_events",
+    CHECK_ERROR(tier_poll_events(tier, NULL, sizeof(tier_event_t),
+                                 2, &got), TIER_ERR_NULL_ARG, "tier_poll_events",
                 "out");
-    CHECK_ERROR(tier_poll_events(tier, ev, 2, NULL), TIER_ERR_NULL_ARG, "tier_poll_events",
+    CHECK_ERROR(tier_poll_events(tier, ev, sizeof(tier_event_t),
+                                 2, NULL), TIER_ERR_NULL_ARG, "tier_poll_events",
                 "out_n");
-    CHECK_ERROR(tier_poll_events(tier, ev, 0, &got), TIER_ERR_INVALID_ARG, "tier_poll_events",
+    CHECK_ERROR(tier_poll_events(tier, ev, sizeof(tier_event_t),
+                                 0, &got), TIER_ERR_INVALID_ARG, "tier_poll_events",
                 "cap");
-    CHECK_ERROR(tier_poll_events(plain, ev, 2, &got), TIER_ERR_CONFIG, "tier_poll_events",
+    CHECK_ERROR(tier_poll_events(plain, ev, sizeof(tier_event_t),
+                                 2, &got), TIER_ERR_CONFIG, "tier_poll_events",
                 "events=true");
     CHECK(got == 77 && memcmp(&ev[0], &untouched, sizeof untouched) == 0);
     /* The failed calls took nothing. */
-    CHECK_OK(tier_poll_events(tier, ev, 2, &got));
+    CHECK_OK(tier_poll_events(tier, ev, sizeof(tier_event_t), 2, &got));
     CHECK(got == 1);
     check_event(&ev[0], TIER_EVENT_STORED, TIER_STORED_WRITTEN, 1);
 

@@ -106,13 +106,14 @@ static void run_child(tier_t *inherited, tier_t *inherited_disk, int ready_fd, i
     CHECK_REFUSED(tier_submit_store(inherited, 100, key, KEY_LEN, &row, 1), "tier_submit_store");
     CHECK_REFUSED(tier_submit_load(inherited, 101, key, KEY_LEN, &row, 1), "tier_submit_load");
     CHECK_REFUSED(tier_submit_store(inherited, 102, NULL, KEY_LEN, NULL, 0), "tier_submit_store");
-    CHECK_REFUSED(tier_poll_finished(inherited, &result, 1, &got), "tier_poll_finished");
+    CHECK_REFUSED(tier_poll_finished(inherited, &result, sizeof(tier_job_result_t),
+                                     1, &got), "tier_poll_finished");
     CHECK(got == 12345);
     CHECK_REFUSED(tier_wait(inherited, 60000), "tier_wait");
     CHECK_REFUSED(tier_drain(inherited), "tier_drain");
     CHECK_REFUSED(tier_clear(inherited), "tier_clear");
     memset(&stats, 0xAB, sizeof stats);
-    CHECK_REFUSED(tier_stats(inherited, &stats), "tier_stats");
+    CHECK_REFUSED(tier_stats(inherited, &stats, sizeof(tier_stats_t)), "tier_stats");
     CHECK(stats.capacity_bytes == 0xABABABABABABABABull);
     /* tier_describe has no status: it returns 0 (a description is never
      * empty), writes nothing, and says why in tier_last_error. */

@@ -118,7 +118,7 @@ static void test_completion_fd_is_readable_while_results_wait(void) {
     tu_keys(keys, KEY_LEN, ids, 3);
     CHECK_OK(tier_submit_store(tier, 1, keys, KEY_LEN, src, 3));
     CHECK(readable(fd, wait_ms));
-    CHECK_OK(tier_poll_finished(tier, r, 4, &n));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 4, &n));
     CHECK(n == 1 && r[0].job_id == 1);
     CHECK_STATUS(r[0].status, TIER_OK);
     /* io_ns: part of the job's life, not empty for a job that copied. */
@@ -130,13 +130,13 @@ static void test_completion_fd_is_readable_while_results_wait(void) {
     CHECK_OK(tier_submit_store(tier, 3, keys, KEY_LEN, src, 3)); /* all present: nothing copied */
     CHECK_OK(tier_drain(tier));
     CHECK(readable(fd, 0));
-    CHECK_OK(tier_poll_finished(tier, r, 1, &n));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 1, &n));
     CHECK(n == 1 && r[0].job_id == 2 && r[0].io_ns == 0);
     CHECK(readable(fd, 0));
     /* tier_wait neither consumes a result nor resets the descriptor. */
     CHECK_OK(tier_wait(tier, 0));
     CHECK(readable(fd, 0));
-    CHECK_OK(tier_poll_finished(tier, r, 1, &n));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 1, &n));
     CHECK(n == 1 && r[0].job_id == 3 && r[0].io_ns == 0 && r[0].bytes == 0);
     CHECK(!readable(fd, 0));
 

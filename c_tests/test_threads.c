@@ -101,7 +101,7 @@ static size_t poll_some(size_t cap) {
     tier_job_result_t r[16];
     size_t n = 0;
     CHECK(cap >= 1 && cap <= 16);
-    CHECK_OK(tier_poll_finished(g_tier, r, cap, &n));
+    CHECK_OK(tier_poll_finished(g_tier, r, sizeof(tier_job_result_t), cap, &n));
     CHECK(n <= cap);
     record(r, n);
     return n;

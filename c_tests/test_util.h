@@ -327,13 +327,14 @@ static inline size_t tu_drain_poll(tier_t *tier, tier_job_result_t *out, size_t 
     tier_job_result_t extra;
     CHECK_OK(tier_drain(tier));
     while (total < cap) {
-        CHECK_OK(tier_poll_finished(tier, out + total, cap - total, &got));
+        CHECK_OK(tier_poll_finished(tier, out + total, sizeof(tier_job_result_t),
+                                    cap - total, &got));
         if (got == 0) {
             break;
         }
         total += got;
     }
-    CHECK_OK(tier_poll_finished(tier, &extra, 1, &got));
+    CHECK_OK(tier_poll_finished(tier, &extra, sizeof(tier_job_result_t), 1, &got));
     CHECK(got == 0);
     return total;
 }
@@ -395,7 +396,7 @@ static inline uint8_t tu_state(tier_t *tier, size_t key_len, uint64_t id) {
 static inline tier_stats_t tu_stats(tier_t *tier) {
     tier_stats_t s;
     memset(&s, 0, sizeof s);
-    CHECK_OK(tier_stats(tier, &s));
+    CHECK_OK(tier_stats(tier, &s, sizeof(tier_stats_t)));
     return s;
 }
 

@@ -36,8 +36,8 @@ int main(void) {
     base = strrchr(file, '/') != NULL ? strrchr(file, '/') + 1 : file;
     printf("test_version: the library was loaded as %s\n", file);
     CHECK(strcmp(base, KVTIER_EXPECT_SONAME) == 0);
-    /* The soname carries the major version. */
-    snprintf(composed, sizeof composed, "libkvtier.so.%d", KVTIER_VERSION_MAJOR);
+    /* The soname carries the ABI version. */
+    snprintf(composed, sizeof composed, "libkvtier.so.%d", TIER_ABI_VERSION);
     CHECK(strcmp(KVTIER_EXPECT_SONAME, composed) == 0);
     printf("test_version: ok\n");
     return 0;

@@ -28,6 +28,91 @@
 
 
 /**
+ * The ABI this header describes (tier_abi_info() gives the library's). It
+ * is the soname's number, libkvtier.so.TIER_ABI_VERSION, and changes only
+ * when an existing function or struct changes incompatibly.
+ */
+#define TIER_ABI_VERSION 1
+
+/**
+ * sizeof(tier_stats_t) in ABI 1, the least `out_size` tier_stats accepts.
+ */
+#define TIER_STATS_SIZE_V1 192
+
+/**
+ * sizeof(tier_job_result_t) in ABI 1, the least `result_size`
+ * tier_poll_finished accepts.
+ */
+#define TIER_JOB_RESULT_SIZE_V1 56
+
+/**
+ * sizeof(tier_event_t) in ABI 1, the least `event_size` tier_poll_events
+ * accepts.
+ */
+#define TIER_EVENT_SIZE_V1 160
+
+/**
+ * sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
+ * accepts.
+ */
+#define TIER_ABI_INFO_SIZE_V1 20
+
+/**
+ * Job result reason: the job succeeded.
+ */
+#define TIER_FAIL_NONE 0
+
+/**
+ * Job result reason: a store found no room, even after eviction
+ * (TIER_ERR_NO_SPACE).
+ */
+#define TIER_FAIL_NO_SPACE 1
+
+/**
+ * Job result reason: a load's key is not stored, or storage no longer holds
+ * its block (TIER_ERR_NOT_FOUND): a miss.
+ */
+#define TIER_FAIL_NOT_FOUND 2
+
+/**
+ * Job result reason: a stored block failed verification (TIER_ERR_CORRUPT).
+ */
+#define TIER_FAIL_CORRUPT 3
+
+/**
+ * Job result reason: storage returned an error (TIER_ERR_IO).
+ */
+#define TIER_FAIL_IO_ERROR 4
+
+/**
+ * Job result reason: a storage call missed its deadline, io_timeout_ms
+ * (TIER_ERR_IO): a hung device or server.
+ */
+#define TIER_FAIL_DEADLINE 5
+
+/**
+ * Job result reason: storage was known to be unavailable, so nothing was
+ * tried (TIER_ERR_IO): every I/O thread stuck on a hung device, a Redis
+ * server down or being reconnected to.
+ */
+#define TIER_FAIL_UNAVAILABLE 6
+
+/**
+ * Job result reason: the tier was shutting down (TIER_ERR_SHUTDOWN).
+ */
+#define TIER_FAIL_SHUTDOWN 7
+
+/**
+ * Job result reason: no memory for the job's buffers (TIER_ERR_ALLOC).
+ */
+#define TIER_FAIL_ALLOC 8
+
+/**
+ * Job result reason: a panic inside the library was caught (TIER_ERR_PANIC).
+ */
+#define TIER_FAIL_PANIC 9
+
+/**
  * Lookup state: the key is not stored.
  */
 #define TIER_MISS 0
@@ -142,6 +227,33 @@ typedef struct tier_t tier_t;
 typedef int32_t tier_status_t;
 
 /**
+ * What a library offers, filled in by `tier_abi_info`: a consumer that loads
+ * the library at run time (dlopen, ctypes) checks it before any other call.
+ */
+typedef struct tier_abi_info_t {
+    /**
+     * The library's TIER_ABI_VERSION (its soname's number).
+     */
+    uint32_t abi_version;
+    /**
+     * sizeof(tier_abi_info_t) in the library.
+     */
+    uint32_t abi_info_size;
+    /**
+     * sizeof(tier_stats_t) in the library.
+     */
+    uint32_t stats_size;
+    /**
+     * sizeof(tier_job_result_t) in the library.
+     */
+    uint32_t job_result_size;
+    /**
+     * sizeof(tier_event_t) in the library.
+     */
+    uint32_t event_size;
+} tier_abi_info_t;
+
+/**
  * The result of one finished job, filled in by `tier_poll_finished`.
  */
 typedef struct tier_job_result_t {
@@ -152,7 +264,8 @@ typedef struct tier_job_result_t {
     /**
      * TIER_OK, or why the job failed (TIER_ERR_NO_SPACE, TIER_ERR_NOT_FOUND,
      * TIER_ERR_IO, TIER_ERR_CORRUPT, TIER_ERR_PANIC, TIER_ERR_ALLOC: no memory
-     * for the job's bookkeeping or I/O buffers after it was accepted).
+     * for the job's bookkeeping or I/O buffers after it was accepted); see
+     * `reason` for the detail.
      */
     tier_status_t status;
     /**
@@ -189,6 +302,17 @@ typedef struct tier_job_result_t {
      * TIER_ERR_NO_SPACE). Never more than elapsed_ns.
      */
     uint64_t io_ns;
+    /**
+     * TIER_FAIL_NONE on success, else a TIER_FAIL_* code: why the job
+     * failed, finer than `status` (TIER_FAIL_DEADLINE, a hung device, and
+     * TIER_FAIL_UNAVAILABLE both come with TIER_ERR_IO; a miss is
+     * TIER_FAIL_NOT_FOUND). Added in ABI 1.
+     */
+    uint32_t reason;
+    /**
+     * 0: spells out the struct's tail padding.
+     */
+    uint32_t reserved;
 } tier_job_result_t;
 
 /**
@@ -221,6 +345,10 @@ typedef struct tier_event_t {
      * The block's key; bytes past `key_len` are 0.
      */
     uint8_t key[TIER_MAX_KEY_LEN];
+    /**
+     * 0: spells out the struct's tail padding.
+     */
+    uint32_t reserved;
 } tier_event_t;
 
 /**
@@ -414,6 +542,22 @@ extern "C" {
  * Threads: any thread.
  */
 const char *tier_version(void);
+
+/**
+ * Describes the library's ABI: its TIER_ABI_VERSION and the size of each
+ * struct it writes. A consumer that loads the library at run time (dlopen,
+ * ctypes) calls it first and refuses a library whose abi_version differs
+ * from its header's TIER_ABI_VERSION.
+ *
+ * Writes min(`out_size`, the library's sizeof(tier_abi_info_t)) bytes to
+ * `*out`; pass sizeof(tier_abi_info_t) (bytes past the library's size are
+ * left as they are).
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
+ * TIER_ABI_INFO_SIZE_V1). `*out` is written only on success.
+ * Threads: any thread; needs no tier.
+ */
+tier_status_t tier_abi_info(struct tier_abi_info_t *out,
+                            size_t out_size);
 
 /**
  * The name of a status code, e.g. "TIER_ERR_NO_SPACE" for -5.
@@ -711,16 +855,22 @@ tier_status_t tier_submit_load(struct tier_t *tier,
  * their number to `*out_n` (0 if none is ready). Each accepted job is reported
  * exactly once; afterwards its job id may be reused.
  *
+ * `result_size` is the caller's sizeof(tier_job_result_t): result i is
+ * written at byte offset i * result_size, min(result_size, the library's
+ * size) bytes of it, so a program built against an older or newer header
+ * gets exactly the fields it knows.
  * Never blocks (see tier_wait) and allocates nothing: room for every accepted
  * job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
- * TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_SHUTDOWN (inherited across fork(),
- * see tier_new). Outputs are written only on success.
+ * TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1);
+ * TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new). Outputs are
+ * written only on success.
  * Ownership: `out` and `out_n` are borrowed for the call.
  * NULL: `out` and `out_n` are required.
  * Threads: any thread; concurrent pollers each get distinct results.
  */
 tier_status_t tier_poll_finished(struct tier_t *tier,
                                  struct tier_job_result_t *out,
+                                 size_t result_size,
                                  size_t cap,
                                  size_t *out_n);
 
@@ -813,9 +963,13 @@ tier_status_t tier_clear(struct tier_t *tier);
  * and reported in their place by one TIER_EVENT_LOST event: the consumer's
  * view is stale and must be rebuilt (e.g. forget every block it mirrors).
  *
+ * `event_size` is the caller's sizeof(tier_event_t): event i is written at
+ * byte offset i * event_size, min(event_size, the library's size) bytes of
+ * it.
  * Never blocks on a job, allocates nothing, and holds the tier's index lock
  * for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
- * TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_CONFIG (the tier was created
+ * TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1);
+ * TIER_ERR_CONFIG (the tier was created
  * without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
  * tier_new). Outputs are written only on success.
  * Ownership: `out` and `out_n` are borrowed for the call.
@@ -825,6 +979,7 @@ tier_status_t tier_clear(struct tier_t *tier);
  */
 tier_status_t tier_poll_events(struct tier_t *tier,
                                struct tier_event_t *out,
+                               size_t event_size,
                                size_t cap,
                                size_t *out_n);
 
@@ -874,12 +1029,18 @@ size_t tier_metrics(struct tier_t *tier,
 /**
  * Writes a snapshot of the tier's state and counters to `*out`.
  *
- * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
- * fork(), see tier_new). `*out` is written only on success.
+ * `out_size` is the caller's sizeof(tier_stats_t): the library writes
+ * min(out_size, its own size) bytes, so a program built against an older
+ * header is never written past its struct, and one built against a newer
+ * header finds the fields this library lacks as it left them.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
+ * TIER_STATS_SIZE_V1); TIER_ERR_SHUTDOWN (inherited across fork(), see
+ * tier_new). `*out` is written only on success.
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_stats(struct tier_t *tier,
-                         tier_stats_t *out);
+                         tier_stats_t *out,
+                         size_t out_size);
 
 #ifdef __cplusplus
 }  // extern "C"

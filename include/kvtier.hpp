@@ -509,7 +509,8 @@ class Tier {
      */
     [[nodiscard]] std::size_t poll(Span<JobResult> out) {
         std::size_t n = 0;
-        detail::check(tier_poll_finished(tier_, out.data(), out.size(), &n));
+        detail::check(tier_poll_finished(tier_, out.data(), sizeof(tier_job_result_t),
+                                         out.size(), &n));
         return n;
     }
 
@@ -531,7 +532,7 @@ class Tier {
 
     Stats stats() {
         Stats out{};
-        detail::check(tier_stats(tier_, &out));
+        detail::check(tier_stats(tier_, &out, sizeof(tier_stats_t)));
         return out;
     }
 
@@ -543,7 +544,7 @@ class Tier {
      */
     [[nodiscard]] std::size_t poll_events(Span<Event> out) {
         std::size_t n = 0;
-        detail::check(tier_poll_events(tier_, out.data(), out.size(), &n));
+        detail::check(tier_poll_events(tier_, out.data(), sizeof(tier_event_t), out.size(), &n));
         return n;
     }
 #endif  // KVTIER_NO_EXCEPTIONS

@@ -2,8 +2,8 @@
 # Runs every test (C/C++ through the real library, ASan/UBSan, valgrind when
 # installed, the C++ wrapper, header checks, install and consumer builds, the
 # Rust tests, the benchmark smoke test) on a fresh machine that has cargo, a
-# C/C++ compiler and python3. Installs cmake, pkg-config and redis-server if
-# they are missing.
+# C/C++ compiler and python3. Installs cmake, pkg-config, redis-server and
+# abigail-tools (abidw, abidiff: the ABI check) if they are missing.
 #
 # Environment: BUILD_DIR (default build), JOBS (parallel builds and tests, default 2).
 # Under CI (CI=true) it exports KVTIER_REQUIRE_REDIS=1: the Redis tests then
@@ -60,6 +60,17 @@ install_redis_server() {
     fi
 }
 
+# The ABI check (abi_check, c_tests/abi/) compares the library with the
+# committed baseline through abidiff; under CI=true it fails without it.
+install_abigail_tools() {
+    echo "test.sh: abidw/abidiff not found; installing abigail-tools" >&2
+    if command -v apt-get >/dev/null 2>&1; then
+        as_root apt-get install -y abigail-tools ||
+            { as_root apt-get update && as_root apt-get install -y abigail-tools; } ||
+            echo "test.sh: apt-get could not install abigail-tools" >&2
+    fi
+}
+
 if ! command -v cmake >/dev/null 2>&1 || ! command -v ctest >/dev/null 2>&1; then
     install_cmake
 fi
@@ -68,6 +79,9 @@ if ! command -v pkg-config >/dev/null 2>&1 && ! command -v pkgconf >/dev/null 2>
 fi
 if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
     install_redis_server
+fi
+if ! command -v abidw >/dev/null 2>&1 || ! command -v abidiff >/dev/null 2>&1; then
+    install_abigail_tools
 fi
 # In CI a missing server is a failure, never a skip. ctest passes its
 # environment on to the tests (rust_tests runs cargo test under it).

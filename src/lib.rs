@@ -55,7 +55,7 @@ pub use config::{
     DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS, DEFAULT_REDIS_IO_TIMEOUT_MS,
     MAX_IO_THREADS, MAX_IO_TIMEOUT_MS,
 };
-pub use engine::jobs::{JobKind, JobResult};
+pub use engine::jobs::{FailReason, JobKind, JobResult};
 #[cfg(feature = "test-hooks")]
 pub use engine::{DiskIoSeam, HangPoint};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};

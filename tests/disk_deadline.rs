@@ -52,6 +52,7 @@ fn timed(h: &Harness, submit: impl FnOnce(), job: u64) -> (kvtier::JobResult, Du
 fn assert_on_time(r: &kvtier::JobResult, took: Duration) {
     let deadline = Duration::from_millis(TIMEOUT_MS);
     assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert_eq!(r.reason, kvtier::FailReason::Deadline, "{r:?}");
     assert!(
         took >= deadline,
         "reported after {took:?}, before its deadline"
@@ -438,6 +439,7 @@ fn a_load_waiting_on_a_stuck_store_fails_on_time_too() {
     }
     results.sort_by_key(|r| r.job_id);
     assert_eq!(results[0].error, Some(ErrorKind::Io), "{results:?}");
+    assert_eq!(results[0].reason, kvtier::FailReason::Deadline);
     assert_eq!(results[1].error, Some(ErrorKind::NotFound), "{results:?}");
     tier.release_disk_io();
     assert!(tier.wait_disk_io_released(PATIENCE));
@@ -495,7 +497,9 @@ fn when_every_thread_is_stuck_new_jobs_fail_fast_and_lookups_answer() {
         start.elapsed()
     );
     assert!(
-        results.iter().all(|r| r.error == Some(ErrorKind::Io)),
+        results
+            .iter()
+            .all(|r| r.error == Some(ErrorKind::Io) && r.reason == kvtier::FailReason::Unavailable),
         "{results:?}"
     );
     // Lookups never wait on storage.

@@ -48,6 +48,7 @@ fn header_declares_every_export_and_the_version() {
         "tier_clear",
         "tier_stats",
         "tier_describe",
+        "tier_abi_info",
     ] {
         assert!(
             header.contains(&format!("{name}(")),
@@ -57,4 +58,8 @@ fn header_declares_every_export_and_the_version() {
     let version = env!("CARGO_PKG_VERSION");
     assert!(header.contains(&format!("#define KVTIER_VERSION_STRING \"{version}\"")));
     assert!(header.contains("#define TIER_ERR_NULL_ARG (-1)"));
+    assert!(header.contains(&format!(
+        "#define TIER_ABI_VERSION {}",
+        kvtier::ffi::TIER_ABI_VERSION
+    )));
 }

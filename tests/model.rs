@@ -75,6 +75,7 @@ impl Model {
             job_id: job,
             kind,
             error: None,
+            reason: kvtier::FailReason::None,
             num_blocks: n as u32,
             num_done: n as u32,
             bytes: 0,
@@ -109,6 +110,7 @@ impl Model {
                 .collect();
             if victims.len() < new.len() - free {
                 expected.error = Some(ErrorKind::NoSpace);
+                expected.reason = kvtier::FailReason::NoSpace;
                 expected.num_done = present;
                 self.completed.push_back(expected);
                 return;
@@ -166,6 +168,7 @@ impl Model {
         for (pos, &k) in keys.iter().enumerate() {
             let Some(e) = self.linked(k) else {
                 expected.error = Some(ErrorKind::NotFound);
+                expected.reason = kvtier::FailReason::NotFound;
                 expected.num_done = pos as u32;
                 break;
             };

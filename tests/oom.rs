@@ -14,6 +14,8 @@ mod common;
 
 use common::{key, keys, pattern, KEY_LEN};
 use kvtier::ffi::*;
+
+const RESULT_SIZE: usize = std::mem::size_of::<tier_job_result_t>();
 use kvtier::{ErrorKind, JobKind, PrimaryBuffer, Tier, TierConfig};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -284,7 +286,7 @@ fn c_poll(tier: *mut tier_t, n: usize) -> Vec<tier_job_result_t> {
         unsafe {
             tier_wait(tier, 100);
             assert_eq!(
-                tier_poll_finished(tier, buf.as_mut_ptr(), 16, &mut got),
+                tier_poll_finished(tier, buf.as_mut_ptr(), RESULT_SIZE, 16, &mut got),
                 TIER_OK
             );
         }
@@ -349,7 +351,10 @@ fn c_abi_child() {
         let status = tier_submit_load(tier, BIG_ID, bk, kl, br, n);
         check_c_alloc("tier_submit_load", status);
         let mut stats = tier_stats_t::default();
-        assert_eq!(tier_stats(tier, &mut stats), TIER_OK);
+        assert_eq!(
+            tier_stats(tier, &mut stats, std::mem::size_of::<tier_stats_t>()),
+            TIER_OK
+        );
         assert_eq!((stats.jobs_in_flight, stats.results_queued), (0, 0));
         // Small jobs under the limit, the big job's id reused.
         assert_eq!(
@@ -374,7 +379,7 @@ fn c_abi_child() {
         let mut got = 0usize;
         let mut buf = [tier_job_result_t::default(); 4];
         assert_eq!(
-            tier_poll_finished(tier, buf.as_mut_ptr(), 4, &mut got),
+            tier_poll_finished(tier, buf.as_mut_ptr(), RESULT_SIZE, 4, &mut got),
             TIER_OK
         );
         assert_eq!(got, 0, "only the small jobs are reported");

@@ -230,7 +230,13 @@ impl<'buf> Tier<'buf> {
         let mut n = 0usize;
         // SAFETY: out is writable for out.len() results; n is a valid out pointer.
         check("tier_poll_finished", unsafe {
-            ffi::tier_poll_finished(self.raw, out.as_mut_ptr(), out.len(), &mut n)
+            ffi::tier_poll_finished(
+                self.raw,
+                out.as_mut_ptr(),
+                std::mem::size_of::<tier_job_result_t>(),
+                out.len(),
+                &mut n,
+            )
         })?;
         Ok(n)
     }
@@ -261,7 +267,9 @@ impl<'buf> Tier<'buf> {
     pub fn stats(&self) -> ApiResult<tier_stats_t> {
         let mut out = tier_stats_t::default();
         // SAFETY: out is a valid, writable struct.
-        check("tier_stats", unsafe { ffi::tier_stats(self.raw, &mut out) })?;
+        check("tier_stats", unsafe {
+            ffi::tier_stats(self.raw, &mut out, std::mem::size_of::<tier_stats_t>())
+        })?;
         Ok(out)
     }
 }

@@ -1,8 +1,9 @@
 /*
  * kvtier loaded the way a plugin host loads it: no link-time dependency, a
- * dlopen() of the soname (libkvtier.so.<KVTIER_VERSION_MAJOR> of the header)
+ * dlopen() of the soname (libkvtier.so.<TIER_ABI_VERSION> of the header)
  * from the installed tree, every function of kvtier.h resolved with dlsym()
- * into a table, the library's version checked against the header's, a store
+ * into a table, the library's ABI (tier_abi_info, before any other call) and
+ * version checked against the header's, a store
  * and load round trip through the table, dlclose(), and the same again after
  * a second dlopen().
  *
@@ -100,6 +101,18 @@ static void check_loaded_from(const struct kvtier_api *api, const char *want_dir
     CHECK(strcmp(got, want) == 0);
 }
 
+/* What a host checks before any other call: the ABI and the struct sizes. */
+static void check_abi(const struct kvtier_api *api) {
+    tier_abi_info_t info;
+    memset(&info, 0, sizeof info);
+    CHECK(api->tier_abi_info(&info, sizeof info) == TIER_OK);
+    CHECK(info.abi_version == TIER_ABI_VERSION);
+    CHECK(info.abi_info_size == sizeof(tier_abi_info_t));
+    CHECK(info.stats_size == sizeof(tier_stats_t));
+    CHECK(info.job_result_size == sizeof(tier_job_result_t));
+    CHECK(info.event_size == sizeof(tier_event_t));
+}
+
 static void check_version(const struct kvtier_api *api) {
     int major = -1, minor = -1, patch = -1;
     const char *v = api->tier_version();
@@ -117,8 +130,9 @@ static tier_job_result_t finish(const struct kvtier_api *api, tier_t *tier, uint
     size_t n = 0;
     memset(&r, 0, sizeof r);
     r.status = TIER_ERR_IO;
-    if (api->tier_drain(tier) == TIER_OK && api->tier_poll_finished(tier, &r, 1, &n) == TIER_OK &&
-        n == 1 && r.job_id == id) {
+    if (api->tier_drain(tier) == TIER_OK &&
+        api->tier_poll_finished(tier, &r, sizeof r, 1, &n) == TIER_OK && n == 1 &&
+        r.job_id == id) {
         return r;
     }
     fprintf(stderr, "no result for job %llu\n", (unsigned long long)id);
@@ -165,7 +179,8 @@ static void round_trip(const struct kvtier_api *api, uint8_t seed) {
     }
     if (ok) {
         ok = memcmp(rows, rows + BLOCKS * BLOCK, BLOCKS * BLOCK) == 0;
-        ok = ok && api->tier_stats(tier, &stats) == TIER_OK && stats.stores_ok == 1 &&
+        ok = ok && api->tier_stats(tier, &stats,
+                                   sizeof(tier_stats_t)) == TIER_OK && stats.stores_ok == 1 &&
              stats.loads_ok == 1 && stats.num_blocks == BLOCKS;
         ok = ok && api->tier_metrics(tier, NULL, 0) > 0;
     }
@@ -184,6 +199,7 @@ static void load_and_use(const char *soname, const char *want_dir, int round) {
     CHECK(lib != NULL);
     memset(&api, 0, sizeof api);
     CHECK(resolve(lib, &api) == 0);
+    check_abi(&api);
     check_loaded_from(&api, want_dir);
     check_version(&api);
     round_trip(&api, (uint8_t)(round * 8));
@@ -198,7 +214,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     /* The name a host derives from the header it was built with. */
-    snprintf(soname, sizeof soname, "libkvtier.so.%d", KVTIER_VERSION_MAJOR);
+    snprintf(soname, sizeof soname, "libkvtier.so.%d", TIER_ABI_VERSION);
     if (EXPORT_COUNT < 20) {
         fprintf(stderr, "only %d functions in kvtier_exports.h\n", (int)EXPORT_COUNT);
         return 1;

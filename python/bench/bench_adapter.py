@@ -47,6 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import kvtier  # noqa: E402
 from kvtier import _lib  # noqa: E402
 
+RESULT_SIZE = ctypes.sizeof(_lib.tier_job_result_t)
+
 try:
     from vllm.v1.kv_offload.base import ReqContext, make_offload_key
     from vllm.v1.kv_offload.tiering.base import TransferJob
@@ -104,7 +106,7 @@ class CDriver:
                 nxt += 1
                 inflight += 1
             lib.tier_wait(h, 1000)
-            lib.tier_poll_finished(h, self.results, 256, ctypes.byref(self.got))
+            lib.tier_poll_finished(h, self.results, RESULT_SIZE, 256, ctypes.byref(self.got))
             for r in self.results[: self.got.value]:
                 assert r.status == 0, r.status
             done += self.got.value

@@ -15,6 +15,7 @@ the vLLM secondary tier (``KVTierSecondaryTier``).
 from ._lib import (
     STATUS_CODES,
     TIER_MAX_KEY_LEN,
+    AbiMismatchError,
     LibraryNotFoundError,
     library_path,
     library_version,
@@ -23,6 +24,7 @@ from ._lib import (
 from .tier import (
     Event,
     EventKind,
+    FailReason,
     JobKind,
     JobResult,
     KVTierError,
@@ -41,11 +43,13 @@ __version__ = "0.1.0"
 __all__ = [
     "Event",
     "EventKind",
+    "FailReason",
     "RemovedReason",
     "StoredReason",
     "JobKind",
     "JobResult",
     "KVTierError",
+    "AbiMismatchError",
     "LibraryNotFoundError",
     "LookupState",
     "Tier",

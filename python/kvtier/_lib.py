@@ -40,6 +40,21 @@ TIER_REMOVED_CORRUPT = 3
 TIER_REMOVED_VANISHED = 4
 TIER_REMOVED_UNREADABLE = 5
 
+# The ABI this binding speaks (TIER_ABI_VERSION of include/kvtier.h).
+TIER_ABI_VERSION = 1
+
+# tier_job_result_t.reason: why a job failed (TIER_FAIL_*).
+TIER_FAIL_NONE = 0
+TIER_FAIL_NO_SPACE = 1
+TIER_FAIL_NOT_FOUND = 2
+TIER_FAIL_CORRUPT = 3
+TIER_FAIL_IO_ERROR = 4
+TIER_FAIL_DEADLINE = 5
+TIER_FAIL_UNAVAILABLE = 6
+TIER_FAIL_SHUTDOWN = 7
+TIER_FAIL_ALLOC = 8
+TIER_FAIL_PANIC = 9
+
 
 class tier_job_result_t(Structure):
     _fields_ = [
@@ -51,6 +66,8 @@ class tier_job_result_t(Structure):
         ("bytes", c_uint64),
         ("elapsed_ns", c_uint64),
         ("io_ns", c_uint64),
+        ("reason", c_uint32),
+        ("reserved", c_uint32),
     ]
 
 
@@ -62,6 +79,7 @@ class tier_event_t(Structure):
         ("reason", c_uint32),
         ("key_len", c_uint32),
         ("key", c_uint8 * TIER_MAX_KEY_LEN),
+        ("reserved", c_uint32),
     ]
 
 
@@ -98,13 +116,61 @@ class tier_stats_t(Structure):
     _fields_ = [(name, c_uint64) for name in STATS_FIELDS]
 
 
-assert ctypes.sizeof(tier_job_result_t) == 48
-assert ctypes.sizeof(tier_stats_t) == 192
-assert ctypes.sizeof(tier_event_t) == 160
+class tier_abi_info_t(Structure):
+    _fields_ = [
+        ("abi_version", c_uint32),
+        ("abi_info_size", c_uint32),
+        ("stats_size", c_uint32),
+        ("job_result_size", c_uint32),
+        ("event_size", c_uint32),
+    ]
+
+
+# Every struct the library writes, by the tier_abi_info_t field giving its
+# size in the library.
+ABI_STRUCTS = {
+    "abi_info_size": tier_abi_info_t,
+    "stats_size": tier_stats_t,
+    "job_result_size": tier_job_result_t,
+    "event_size": tier_event_t,
+}
 
 
 class LibraryNotFoundError(ImportError):
     """libkvtier.so could not be found or loaded."""
+
+
+class AbiMismatchError(ImportError):
+    """The library found speaks another ABI than this binding."""
+
+
+def check_abi(lib, path) -> None:
+    """Refuse a library whose ABI version or struct sizes differ from this
+    binding's: the binding and the library must come from one kvtier build."""
+    advice = (
+        " Use the library built with this binding (pip install ./python, or "
+        f"cargo build --release in the same checkout), or set {ENV_LIBRARY} to it."
+    )
+    try:
+        abi_info = lib.tier_abi_info
+    except AttributeError:
+        raise AbiMismatchError(
+            f"kvtier: refusing {path}: it has no tier_abi_info, so it predates "
+            f"ABI {TIER_ABI_VERSION}, the one this binding speaks." + advice
+        ) from None
+    info = tier_abi_info_t()
+    status = abi_info(ctypes.byref(info), ctypes.sizeof(info))
+    if status != 0:
+        raise AbiMismatchError(f"kvtier: refusing {path}: tier_abi_info failed ({status})." + advice)
+    problems = []
+    if info.abi_version != TIER_ABI_VERSION:
+        problems.append(f"ABI version {info.abi_version}, this binding speaks {TIER_ABI_VERSION}")
+    for field, struct in ABI_STRUCTS.items():
+        theirs, ours = getattr(info, field), ctypes.sizeof(struct)
+        if theirs != ours:
+            problems.append(f"{struct.__name__} is {theirs} bytes there, {ours} here")
+    if problems:
+        raise AbiMismatchError(f"kvtier: refusing {path}: " + "; ".join(problems) + "." + advice)
 
 
 def _repo_root() -> Path | None:
@@ -150,6 +216,7 @@ def _load() -> tuple[ctypes.CDLL, Path]:
 def _declare(lib: ctypes.CDLL) -> None:
     P = c_void_p  # byte buffers, int64 arrays and handles all pass as void*
     sigs = {
+        "tier_abi_info": (c_int32, [POINTER(tier_abi_info_t), c_size_t]),
         "tier_version": (c_char_p, []),
         "tier_status_str": (c_char_p, [c_int32]),
         "tier_last_error": (c_size_t, [c_void_p, c_size_t]),
@@ -162,23 +229,28 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_touch": (c_int32, [P, P, c_size_t, c_size_t]),
         "tier_submit_store": (c_int32, [P, c_uint64, P, c_size_t, P, c_size_t]),
         "tier_submit_load": (c_int32, [P, c_uint64, P, c_size_t, P, c_size_t]),
-        "tier_poll_finished": (c_int32, [P, P, c_size_t, POINTER(c_size_t)]),
+        "tier_poll_finished": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_size_t)]),
         "tier_wait": (c_int32, [P, c_uint32]),
         "tier_drain": (c_int32, [P]),
         "tier_clear": (c_int32, [P]),
-        "tier_stats": (c_int32, [P, POINTER(tier_stats_t)]),
-        "tier_poll_events": (c_int32, [P, P, c_size_t, POINTER(c_size_t)]),
+        "tier_stats": (c_int32, [P, POINTER(tier_stats_t), c_size_t]),
+        "tier_poll_events": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_size_t)]),
         "tier_metrics": (c_size_t, [P, c_void_p, c_size_t]),
         "tier_completion_fd": (c_int32, [P]),
     }
     for name, (restype, argtypes) in sigs.items():
-        fn = getattr(lib, name)
+        fn = getattr(lib, name, None)
+        if fn is None:
+            continue  # check_abi refuses a library without tier_abi_info
         fn.restype = restype
         fn.argtypes = argtypes
 
 
 lib, library_path = _load()
 _declare(lib)
+# Before any other call: a library of another ABI would write structs of
+# another size into this binding's buffers.
+check_abi(lib, library_path)
 
 
 def _status_codes() -> dict[str, int]:

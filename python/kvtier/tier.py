@@ -50,8 +50,10 @@ _c_uint8 = ctypes.c_uint8
 _byref = ctypes.byref
 
 # tier_job_result_t: job_id u64, status i32, kind u32, num_blocks u32,
-# num_done u32, bytes u64, elapsed_ns u64, io_ns u64 (48 bytes, no padding).
-_RESULT_STRUCT = struct.Struct("=QiIIIQQQ")
+# num_done u32, bytes u64, elapsed_ns u64, io_ns u64, reason u32,
+# reserved u32 (56 bytes, no padding).
+_RESULT_STRUCT = struct.Struct("=QiIIIQQQI4x")
+_RESULT_SIZE = ctypes.c_size_t(_RESULT_STRUCT.size)
 _RESULT_WORDS = _RESULT_STRUCT.size // 8
 _POLL_CHUNK = 256
 assert _RESULT_STRUCT.size == ctypes.sizeof(_lib.tier_job_result_t)
@@ -119,6 +121,10 @@ class JobResult(NamedTuple):
     #: job's first copy to its last copy ending, without the time queued
     #: before; 0 if no block was copied. See ``tier_job_result_t.io_ns``.
     io_ns: int
+    #: Why the job failed, finer than ``status``: a :class:`FailReason`
+    #: (``NONE`` on success; ``DEADLINE``, a hung device, and
+    #: ``UNAVAILABLE`` both come with ``TIER_ERR_IO``).
+    reason: int = 0
 
     @property
     def ok(self) -> bool:
@@ -135,6 +141,21 @@ class JobResult(NamedTuple):
     @property
     def is_load(self) -> bool:
         return self.kind == TIER_JOB_LOAD
+
+
+class FailReason(enum.IntEnum):
+    """Why a job failed (``JobResult.reason``, the C ``TIER_FAIL_*``)."""
+
+    NONE = _lib.TIER_FAIL_NONE
+    NO_SPACE = _lib.TIER_FAIL_NO_SPACE
+    NOT_FOUND = _lib.TIER_FAIL_NOT_FOUND
+    CORRUPT = _lib.TIER_FAIL_CORRUPT
+    IO_ERROR = _lib.TIER_FAIL_IO_ERROR
+    DEADLINE = _lib.TIER_FAIL_DEADLINE
+    UNAVAILABLE = _lib.TIER_FAIL_UNAVAILABLE
+    SHUTDOWN = _lib.TIER_FAIL_SHUTDOWN
+    ALLOC = _lib.TIER_FAIL_ALLOC
+    PANIC = _lib.TIER_FAIL_PANIC
 
 
 _make_result = JobResult._make
@@ -187,8 +208,9 @@ _EVENT_REASONS = {
     EventKind.REMOVED: RemovedReason,
 }
 # tier_event_t: seq u64, dropped u64, kind u32, reason u32, key_len u32,
-# key[128], 4 bytes of tail padding (160 bytes).
+# key[128], reserved u32 (160 bytes).
 _EVENT_STRUCT = struct.Struct("=QQIII128s4x")
+_EVENT_SIZE = ctypes.c_size_t(_EVENT_STRUCT.size)
 _EVENT_WORDS = _EVENT_STRUCT.size // 8
 _EVENT_CHUNK = 256
 assert _EVENT_STRUCT.size == ctypes.sizeof(_lib.tier_event_t)
@@ -572,7 +594,9 @@ class Tier:
         try:
             while True:
                 want = min(_POLL_CHUNK, max - len(results))
-                self._call("tier_poll_finished", lib.tier_poll_finished, buf, want, _byref(got))
+                self._call(
+                    "tier_poll_finished", lib.tier_poll_finished, buf, _RESULT_SIZE, want, _byref(got)
+                )
                 n = got.value
                 if n:
                     results.extend(
@@ -607,7 +631,9 @@ class Tier:
         try:
             while True:
                 want = min(_EVENT_CHUNK, max - len(events))
-                self._call("tier_poll_events", lib.tier_poll_events, buf, want, _byref(got))
+                self._call(
+                    "tier_poll_events", lib.tier_poll_events, buf, _EVENT_SIZE, want, _byref(got)
+                )
                 n = got.value
                 if n:
                     chunk = view[: n * _EVENT_STRUCT.size]
@@ -694,5 +720,5 @@ class Tier:
 
     def stats(self) -> TierStats:
         out = _lib.tier_stats_t()
-        self._call("tier_stats", lib.tier_stats, ctypes.byref(out))
+        self._call("tier_stats", lib.tier_stats, ctypes.byref(out), ctypes.sizeof(out))
         return TierStats(*(getattr(out, name) for name in _lib.STATS_FIELDS))

@@ -2,7 +2,7 @@
 //! backend (no lock held), run a probe, or release evicted storage; and how a
 //! planned job is cut into tasks and queued.
 
-use super::jobs::{Crew, Job, JobKind, LoadRow, Task, Work, WorkQueue, Worker};
+use super::jobs::{Crew, FailReason, Job, JobKind, LoadRow, Task, Work, WorkQueue, Worker};
 use super::Shared;
 use crate::error::{Error, ErrorKind, Result};
 use crate::workers::{Executor, Lane};
@@ -36,9 +36,13 @@ impl Executor for Shared {
                 JobKind::Store => task
                     .range
                     .clone()
-                    .for_each(|i| job.item_failed(i, ErrorKind::Io)),
+                    .for_each(|i| job.item_failed_with(i, ErrorKind::Io, FailReason::Unavailable)),
                 // Not the stored block's fault: no transient failure counted.
-                JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Io),
+                JobKind::Load => job.fail_with(
+                    job.items[task.range.start].pos,
+                    ErrorKind::Io,
+                    FailReason::Unavailable,
+                ),
             }
             if job.task_done() {
                 self.finish(Arc::clone(job));
@@ -139,8 +143,10 @@ impl Shared {
             // queued, the job would wait for the device to recover. Nothing
             // was read, so a load's keys are not held to blame.
             match job.kind {
-                JobKind::Store => job.fail_all(ErrorKind::Io),
-                JobKind::Load => job.fail(job.items[0].pos, ErrorKind::Io),
+                JobKind::Store => job.fail_all_with(ErrorKind::Io, FailReason::Unavailable),
+                JobKind::Load => {
+                    job.fail_with(job.items[0].pos, ErrorKind::Io, FailReason::Unavailable)
+                }
             }
             self.finish(job);
             return;

@@ -13,6 +13,70 @@ use std::time::Instant;
 
 pub use crate::job_kind::JobKind;
 
+/// Why a job failed, finer than its [`ErrorKind`]: a hung device
+/// (`Deadline`) and storage known to be down (`Unavailable`) both fail with
+/// `Io`, a miss with `NotFound`. The discriminant is the C `TIER_FAIL_*` code.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum FailReason {
+    /// The job succeeded.
+    None = 0,
+    /// A store found no room, even after eviction.
+    NoSpace = 1,
+    /// A load's key is not stored (or storage no longer holds it).
+    NotFound = 2,
+    /// A stored block failed verification.
+    Corrupt = 3,
+    /// Storage returned an error.
+    IoError = 4,
+    /// A storage call missed its deadline (`io_timeout_ms`).
+    Deadline = 5,
+    /// Storage was known to be unavailable, so nothing was tried: every I/O
+    /// thread stuck on a hung device, a server down or being reconnected to.
+    Unavailable = 6,
+    /// The tier was shutting down.
+    Shutdown = 7,
+    /// Memory for the job's buffers could not be allocated.
+    Alloc = 8,
+    /// A panic inside the library was caught.
+    Panic = 9,
+}
+
+impl FailReason {
+    const ALL: [FailReason; 10] = [
+        FailReason::None,
+        FailReason::NoSpace,
+        FailReason::NotFound,
+        FailReason::Corrupt,
+        FailReason::IoError,
+        FailReason::Deadline,
+        FailReason::Unavailable,
+        FailReason::Shutdown,
+        FailReason::Alloc,
+        FailReason::Panic,
+    ];
+
+    /// The reason a failure of `kind` has when nothing more is known.
+    pub fn of(kind: ErrorKind) -> FailReason {
+        match kind {
+            ErrorKind::NoSpace => FailReason::NoSpace,
+            ErrorKind::NotFound => FailReason::NotFound,
+            ErrorKind::Corrupt => FailReason::Corrupt,
+            ErrorKind::Shutdown => FailReason::Shutdown,
+            ErrorKind::Alloc => FailReason::Alloc,
+            ErrorKind::Panic => FailReason::Panic,
+            _ => FailReason::IoError,
+        }
+    }
+
+    fn from_u32(v: u32) -> FailReason {
+        Self::ALL
+            .get(v as usize)
+            .copied()
+            .unwrap_or(FailReason::IoError)
+    }
+}
+
 /// The outcome of one job, reported exactly once by [`Tier::poll`](crate::Tier::poll).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobResult {
@@ -22,6 +86,8 @@ pub struct JobResult {
     pub kind: JobKind,
     /// `None` on success, else why the job failed.
     pub error: Option<ErrorKind>,
+    /// `FailReason::None` on success, else why the job failed, in detail.
+    pub reason: FailReason,
     /// Blocks (keys) in the job.
     pub num_blocks: u32,
     /// Store: the job's blocks (keys, counting repeats) in the tier when the job
@@ -76,7 +142,7 @@ pub(crate) struct Job {
     /// the job completes; set under the index lock at completion.
     present_after: AtomicU32,
     tasks_left: AtomicU32,
-    /// Earliest failure: `pos << 32 | -code`, or NO_FAILURE.
+    /// Earliest failure: `pos << 32 | reason << 16 | -code`, or NO_FAILURE.
     failure: AtomicU64,
     /// Items whose copy failed (rare: a locked Vec).
     failed_items: Mutex<FailedItems>,
@@ -163,16 +229,27 @@ impl Job {
 
     /// Records a failure at key position `pos`; the earliest one wins.
     pub(crate) fn fail(&self, pos: u32, kind: ErrorKind) {
-        let packed = (pos as u64) << 32 | (-kind.code()) as u32 as u64;
+        self.fail_with(pos, kind, FailReason::of(kind));
+    }
+
+    /// Records a failure at `pos` with a reason finer than its kind.
+    pub(crate) fn fail_with(&self, pos: u32, kind: ErrorKind, reason: FailReason) {
+        let low = (reason as u32) << 16 | (-kind.code()) as u32 & 0xffff;
+        let packed = (pos as u64) << 32 | low as u64;
         self.failure.fetch_min(packed, Ordering::AcqRel);
     }
 
     /// The earliest failure so far.
     pub(crate) fn failure(&self) -> Option<(u32, ErrorKind)> {
+        self.failure_reason().map(|(pos, kind, _)| (pos, kind))
+    }
+
+    fn failure_reason(&self) -> Option<(u32, ErrorKind, FailReason)> {
         let f = self.failure.load(Ordering::Acquire);
         (f != NO_FAILURE).then(|| {
-            let kind = ErrorKind::from_code(-((f & 0xffff_ffff) as i32)).expect("valid code");
-            ((f >> 32) as u32, kind)
+            let kind = ErrorKind::from_code(-((f & 0xffff) as i32)).expect("valid code");
+            let reason = FailReason::from_u32((f as u32) >> 16);
+            ((f >> 32) as u32, kind, reason)
         })
     }
 
@@ -182,6 +259,10 @@ impl Job {
     }
 
     pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
+        self.item_failed_with(item, kind, FailReason::of(kind));
+    }
+
+    pub(crate) fn item_failed_with(&self, item: usize, kind: ErrorKind, reason: FailReason) {
         let mut failed = self.failed_items.lock();
         if !failed.list.iter().any(|&(i, _)| i == item) {
             if failed.list.try_reserve(1).is_ok() {
@@ -192,7 +273,7 @@ impl Job {
             }
         }
         drop(failed);
-        self.fail(self.items[item].pos, kind);
+        self.fail_with(self.items[item].pos, kind, reason);
     }
 
     /// A load of item `item` failed with `e`. A failure that never reached
@@ -203,14 +284,18 @@ impl Job {
         if e.reached_storage() {
             self.item_failed(item, e.kind());
         } else {
-            self.fail(self.items[item].pos, e.kind());
+            self.fail_with(self.items[item].pos, e.kind(), FailReason::Unavailable);
         }
     }
 
     /// Fails every item of the job (none of its copies ran).
     pub(crate) fn fail_all(&self, kind: ErrorKind) {
+        self.fail_all_with(kind, FailReason::of(kind));
+    }
+
+    pub(crate) fn fail_all_with(&self, kind: ErrorKind, reason: FailReason) {
         self.failed_items.lock().all.get_or_insert(kind);
-        self.fail(self.items.first().map_or(0, |i| i.pos), kind);
+        self.fail_with(self.items.first().map_or(0, |i| i.pos), kind, reason);
     }
 
     /// The items whose copy failed, locked (held briefly, at completion).
@@ -285,10 +370,14 @@ impl Job {
             let first_missing = (0..self.items.len())
                 .find(|&i| !self.delivered[i].load(Ordering::Acquire))
                 .unwrap_or(item);
-            self.fail(self.items[first_missing].pos, ErrorKind::Io);
+            self.fail_with(
+                self.items[first_missing].pos,
+                ErrorKind::Io,
+                FailReason::Deadline,
+            );
         }
         // The stuck block itself counts as a transient failure of its key.
-        self.item_failed(item, ErrorKind::Io);
+        self.item_failed_with(item, ErrorKind::Io, FailReason::Deadline);
         true
     }
 
@@ -337,15 +426,16 @@ impl Job {
 
     /// The result once every task is done.
     pub(crate) fn result(&self) -> JobResult {
-        let failure = self.failure();
+        let failure = self.failure_reason();
         let num_done = match self.kind {
-            JobKind::Load => failure.map_or(self.num_blocks, |(pos, _)| pos),
+            JobKind::Load => failure.map_or(self.num_blocks, |(pos, _, _)| pos),
             JobKind::Store => self.present_after.load(Ordering::Acquire),
         };
         JobResult {
             job_id: self.id,
             kind: self.kind,
-            error: failure.map(|(_, kind)| kind),
+            error: failure.map(|(_, kind, _)| kind),
+            reason: failure.map_or(FailReason::None, |(_, _, reason)| reason),
             num_blocks: self.num_blocks,
             num_done,
             bytes: self.bytes.load(Ordering::Relaxed),

@@ -2,7 +2,8 @@
 //! `boundary`, call the core, map the result.
 
 use super::boundary::{
-    self, as_mut, as_mut_slice, as_ref, as_slice, free_handle, or_default, status, utf8, OK,
+    self, as_mut, as_mut_slice, as_ref, as_slice, free_handle, or_default, sized_out, status, utf8,
+    OK,
 };
 use super::types::*;
 use crate::config::TierConfig;
@@ -34,6 +35,29 @@ static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 #[no_mangle]
 pub extern "C" fn tier_version() -> *const c_char {
     VERSION.as_ptr() as *const c_char
+}
+
+/// Describes the library's ABI: its TIER_ABI_VERSION and the size of each
+/// struct it writes. A consumer that loads the library at run time (dlopen,
+/// ctypes) calls it first and refuses a library whose abi_version differs
+/// from its header's TIER_ABI_VERSION.
+///
+/// Writes min(`out_size`, the library's sizeof(tier_abi_info_t)) bytes to
+/// `*out`; pass sizeof(tier_abi_info_t) (bytes past the library's size are
+/// left as they are).
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
+/// TIER_ABI_INFO_SIZE_V1). `*out` is written only on success.
+/// Threads: any thread; needs no tier.
+#[no_mangle]
+pub unsafe extern "C" fn tier_abi_info(
+    out: *mut tier_abi_info_t,
+    out_size: usize,
+) -> tier_status_t {
+    status("tier_abi_info", || {
+        let mut out = sized_out(out, out_size, 1, TIER_ABI_INFO_SIZE_V1, "out")?;
+        out.write(0, &tier_abi_info_t::current());
+        OK
+    })
 }
 
 /// The name of a status code, e.g. "TIER_ERR_NO_SPACE" for -5.
@@ -431,10 +455,15 @@ pub unsafe extern "C" fn tier_submit_load(
 /// their number to `*out_n` (0 if none is ready). Each accepted job is reported
 /// exactly once; afterwards its job id may be reused.
 ///
+/// `result_size` is the caller's sizeof(tier_job_result_t): result i is
+/// written at byte offset i * result_size, min(result_size, the library's
+/// size) bytes of it, so a program built against an older or newer header
+/// gets exactly the fields it knows.
 /// Never blocks (see tier_wait) and allocates nothing: room for every accepted
 /// job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
-/// TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_SHUTDOWN (inherited across fork(),
-/// see tier_new). Outputs are written only on success.
+/// TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1);
+/// TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new). Outputs are
+/// written only on success.
 /// Ownership: `out` and `out_n` are borrowed for the call.
 /// NULL: `out` and `out_n` are required.
 /// Threads: any thread; concurrent pollers each get distinct results.
@@ -442,22 +471,20 @@ pub unsafe extern "C" fn tier_submit_load(
 pub unsafe extern "C" fn tier_poll_finished(
     tier: *mut tier_t,
     out: *mut tier_job_result_t,
+    result_size: usize,
     cap: usize,
     out_n: *mut usize,
 ) -> tier_status_t {
     status("tier_poll_finished", || {
         let tier = tier_ref(tier)?;
         let out_n = as_mut(out_n, "out_n")?;
-        if out.is_null() {
-            bail!(NullArg, "out is NULL");
-        }
+        let mut out = sized_out(out, result_size, cap, TIER_JOB_RESULT_SIZE_V1, "out")?;
         if cap == 0 {
             bail!(InvalidArg, "cap is 0: no room for a result");
         }
-        let out = as_mut_slice(out, cap, "out")?;
         let mut n = 0;
-        tier.poll_with(cap, |r| {
-            out[n] = r.into();
+        tier.poll_with(out.len(), |r| {
+            out.write(n, &r.into());
             n += 1;
         });
         *out_n = n;
@@ -578,9 +605,13 @@ pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
 /// and reported in their place by one TIER_EVENT_LOST event: the consumer's
 /// view is stale and must be rebuilt (e.g. forget every block it mirrors).
 ///
+/// `event_size` is the caller's sizeof(tier_event_t): event i is written at
+/// byte offset i * event_size, min(event_size, the library's size) bytes of
+/// it.
 /// Never blocks on a job, allocates nothing, and holds the tier's index lock
 /// for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
-/// TIER_ERR_INVALID_ARG (cap 0); TIER_ERR_CONFIG (the tier was created
+/// TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1);
+/// TIER_ERR_CONFIG (the tier was created
 /// without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
 /// tier_new). Outputs are written only on success.
 /// Ownership: `out` and `out_n` are borrowed for the call.
@@ -591,22 +622,20 @@ pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
 pub unsafe extern "C" fn tier_poll_events(
     tier: *mut tier_t,
     out: *mut tier_event_t,
+    event_size: usize,
     cap: usize,
     out_n: *mut usize,
 ) -> tier_status_t {
     status("tier_poll_events", || {
         let tier = tier_ref(tier)?;
         let out_n = as_mut(out_n, "out_n")?;
-        if out.is_null() {
-            bail!(NullArg, "out is NULL");
-        }
+        let mut out = sized_out(out, event_size, cap, TIER_EVENT_SIZE_V1, "out")?;
         if cap == 0 {
             bail!(InvalidArg, "cap is 0: no room for an event");
         }
-        let out = as_mut_slice(out, cap, "out")?;
         let mut n = 0;
-        tier.poll_events_with(cap, |e| {
-            out[n] = e.into();
+        tier.poll_events_with(out.len(), |e| {
+            out.write(n, &e.into());
             n += 1;
         })?;
         *out_n = n;
@@ -669,15 +698,24 @@ pub unsafe extern "C" fn tier_metrics(tier: *mut tier_t, buf: *mut c_char, cap: 
 
 /// Writes a snapshot of the tier's state and counters to `*out`.
 ///
-/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
-/// fork(), see tier_new). `*out` is written only on success.
+/// `out_size` is the caller's sizeof(tier_stats_t): the library writes
+/// min(out_size, its own size) bytes, so a program built against an older
+/// header is never written past its struct, and one built against a newer
+/// header finds the fields this library lacks as it left them.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
+/// TIER_STATS_SIZE_V1); TIER_ERR_SHUTDOWN (inherited across fork(), see
+/// tier_new). `*out` is written only on success.
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
-pub unsafe extern "C" fn tier_stats(tier: *mut tier_t, out: *mut tier_stats_t) -> tier_status_t {
+pub unsafe extern "C" fn tier_stats(
+    tier: *mut tier_t,
+    out: *mut tier_stats_t,
+    out_size: usize,
+) -> tier_status_t {
     status("tier_stats", || {
         let tier = tier_ref(tier)?;
-        let out = as_mut(out, "out")?;
-        *out = tier.stats();
+        let mut out = sized_out(out, out_size, 1, TIER_STATS_SIZE_V1, "out")?;
+        out.write(0, &tier.stats());
         OK
     })
 }

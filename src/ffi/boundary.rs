@@ -5,6 +5,7 @@ use super::types::{tier_status_t, TIER_ERR_PANIC, TIER_OK};
 use crate::error::{bail, Error, Result};
 use std::any::Any;
 use std::cell::RefCell;
+use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 thread_local! {
@@ -213,4 +214,77 @@ pub(crate) unsafe fn utf8<'a>(ptr: *const std::ffi::c_char, name: &str) -> Resul
             format!("{name} is not valid UTF-8"),
         )),
     }
+}
+
+/// A caller's output array of `len` structs laid out `stride` bytes apart,
+/// `stride` being the caller's own sizeof: each element gets exactly
+/// `min(stride, size_of::<T>())` bytes, so a caller built against an older
+/// header is never written past its struct, and one built against a newer
+/// header keeps its newer fields untouched.
+pub(crate) struct SizedOut<T> {
+    ptr: *mut u8,
+    stride: usize,
+    len: usize,
+    _type: PhantomData<T>,
+}
+
+impl<T: Copy> SizedOut<T> {
+    /// Elements the caller made room for.
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Writes `value` as element `i`.
+    pub(crate) fn write(&mut self, i: usize, value: &T) {
+        assert!(i < self.len, "element {i} of {}", self.len);
+        let n = self.stride.min(std::mem::size_of::<T>());
+        // SAFETY: `sized_out` was promised `len` writable elements of
+        // `stride` bytes; byte copies need no alignment.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (value as *const T).cast::<u8>(),
+                self.ptr.add(i * self.stride),
+                n,
+            )
+        }
+    }
+}
+
+/// `len` output elements of `size` bytes each at `ptr`; `size` below
+/// `min_size` (the struct's size in ABI 1) is TIER_ERR_INVALID_ARG.
+///
+/// # Safety
+/// A non-NULL `ptr` must be writable for `len * size` bytes while the result
+/// lives. `T` must have no padding bytes.
+pub(crate) unsafe fn sized_out<T: Copy>(
+    ptr: *mut T,
+    size: usize,
+    len: usize,
+    min_size: u32,
+    name: &str,
+) -> Result<SizedOut<T>> {
+    if ptr.is_null() {
+        bail!(NullArg, "{name} is NULL");
+    }
+    if size < min_size as usize {
+        bail!(
+            InvalidArg,
+            "{name}: struct size {size} is below {min_size}, its size in the first ABI"
+        );
+    }
+    if len
+        .checked_mul(size)
+        .is_none_or(|b| b > isize::MAX as usize)
+    {
+        bail!(
+            InvalidArg,
+            "{name}: {len} elements of {size} bytes exceed the address space"
+        );
+    }
+    Ok(SizedOut {
+        ptr: ptr.cast(),
+        stride: size,
+        len,
+        _type: PhantomData,
+    })
 }

@@ -5,6 +5,23 @@ use crate::engine::jobs::JobResult;
 use crate::events::{Event, EventKind};
 use crate::stats::Stats;
 
+/// The ABI this header describes (tier_abi_info() gives the library's). It
+/// is the soname's number, libkvtier.so.TIER_ABI_VERSION, and changes only
+/// when an existing function or struct changes incompatibly.
+pub const TIER_ABI_VERSION: u32 = 1;
+
+/// sizeof(tier_stats_t) in ABI 1, the least `out_size` tier_stats accepts.
+pub const TIER_STATS_SIZE_V1: u32 = 192;
+/// sizeof(tier_job_result_t) in ABI 1, the least `result_size`
+/// tier_poll_finished accepts.
+pub const TIER_JOB_RESULT_SIZE_V1: u32 = 56;
+/// sizeof(tier_event_t) in ABI 1, the least `event_size` tier_poll_events
+/// accepts.
+pub const TIER_EVENT_SIZE_V1: u32 = 160;
+/// sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
+/// accepts.
+pub const TIER_ABI_INFO_SIZE_V1: u32 = 20;
+
 /// Status of a call: `TIER_OK` (0), a positive non-error outcome
 /// (`TIER_TIMEOUT`), or a negative `TIER_ERR_*` code. Codes are stable.
 pub type tier_status_t = i32;
@@ -37,6 +54,32 @@ pub const TIER_ERR_SHUTDOWN: tier_status_t = -10;
 pub const TIER_ERR_PANIC: tier_status_t = -11;
 /// Memory, threads or another resource could not be allocated.
 pub const TIER_ERR_ALLOC: tier_status_t = -12;
+
+/// Job result reason: the job succeeded.
+pub const TIER_FAIL_NONE: u32 = 0;
+/// Job result reason: a store found no room, even after eviction
+/// (TIER_ERR_NO_SPACE).
+pub const TIER_FAIL_NO_SPACE: u32 = 1;
+/// Job result reason: a load's key is not stored, or storage no longer holds
+/// its block (TIER_ERR_NOT_FOUND): a miss.
+pub const TIER_FAIL_NOT_FOUND: u32 = 2;
+/// Job result reason: a stored block failed verification (TIER_ERR_CORRUPT).
+pub const TIER_FAIL_CORRUPT: u32 = 3;
+/// Job result reason: storage returned an error (TIER_ERR_IO).
+pub const TIER_FAIL_IO_ERROR: u32 = 4;
+/// Job result reason: a storage call missed its deadline, io_timeout_ms
+/// (TIER_ERR_IO): a hung device or server.
+pub const TIER_FAIL_DEADLINE: u32 = 5;
+/// Job result reason: storage was known to be unavailable, so nothing was
+/// tried (TIER_ERR_IO): every I/O thread stuck on a hung device, a Redis
+/// server down or being reconnected to.
+pub const TIER_FAIL_UNAVAILABLE: u32 = 6;
+/// Job result reason: the tier was shutting down (TIER_ERR_SHUTDOWN).
+pub const TIER_FAIL_SHUTDOWN: u32 = 7;
+/// Job result reason: no memory for the job's buffers (TIER_ERR_ALLOC).
+pub const TIER_FAIL_ALLOC: u32 = 8;
+/// Job result reason: a panic inside the library was caught (TIER_ERR_PANIC).
+pub const TIER_FAIL_PANIC: u32 = 9;
 
 /// Lookup state: the key is not stored.
 pub const TIER_MISS: u8 = 0;
@@ -106,6 +149,8 @@ pub struct tier_event_t {
     pub key_len: u32,
     /// The block's key; bytes past `key_len` are 0.
     pub key: [u8; TIER_MAX_KEY_LEN as usize],
+    /// 0: spells out the struct's tail padding.
+    pub reserved: u32,
 }
 
 impl From<&Event> for tier_event_t {
@@ -122,6 +167,7 @@ impl From<&Event> for tier_event_t {
             reason,
             key_len: e.key().len() as u32,
             key: [0; TIER_MAX_KEY_LEN as usize],
+            reserved: 0,
         };
         out.key[..e.key().len()].copy_from_slice(e.key());
         out
@@ -149,7 +195,8 @@ pub struct tier_job_result_t {
     pub job_id: u64,
     /// TIER_OK, or why the job failed (TIER_ERR_NO_SPACE, TIER_ERR_NOT_FOUND,
     /// TIER_ERR_IO, TIER_ERR_CORRUPT, TIER_ERR_PANIC, TIER_ERR_ALLOC: no memory
-    /// for the job's bookkeeping or I/O buffers after it was accepted).
+    /// for the job's bookkeeping or I/O buffers after it was accepted); see
+    /// `reason` for the detail.
     pub status: tier_status_t,
     /// TIER_JOB_STORE or TIER_JOB_LOAD.
     pub kind: u32,
@@ -173,6 +220,44 @@ pub struct tier_job_result_t {
     /// of keys already present, a job failed before any copy, such as
     /// TIER_ERR_NO_SPACE). Never more than elapsed_ns.
     pub io_ns: u64,
+    /// TIER_FAIL_NONE on success, else a TIER_FAIL_* code: why the job
+    /// failed, finer than `status` (TIER_FAIL_DEADLINE, a hung device, and
+    /// TIER_FAIL_UNAVAILABLE both come with TIER_ERR_IO; a miss is
+    /// TIER_FAIL_NOT_FOUND). Added in ABI 1.
+    pub reason: u32,
+    /// 0: spells out the struct's tail padding.
+    pub reserved: u32,
+}
+
+/// What a library offers, filled in by `tier_abi_info`: a consumer that loads
+/// the library at run time (dlopen, ctypes) checks it before any other call.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tier_abi_info_t {
+    /// The library's TIER_ABI_VERSION (its soname's number).
+    pub abi_version: u32,
+    /// sizeof(tier_abi_info_t) in the library.
+    pub abi_info_size: u32,
+    /// sizeof(tier_stats_t) in the library.
+    pub stats_size: u32,
+    /// sizeof(tier_job_result_t) in the library.
+    pub job_result_size: u32,
+    /// sizeof(tier_event_t) in the library.
+    pub event_size: u32,
+}
+
+impl tier_abi_info_t {
+    /// This library's ABI.
+    pub fn current() -> tier_abi_info_t {
+        use std::mem::size_of;
+        tier_abi_info_t {
+            abi_version: TIER_ABI_VERSION,
+            abi_info_size: size_of::<tier_abi_info_t>() as u32,
+            stats_size: size_of::<tier_stats_t>() as u32,
+            job_result_size: size_of::<tier_job_result_t>() as u32,
+            event_size: size_of::<tier_event_t>() as u32,
+        }
+    }
 }
 
 impl From<JobResult> for tier_job_result_t {
@@ -186,6 +271,8 @@ impl From<JobResult> for tier_job_result_t {
             bytes: r.bytes,
             elapsed_ns: r.elapsed_ns,
             io_ns: r.io_ns,
+            reason: r.reason as u32,
+            reserved: 0,
         }
     }
 }
@@ -216,6 +303,28 @@ mod tests {
         assert_eq!(TIER_REMOVED_CORRUPT, R::Corrupt as u32);
         assert_eq!(TIER_REMOVED_VANISHED, R::Vanished as u32);
         assert_eq!(TIER_REMOVED_UNREADABLE, R::Unreadable as u32);
+        use crate::FailReason as F;
+        assert_eq!(TIER_FAIL_NONE, F::None as u32);
+        assert_eq!(TIER_FAIL_NO_SPACE, F::NoSpace as u32);
+        assert_eq!(TIER_FAIL_NOT_FOUND, F::NotFound as u32);
+        assert_eq!(TIER_FAIL_CORRUPT, F::Corrupt as u32);
+        assert_eq!(TIER_FAIL_IO_ERROR, F::IoError as u32);
+        assert_eq!(TIER_FAIL_DEADLINE, F::Deadline as u32);
+        assert_eq!(TIER_FAIL_UNAVAILABLE, F::Unavailable as u32);
+        assert_eq!(TIER_FAIL_SHUTDOWN, F::Shutdown as u32);
+        assert_eq!(TIER_FAIL_ALLOC, F::Alloc as u32);
+        assert_eq!(TIER_FAIL_PANIC, F::Panic as u32);
+    }
+
+    #[test]
+    fn abi_1_sizes_are_the_structs_sizes() {
+        // In ABI 1 the first version's sizes are the current ones; later
+        // versions only append, so these stay the floor.
+        let info = tier_abi_info_t::current();
+        assert_eq!(info.stats_size, TIER_STATS_SIZE_V1);
+        assert_eq!(info.job_result_size, TIER_JOB_RESULT_SIZE_V1);
+        assert_eq!(info.event_size, TIER_EVENT_SIZE_V1);
+        assert_eq!(info.abi_info_size, TIER_ABI_INFO_SIZE_V1);
     }
 
     #[test]
@@ -229,7 +338,9 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, bytes), 24);
         assert_eq!(offset_of!(tier_job_result_t, elapsed_ns), 32);
         assert_eq!(offset_of!(tier_job_result_t, io_ns), 40);
-        assert_eq!(size_of::<tier_job_result_t>(), 48);
+        assert_eq!(offset_of!(tier_job_result_t, reason), 48);
+        assert_eq!(offset_of!(tier_job_result_t, reserved), 52);
+        assert_eq!(size_of::<tier_job_result_t>(), 56);
         assert_eq!(size_of::<tier_stats_t>(), 24 * 8);
         assert_eq!(offset_of!(tier_event_t, seq), 0);
         assert_eq!(offset_of!(tier_event_t, dropped), 8);
@@ -237,6 +348,7 @@ mod tests {
         assert_eq!(offset_of!(tier_event_t, reason), 20);
         assert_eq!(offset_of!(tier_event_t, key_len), 24);
         assert_eq!(offset_of!(tier_event_t, key), 28);
+        assert_eq!(offset_of!(tier_event_t, reserved), 156);
         assert_eq!(size_of::<tier_event_t>(), 160);
     }
 }

@@ -29,7 +29,7 @@ static int finish(tier_t *tier, uint64_t job_id) {
     size_t n = 0;
     tier_status_t status = tier_drain(tier);
     if (status == TIER_OK) {
-        status = tier_poll_finished(tier, result, 2, &n);
+        status = tier_poll_finished(tier, result, sizeof(tier_job_result_t), 2, &n);
     }
     if (status != TIER_OK) {
         return fail("tier_drain/tier_poll_finished", status);

@@ -150,6 +150,14 @@ impl AttrHeader {
         out
     }
 
+    /// As [`Header::is_newer`], for a header attribute.
+    pub(crate) fn is_newer(buf: &[u8]) -> bool {
+        buf.len() == ATTR_LEN
+            && buf[0..4] == ATTR_MAGIC
+            && buf[ATTR_SUM_AT..] == xxh64(&buf[..ATTR_SUM_AT], 0).to_le_bytes()
+            && u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) > ATTR_VERSION
+    }
+
     /// Parses an attribute's value; the error says what is wrong with it.
     pub(crate) fn decode(buf: &[u8]) -> Result<AttrHeader, String> {
         if buf.len() != ATTR_LEN {
@@ -232,6 +240,17 @@ impl Header {
         out[48..48 + self.key.len()].copy_from_slice(&self.key);
         let sum = xxh64(&out[..HEADER_SUM_AT], 0);
         out[HEADER_SUM_AT..].copy_from_slice(&sum.to_le_bytes());
+    }
+
+    /// Whether `buf` starts with an intact kvtier block header of a format
+    /// newer than this build reads (magic, header checksum, version above
+    /// FORMAT_VERSION): another version's block, to be left alone, never
+    /// condemned. Later formats keep those three where they are.
+    pub(crate) fn is_newer(buf: &[u8]) -> bool {
+        buf.len() >= HEADER_LEN
+            && buf[0..8] == MAGIC
+            && buf[HEADER_SUM_AT..HEADER_LEN] == xxh64(&buf[..HEADER_SUM_AT], 0).to_le_bytes()
+            && u32::from_le_bytes(buf[8..12].try_into().expect("4 bytes")) > FORMAT_VERSION
     }
 
     /// Parses a header; the error says what is wrong with it.

@@ -262,6 +262,16 @@ impl DiskBackend {
         examined: FileId,
         problem: String,
     ) -> Error {
+        if in_newer_format(path) {
+            // Another version's block: a miss here, and never deleted.
+            return Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{}: a block in a format newer than this build reads ({problem}); left in place",
+                    path.display()
+                ),
+            );
+        }
         if self.shared && self.seal.is_some() {
             return Error::new(
                 ErrorKind::NotFound,
@@ -293,4 +303,21 @@ impl DiskBackend {
             format!("{}: {problem}; {outcome}", path.display()),
         )
     }
+}
+
+/// Whether the block file at `path` carries an intact header, in the file or
+/// in its attribute, of a format newer than this build reads.
+fn in_newer_format(path: &Path) -> bool {
+    let Ok(fd) = io::open_read(path, false) else {
+        return false;
+    };
+    let mut attr = [0u8; ATTR_LEN + 1];
+    if let Ok(n) = io::get_attr(&fd, ATTR_NAME, &mut attr) {
+        if AttrHeader::is_newer(&attr[..n]) {
+            return true;
+        }
+    }
+    let mut header = vec![0u8; HEADER_LEN];
+    matches!(io::read_at(&fd, &mut [&mut header], 0), Ok(n) if n == HEADER_LEN)
+        && Header::is_newer(&header)
 }

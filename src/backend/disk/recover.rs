@@ -366,6 +366,10 @@ impl DiskBackend {
         }
         let mut h = vec![0u8; HEADER_LEN];
         let n = io::read_at(&fd, &mut [&mut h], 0)?;
+        if Header::is_newer(&h[..n]) {
+            // Another version's block proves nothing bad: it stays on disk.
+            return Err(std::io::Error::other("a block in a newer format"));
+        }
         Ok((n == HEADER_LEN)
             .then(|| Header::decode(&h).ok().map(|h| h.key))
             .flatten())

@@ -422,10 +422,17 @@ impl RedisBackend {
     }
 
     /// Deletes a value proved not to be this block (so that it cannot fail
-    /// every later load) and returns the load's Corrupt error. A sealed tier
+    /// every later load) and returns the load's Corrupt error. A block in a
+    /// newer format is another version's: a miss, never deleted. A sealed tier
     /// in a shared keyspace deletes nothing: a value that does not
     /// authenticate under its key may be another tenant's; it is a miss.
     fn condemn(&self, name: &str, problem: &str) -> Error {
+        if problem.starts_with(format::NEWER) {
+            return Error::new(
+                ErrorKind::NotFound,
+                format!("redis: {name}: {problem}; a miss, left in place"),
+            );
+        }
         if self.seal.is_some() && self.sharing == Sharing::Shared {
             return Error::new(
                 ErrorKind::NotFound,

@@ -1,0 +1,41 @@
+# Every symbol the shared library defines in its dynamic table is a tier_*
+# function in the version node KVTIER_<TIER_ABI_VERSION> (abi/kvtier.map), as
+# `objdump -T` shows it; the node itself is the only other entry.
+#
+# Usage: cmake -DOBJDUMP= -DLIBRARY= -DNODE= -P check_symbol_versions.cmake
+execute_process(COMMAND "${OBJDUMP}" -T "${LIBRARY}"
+  OUTPUT_VARIABLE table ERROR_VARIABLE errors RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "${OBJDUMP} -T ${LIBRARY} failed (${rc}): ${errors}")
+endif()
+string(REPLACE "\n" ";" lines "${table}")
+set(exports)
+set(problems)
+foreach(line IN LISTS lines)
+  # Defined entries: "<addr> g DF .text <size> <version> <name>".
+  if(NOT line MATCHES "^[0-9a-f]+ .* ([^ ]+)[ \t]+([^ ]+)$" OR line MATCHES "\\*UND\\*")
+    continue()
+  endif()
+  string(REGEX MATCH "([^ \t]+)[ \t]+([^ \t]+)$" _ "${line}")
+  set(version "${CMAKE_MATCH_1}")
+  set(name "${CMAKE_MATCH_2}")
+  if(name STREQUAL NODE AND line MATCHES "\\*ABS\\*")
+    continue()
+  endif()
+  if(NOT name MATCHES "^tier_")
+    list(APPEND problems "${name} is exported (only tier_* may be)")
+  elseif(NOT version STREQUAL NODE)
+    list(APPEND problems "${name} is in version ${version}, not ${NODE}")
+  else()
+    list(APPEND exports "${name}")
+  endif()
+endforeach()
+list(LENGTH exports n)
+if(n LESS 20)
+  list(APPEND problems "only ${n} tier_* exports found in ${NODE}")
+endif()
+if(problems)
+  string(REPLACE ";" "\n  " problems "${problems}")
+  message(FATAL_ERROR "${LIBRARY}:\n  ${problems}\n${table}")
+endif()
+message(STATUS "${LIBRARY}: ${n} exports, every one tier_* in ${NODE}")
