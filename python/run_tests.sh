@@ -6,9 +6,13 @@
 # Environment:
 #   KVTIER_PYTHON   interpreter to test with (e.g. /tmp/vllm-env/bin/python, to
 #                   run the adapter tests against vLLM); it needs pytest and numpy,
-#                   and prometheus_client for the metrics test (which skips
-#                   without it, and fails instead under CI=true).
-#                   Default: a venv at <repo>/build/pyenv, created on first use.
+#                   and prometheus_client for the metrics test.
+#                   Default: the engines' environment (scripts/engine_env.sh:
+#                   vLLM and the test packages) when it is complete, else a venv
+#                   at <repo>/build/pyenv without vLLM (the adapter tests
+#                   skip), created on first use. Under CI=true the engines'
+#                   environment, built if absent; there a skip is a failure
+#                   (tests/conftest.py) and the packaging test runs.
 #   KVTIER_LIBRARY  the library to test; default <repo>/target/release/libkvtier.so,
 #                   built with cargo if missing.
 set -euo pipefail
@@ -26,6 +30,10 @@ fi
 
 if [[ -n "${KVTIER_PYTHON:-}" ]]; then
     py="$KVTIER_PYTHON"
+elif [[ "${CI:-}" == "true" ]]; then
+    py="$(bash "$repo/scripts/engine_env.sh")"
+elif py="$(bash "$repo/scripts/engine_env.sh" --check)"; then
+    echo "run_tests.sh: testing with the engines' environment, $py" >&2
 else
     venv="$repo/build/pyenv"
     py="$venv/bin/python"
@@ -35,6 +43,11 @@ else
         python3 -m venv "$venv"
         "$py" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client
     fi
+fi
+
+if [[ "${CI:-}" == "true" ]]; then
+    # Nothing skips in CI: the opt-in pip-install test too (PyPI is reachable there).
+    export KVTIER_TEST_PACKAGING="${KVTIER_TEST_PACKAGING:-1}"
 fi
 
 cd "$here"

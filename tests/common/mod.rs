@@ -12,6 +12,28 @@ use std::path::{Path, PathBuf};
 
 pub const KEY_LEN: usize = 36;
 
+/// What a test prints (to the real stderr) when it cannot run here: CTest's
+/// SKIP_REGULAR_EXPRESSION matches it, so the test counts as skipped.
+pub const SKIP_MARKER: &str = "KVTIER-SKIP:";
+
+/// Whether this is a CI run (`CI=true`), where no test may skip.
+pub fn in_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v.trim() == "true")
+}
+
+/// Says why the calling test cannot run here, before it returns early; a
+/// panic instead under `CI=true`, so CI never passes a test that did not run.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    assert!(
+        !in_ci(),
+        "cannot run under CI=true, where nothing may skip: {why}"
+    );
+    let test = std::thread::current().name().unwrap_or("?").to_string();
+    // Not eprintln!: libtest captures that and shows it only on failure.
+    let _ = writeln!(std::io::stderr(), "{SKIP_MARKER} {test}: {why}");
+}
+
 /// A 36-byte key like vLLM's (32-byte hash + 4-byte group), derived from `i`.
 pub fn key(i: u64) -> Vec<u8> {
     let mut k = vec![0u8; KEY_LEN];

@@ -10,7 +10,7 @@
 //! Skip or require: without `redis-server` and `redis-cli` on PATH, `start`
 //! prints why and returns None, and the test returns early
 //! (`let server = redis_or_skip!(RedisServer::start());`). With
-//! `KVTIER_REQUIRE_REDIS=1` (CI sets it) a missing server is a panic instead.
+//! `KVTIER_REQUIRE_REDIS=1` or `CI=true` a missing server is a panic instead.
 
 #![allow(dead_code)]
 
@@ -47,7 +47,8 @@ const OWNED: &[&str] = &[
 
 /// Evaluates to the server or cluster `$start` gives (`RedisServer::start()`
 /// when omitted), or returns from the test when Redis is not installed (the
-/// reason is already printed). Panics instead when `KVTIER_REQUIRE_REDIS=1`.
+/// reason is already printed). Panics instead when `KVTIER_REQUIRE_REDIS=1`
+/// or `CI=true`.
 #[macro_export]
 macro_rules! redis_or_skip {
     () => {
@@ -89,26 +90,25 @@ fn on_path(program: &str) -> Option<PathBuf> {
         })
 }
 
-/// Whether `KVTIER_REQUIRE_REDIS=1` is set.
+/// Whether a missing server is a failure: `KVTIER_REQUIRE_REDIS=1`, or a CI
+/// run (`CI=true`).
 pub fn redis_required() -> bool {
-    std::env::var(REQUIRE_VAR).is_ok_and(|v| v.trim() == "1")
+    std::env::var(REQUIRE_VAR).is_ok_and(|v| v.trim() == "1") || super::in_ci()
 }
 
 /// True when Redis tests can run. Otherwise prints why (to the real stderr,
 /// so the skip shows even though libtest captures test output) and returns
-/// false, or panics when `KVTIER_REQUIRE_REDIS=1`.
+/// false, or panics when `KVTIER_REQUIRE_REDIS=1` or `CI=true`.
 pub fn redis_available() -> bool {
     match tools() {
         Ok(_) => true,
         Err(why) if redis_required() => {
-            panic!("redis-server is required ({REQUIRE_VAR}=1) but not found: {why}")
+            panic!("redis-server is required ({REQUIRE_VAR}=1 or CI=true) but not found: {why}")
         }
         Err(why) => {
-            let test = std::thread::current().name().unwrap_or("?").to_string();
-            let _ = writeln!(
-                std::io::stderr(),
-                "skipped {test}: {why} (install redis-server; {REQUIRE_VAR}=1 makes this a failure)"
-            );
+            super::skip(&format!(
+                "{why} (install redis-server; {REQUIRE_VAR}=1 makes this a failure)"
+            ));
             false
         }
     }
@@ -687,7 +687,7 @@ impl TestCerts {
     }
 
     /// New certificates, or None (after printing why) without openssl; a
-    /// panic instead when `KVTIER_REQUIRE_REDIS=1`.
+    /// panic instead when `KVTIER_REQUIRE_REDIS=1` or `CI=true`.
     pub fn make() -> Option<TestCerts> {
         let dir = super::scratch_dir();
         fs::create_dir_all(&dir).expect("create the certificates' directory");
@@ -738,11 +738,7 @@ impl TestCerts {
             return Some(certs);
         }
         assert!(!redis_required(), "openssl is needed to make certificates");
-        let test = std::thread::current().name().unwrap_or("?").to_string();
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipped {test}: openssl could not make certificates"
-        );
+        super::skip("openssl could not make certificates");
         None
     }
 

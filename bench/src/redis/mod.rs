@@ -117,9 +117,11 @@ impl Params {
 
 /// Why the run cannot happen here and is skipped (exit 0): no `--url` and no
 /// redis-server or redis-benchmark installed, unless KVTIER_REQUIRE_REDIS=1
-/// asks for a failure instead.
+/// or CI=true asks for a failure instead.
 pub fn skip_reason(s: &Settings) -> Option<String> {
-    if std::env::var("KVTIER_REQUIRE_REDIS").is_ok_and(|v| v == "1") {
+    if std::env::var("KVTIER_REQUIRE_REDIS").is_ok_and(|v| v == "1")
+        || std::env::var("CI").is_ok_and(|v| v == "true")
+    {
         return None;
     }
     let missing: Vec<&str> = [(s.url.is_none(), "redis-server"), (true, "redis-benchmark")]
