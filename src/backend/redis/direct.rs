@@ -1,4 +1,4 @@
-//! The data path over kvtier's own connection (`resp`): a job's SETs written
+//! The data path over kvtier's own connection (`client::transport`): a job's SETs written
 //! from the caller's rows, and its GET replies read into the caller's rows,
 //! one pipeline per job. Framing, key names and value headers go into the
 //! connection's reusable buffer; a payload is never copied on the way out
@@ -6,8 +6,10 @@
 //! (the part of it that arrived in the reply buffer with the reply's head;
 //! the rest is read from the socket straight into the row).
 
+use super::client::frame::{frame_bulk, frame_bulk_len, frame_command};
+use super::client::reply::Head;
+use super::client::transport::RespConn;
 use super::format;
-use super::resp::{frame_bulk, frame_bulk_len, frame_command, Head, RespConn};
 use super::sealed::{self, SealedLayout};
 use crate::seal::{Nonce, RECORD_LEN};
 use std::cell::RefCell;
@@ -564,7 +566,7 @@ fn read_sealed_block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::resp::fake::serve;
+    use crate::backend::redis::client::fake::serve;
     use std::time::Duration;
 
     const T: Duration = Duration::from_secs(5);

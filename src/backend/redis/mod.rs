@@ -10,7 +10,7 @@
 //!   becomes a MISS: never stale or wrong bytes.
 //! - Every server operation has a deadline (`io_timeout_ms`); a server that
 //!   is down fails jobs with TIER_ERR_IO on time, and the pool reconnects
-//!   with backoff when it returns (see `conn`).
+//!   with backoff when it returns (see `client::conn`).
 //! - `sharing=owned`: this tier's index is the truth; its LRU evicts by
 //!   deleting keys (publish and delete of one key are serialised, and a key
 //!   live again is never deleted), and reopening adopts the keys already on
@@ -25,38 +25,33 @@
 //!   system's roots (`SSL_CERT_FILE` names another bundle), as the crate
 //!   checks it. One client configuration per tier, shared by its pools.
 //!
-//! Files: `format` (key names and the value layout), `conn` (the pool),
-//! `adopt` (an owned tier's keys found on the servers at open),
-//! `resp` (kvtier's own RESP connection to a server, over TCP or TLS),
-//! `tls` (its TLS configuration, one per tier), `direct` (the data path
-//! over it: payloads written from and read into rows), `cluster` (a
-//! cluster's slot map and a pool per master, over TCP or TLS), `fanout`
-//! (one pass of a cluster job over its masters: pipelines sent to all,
-//! replies read first-come), `routed` (a cluster's data path: what each
-//! pass carries, blocks redirected retried through the crate), `pipe` (the
-//! crate's pipelines, for redirected blocks, a cluster whose seeds mix TCP
-//! and TLS, and everything but the data path of a cluster), `sealed`
-//! (sealed names and values).
+//! Files: `format` (key names and the value layout), `sealed` (sealed
+//! names and values), `adopt` (an owned tier's keys found on the servers at
+//! open), `direct` (the data path over kvtier's connection: payloads
+//! written from and read into rows), `routed` (a cluster's data path: what
+//! each pass carries, blocks redirected retried through the crate), and
+//! `client`, what speaks to the servers: kvtier's RESP connection over TCP
+//! or TLS (`transport`, `connect`, `send`, `receive`, `reply`, `frame`,
+//! `crate_adapter`, `tls`), the pool (`conn`), the crate's pipelines
+//! (`pipe`: for redirected blocks, a cluster whose seeds mix TCP and TLS,
+//! and everything but the data path of a cluster), a cluster's slot map and
+//! a pool per master (`cluster`), and one pass of a cluster job over its
+//! masters (`fanout`: pipelines sent to all, replies read first-come).
 
 mod adopt;
-mod cluster;
-mod conn;
+mod client;
 mod direct;
-mod fanout;
 mod format;
-mod pipe;
-mod resp;
 mod routed;
 mod sealed;
-mod tls;
 
-use self::cluster::Router;
-use self::conn::{io_error, Conn, Pool, Target};
+use self::client::cluster::Router;
+use self::client::conn::{io_error, Conn, Pool, Target};
+use self::client::pipe::Pipe;
+use self::client::tls::SharedConfig;
 use self::direct::{Fetched, Layout};
-use self::pipe::Pipe;
 use self::routed::KeyCommand;
 use self::sealed::SealedLayout;
-use self::tls::SharedConfig;
 use super::checksum::{namespace_fingerprint, xxh64};
 use super::Backend;
 use crate::config::{ClusterMode, RedisConfig, Sharing};
@@ -581,7 +576,7 @@ impl RedisBackend {
 /// dead node) fails the whole pipeline at once, without retrying command by
 /// command.
 fn pipelined<T: redis::FromRedisValue>(
-    conn: &mut conn::Conn,
+    conn: &mut client::conn::Conn,
     n: usize,
     make: impl Fn(usize) -> redis::Cmd,
 ) -> std::result::Result<Vec<redis::RedisResult<T>>, redis::RedisError> {

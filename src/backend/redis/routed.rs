@@ -18,10 +18,10 @@
 //! The caller holds the blocks' stripe locks throughout, retries included,
 //! as on a single server.
 
-use super::cluster::{redirection, Router, Routes, SlotMap};
+use super::client::cluster::{redirection, Router, Routes, SlotMap};
+use super::client::fanout::{past, run_pass, Pass, Trouble};
+use super::client::transport::RespConn;
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
-use super::fanout::{past, run_pass, Pass, Trouble};
-use super::resp::RespConn;
 use super::{server_error, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
