@@ -249,7 +249,7 @@ impl RedisBackend {
             router.note_rerouted(retry.len());
             let exists = |k: usize| redis::cmd("EXISTS").arg(self.name(keys[retry[k]])).take();
             if let Ok(counts) = self.pool.with_conn("EXISTS pipeline", |conn| {
-                super::pipelined::<i64>(conn, retry.len(), exists)
+                super::by_crate::pipelined::<i64>(conn, retry.len(), exists)
             }) {
                 for (&i, count) in retry.iter().zip(counts) {
                     told[i] = true;
