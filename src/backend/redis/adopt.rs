@@ -3,7 +3,7 @@
 //! answers (a master down at open keeps its keys unadopted; see
 //! docs/reliability-rules.md).
 
-use super::conn::io_error;
+use super::client::conn::io_error;
 use super::{format, sealed, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::RECORD_LEN;

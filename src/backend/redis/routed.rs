@@ -18,14 +18,13 @@
 //! The caller holds the blocks' stripe locks throughout, retries included,
 //! as on a single server.
 
-use super::cluster::{redirection, Node, Redirection, Router, Routes, SlotMap};
+use super::client::cluster::{redirection, Router, Routes, SlotMap};
+use super::client::fanout::{past, run_pass, Pass, Trouble};
+use super::client::transport::RespConn;
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
-use super::fanout::{past, run_pass, Pass};
-use super::resp::RespConn;
 use super::{server_error, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// One deadline for a whole job: its pipelines to the masters (all sent,
@@ -46,55 +45,6 @@ fn out_of_time() -> Error {
 
 fn unsettled() -> Error {
     Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried").unsent()
-}
-
-/// What a pass over a job's masters met besides answers.
-#[derive(Default)]
-pub(super) struct Trouble {
-    /// A node answered MOVED: the map is stale.
-    moved: bool,
-    /// Groups (indices into `Routes::groups`) whose node failed.
-    pub(super) failed: Vec<usize>,
-}
-
-impl Trouble {
-    pub(super) fn redirected(&mut self, how: Redirection) {
-        self.moved |= how == Redirection::Moved;
-    }
-
-    /// After a first pass: refreshes the map when a node redirected or
-    /// failed. Returns the new map and, marked, the blocks of a failed node
-    /// that it gives to another node, if there are any (to send again).
-    fn settle(
-        &self,
-        router: &Router,
-        map: &SlotMap,
-        routes: &Routes,
-        n: usize,
-        deadline: Instant,
-    ) -> Option<(Arc<SlotMap>, Vec<bool>)> {
-        if !self.moved && self.failed.is_empty() {
-            return None;
-        }
-        let avoid: Vec<Arc<Node>> = self
-            .failed
-            .iter()
-            .filter_map(|&g| routes.groups[g].0.map(|node| Arc::clone(map.node(node))))
-            .collect();
-        router.refresh(&avoid, deadline);
-        let now = router.map();
-        let mut again = vec![false; n];
-        let mut any = false;
-        for &g in &self.failed {
-            for &i in &routes.order[routes.groups[g].1.clone()] {
-                if now.moved_since(map, routes.slots[i]) {
-                    again[i] = true;
-                    any = true;
-                }
-            }
-        }
-        any.then_some((now, again))
-    }
 }
 
 /// A block of a load: its slot, key and row.
@@ -299,7 +249,7 @@ impl RedisBackend {
             router.note_rerouted(retry.len());
             let exists = |k: usize| redis::cmd("EXISTS").arg(self.name(keys[retry[k]])).take();
             if let Ok(counts) = self.pool.with_conn("EXISTS pipeline", |conn| {
-                super::pipelined::<i64>(conn, retry.len(), exists)
+                super::by_crate::pipelined::<i64>(conn, retry.len(), exists)
             }) {
                 for (&i, count) in retry.iter().zip(counts) {
                     told[i] = true;

@@ -7,22 +7,71 @@
 //! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a
 //! [`Pass`] (see `routed`).
 
-use super::cluster::{Node, Routes, SlotMap};
+use super::cluster::{Node, Redirection, Router, Routes, SlotMap};
 use super::conn::{io_error, Conn, Lease};
-use super::resp::RespConn;
-use super::routed::Trouble;
+use super::transport::RespConn;
 use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
+use std::sync::Arc;
 use std::time::Instant;
 
-pub(super) fn past(deadline: Instant) -> bool {
+pub(in crate::backend::redis) fn past(deadline: Instant) -> bool {
     Instant::now() >= deadline
+}
+
+/// What a pass over a job's masters met besides answers.
+#[derive(Default)]
+pub(in crate::backend::redis) struct Trouble {
+    /// A node answered MOVED: the map is stale.
+    moved: bool,
+    /// Groups (indices into `Routes::groups`) whose node failed.
+    pub(in crate::backend::redis) failed: Vec<usize>,
+}
+
+impl Trouble {
+    pub(in crate::backend::redis) fn redirected(&mut self, how: Redirection) {
+        self.moved |= how == Redirection::Moved;
+    }
+
+    /// After a first pass: refreshes the map when a node redirected or
+    /// failed. Returns the new map and, marked, the blocks of a failed node
+    /// that it gives to another node, if there are any (to send again).
+    pub(in crate::backend::redis) fn settle(
+        &self,
+        router: &Router,
+        map: &SlotMap,
+        routes: &Routes,
+        n: usize,
+        deadline: Instant,
+    ) -> Option<(Arc<SlotMap>, Vec<bool>)> {
+        if !self.moved && self.failed.is_empty() {
+            return None;
+        }
+        let avoid: Vec<Arc<Node>> = self
+            .failed
+            .iter()
+            .filter_map(|&g| routes.groups[g].0.map(|node| Arc::clone(map.node(node))))
+            .collect();
+        router.refresh(&avoid, deadline);
+        let now = router.map();
+        let mut again = vec![false; n];
+        let mut any = false;
+        for &g in &self.failed {
+            for &i in &routes.order[routes.groups[g].1.clone()] {
+                if now.moved_since(map, routes.slots[i]) {
+                    again[i] = true;
+                    any = true;
+                }
+            }
+        }
+        any.then_some((now, again))
+    }
 }
 
 /// One kind of pipeline a pass sends each master (SETs, GETs, DELs...),
 /// and what becomes of its blocks. `range` is a group's place in the
 /// routes' order, `order` its blocks (indices into the job).
-pub(super) trait Pass {
+pub(in crate::backend::redis) trait Pass {
     /// What the send half hands the receive half.
     type Sent;
     /// What a failure names ("SET pipeline").
@@ -51,7 +100,7 @@ pub(super) trait Pass {
 /// (suspect masters last), then the replies read from the master that
 /// answers first, all by the job's `deadline`; masters whose connections
 /// were all in use while the job held another's come in a later round.
-pub(super) fn run_pass<P: Pass>(
+pub(in crate::backend::redis) fn run_pass<P: Pass>(
     routes: &Routes,
     map: &SlotMap,
     deadline: Instant,

@@ -8,8 +8,8 @@
 //! `Stall`), so the jobs queued behind the workers it holds are reported
 //! within about one deadline, not one deadline per worker's turn.
 
-use super::resp::RespConn;
 use super::tls::SharedConfig;
+use super::transport::RespConn;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::{Condvar, Mutex};
 use redis::cluster::{ClusterClient, ClusterConnection};
@@ -17,15 +17,15 @@ use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
 use std::time::{Duration, Instant};
 
 /// What the pool connects to.
-pub(super) enum Target {
+pub(in crate::backend::redis) enum Target {
     Single(Client),
     Cluster(ClusterClient),
 }
 
-/// One connection: kvtier's own to a server over TCP or TLS (see `resp`),
+/// One connection: kvtier's own to a server over TCP or TLS (see `transport`),
 /// the crate's to a server over a Unix socket, or the crate's to a cluster
 /// (routing by slot and following MOVED/ASK redirections itself).
-pub(super) enum Conn {
+pub(in crate::backend::redis) enum Conn {
     Direct(RespConn),
     Single(Connection),
     // Boxed: a cluster connection is four times a single one, and the pool
@@ -34,7 +34,7 @@ pub(super) enum Conn {
 }
 
 impl Conn {
-    pub(super) fn like(&mut self) -> &mut dyn ConnectionLike {
+    pub(in crate::backend::redis) fn like(&mut self) -> &mut dyn ConnectionLike {
         match self {
             Conn::Direct(c) => c,
             Conn::Single(c) => c,
@@ -102,7 +102,7 @@ enum Outcome {
     Other,
 }
 
-pub(super) struct Pool {
+pub(in crate::backend::redis) struct Pool {
     target: Target,
     max: usize,
     timeout: Duration,
@@ -116,7 +116,7 @@ pub(super) struct Pool {
 
 /// A Redis failure as a kvtier error: the server's or the network's words,
 /// never the URL (it may hold a password).
-pub(super) fn io_error(what: &str, e: &RedisError) -> Error {
+pub(in crate::backend::redis) fn io_error(what: &str, e: &RedisError) -> Error {
     Error::new(ErrorKind::Io, format!("redis: {what}: {e}"))
 }
 
@@ -129,7 +129,12 @@ fn connection_survives(e: &RedisError) -> bool {
 impl Pool {
     /// A pool of at most `max` connections to `target`; its TLS
     /// connections (if any) use the tier's configuration `tls`.
-    pub(super) fn new(target: Target, max: usize, timeout: Duration, tls: SharedConfig) -> Pool {
+    pub(in crate::backend::redis) fn new(
+        target: Target,
+        max: usize,
+        timeout: Duration,
+        tls: SharedConfig,
+    ) -> Pool {
         Pool {
             target,
             max: max.max(1),
@@ -147,11 +152,11 @@ impl Pool {
     }
 
     /// The deadline of every server operation (`io_timeout_ms`).
-    pub(super) fn timeout(&self) -> Duration {
+    pub(in crate::backend::redis) fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    pub(super) fn is_cluster(&self) -> bool {
+    pub(in crate::backend::redis) fn is_cluster(&self) -> bool {
         matches!(self.target, Target::Cluster(_))
     }
 
@@ -192,7 +197,7 @@ impl Pool {
     /// Opens the first connection and PINGs through it, keeping it in the
     /// pool; the server's own error on failure (so that a refused password
     /// can be told from an unreachable server).
-    pub(super) fn ping(&self) -> std::result::Result<(), RedisError> {
+    pub(in crate::backend::redis) fn ping(&self) -> std::result::Result<(), RedisError> {
         let mut conn = self.connect()?;
         // A cluster connection is made by a seed answering with the slot
         // map; the crate's PING would go to every master and fail while one
@@ -317,7 +322,7 @@ impl Pool {
     /// `wait`, None at once when every connection the pool may open is in
     /// use: a job that holds another node's connection must not wait for
     /// this one (two jobs could then wait on each other).
-    pub(super) fn lease(&self, wait: bool) -> Result<Option<Lease<'_>>> {
+    pub(in crate::backend::redis) fn lease(&self, wait: bool) -> Result<Option<Lease<'_>>> {
         Ok(self.take_or_wait(wait)?.map(|(conn, trial)| Lease {
             pool: self,
             conn: Some(conn),
@@ -328,7 +333,7 @@ impl Pool {
 
     /// Runs `f` on a pooled connection. A connection that failed at the
     /// socket level is dropped (the next use reconnects).
-    pub(super) fn with<T>(
+    pub(in crate::backend::redis) fn with<T>(
         &self,
         what: &str,
         f: impl FnOnce(&mut dyn ConnectionLike) -> std::result::Result<T, RedisError>,
@@ -338,7 +343,7 @@ impl Pool {
 
     /// [`Pool::with`] on the connection itself (a pipeline needs to know
     /// whether it talks to a cluster).
-    pub(super) fn with_conn<T>(
+    pub(in crate::backend::redis) fn with_conn<T>(
         &self,
         what: &str,
         f: impl FnOnce(&mut Conn) -> std::result::Result<T, RedisError>,
@@ -361,7 +366,7 @@ impl Pool {
 /// or dropped with the pool's idle ones if it broke (as `Pool::with_conn`
 /// does after a failure at the socket level). Dropped even by a panic, so
 /// neither the pool's count nor a silent server's trial is lost.
-pub(super) struct Lease<'a> {
+pub(in crate::backend::redis) struct Lease<'a> {
     pool: &'a Pool,
     conn: Option<Conn>,
     /// Taken for the trial of a silent server (see [`Stall`]).
@@ -371,7 +376,7 @@ pub(super) struct Lease<'a> {
 }
 
 impl Lease<'_> {
-    pub(super) fn conn(&mut self) -> &mut Conn {
+    pub(in crate::backend::redis) fn conn(&mut self) -> &mut Conn {
         self.conn
             .as_mut()
             .expect("a lease holds its connection until dropped")
@@ -381,7 +386,7 @@ impl Lease<'_> {
     /// so its stream is out of step), leaving the pool's others be. The
     /// server is not blamed: the job's deadline passed while it read
     /// another node's replies.
-    pub(super) fn close(mut self) {
+    pub(in crate::backend::redis) fn close(mut self) {
         if self.conn.take().is_some() {
             let mut st = self.pool.state.lock();
             st.open -= 1;

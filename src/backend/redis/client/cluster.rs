@@ -1,6 +1,6 @@
 //! Routing a Redis Cluster tier's data path: which master serves a key
 //! name (its slot, and a slot map read with `CLUSTER SLOTS`), and a pool of
-//! kvtier's own connections (`resp`, over TCP or TLS as the seeds are) per
+//! kvtier's own connections (`transport`, over TCP or TLS as the seeds are) per
 //! master, so that a job's blocks for one node travel in one direct
 //! pipeline (`direct`) instead of the crate's cluster pipeline, which
 //! parses every value into a `Vec`. Over TLS, every master's pool shares
@@ -64,7 +64,7 @@ fn crc16(bytes: &[u8]) -> u16 {
 /// The slot of a key name, as Redis computes it: of the hash tag (the bytes
 /// between the first `{` and the next `}`) when it is not empty, else of the
 /// whole name.
-pub(super) fn slot_of(name: &[u8]) -> u16 {
+pub(in crate::backend::redis) fn slot_of(name: &[u8]) -> u16 {
     let tag = name
         .iter()
         .position(|&c| c == b'{')
@@ -78,10 +78,10 @@ pub(super) fn slot_of(name: &[u8]) -> u16 {
 }
 
 /// A master, and kvtier's own connections to it.
-pub(super) struct Node {
+pub(in crate::backend::redis) struct Node {
     host: String,
     port: u16,
-    pub(super) pool: Pool,
+    pub(in crate::backend::redis) pool: Pool,
     /// Its last pipeline failed (refused, broken, past the deadline): a
     /// job's other masters are served before it, so that a master that
     /// hangs costs the job its own blocks, not the deadline of the others.
@@ -99,7 +99,7 @@ impl Node {
     }
 
     /// Records how this node's last pipeline went.
-    pub(super) fn answered(&self, ok: bool) {
+    pub(in crate::backend::redis) fn answered(&self, ok: bool) {
         if self.suspect.load(Ordering::Relaxed) == ok {
             self.suspect.store(!ok, Ordering::Relaxed);
         }
@@ -115,7 +115,7 @@ impl Node {
 }
 
 /// Which master serves each slot.
-pub(super) struct SlotMap {
+pub(in crate::backend::redis) struct SlotMap {
     /// Per slot, an index into `nodes`, or UNSERVED.
     owner: Box<[u16]>,
     nodes: Vec<Arc<Node>>,
@@ -137,37 +137,37 @@ impl SlotMap {
         }
     }
 
-    pub(super) fn node(&self, i: usize) -> &Arc<Node> {
+    pub(in crate::backend::redis) fn node(&self, i: usize) -> &Arc<Node> {
         &self.nodes[i]
     }
 
     /// Whether `slot` is served by another node here than in `before`.
-    pub(super) fn moved_since(&self, before: &SlotMap, slot: u16) -> bool {
+    pub(in crate::backend::redis) fn moved_since(&self, before: &SlotMap, slot: u16) -> bool {
         let node = |map: &SlotMap| map.route(slot).map(|i| Arc::as_ptr(&map.nodes[i]));
         node(self) != node(before)
     }
 
-    pub(super) fn masters(&self) -> usize {
+    pub(in crate::backend::redis) fn masters(&self) -> usize {
         self.nodes.len()
     }
 }
 
 /// A job's blocks grouped by the master serving them.
-pub(super) struct Routes {
+pub(in crate::backend::redis) struct Routes {
     /// Each block's slot.
-    pub(super) slots: Vec<u16>,
+    pub(in crate::backend::redis) slots: Vec<u16>,
     /// Block indices, grouped by node (in block order within a group).
-    pub(super) order: Vec<usize>,
+    pub(in crate::backend::redis) order: Vec<usize>,
     /// Per group: its node in the map (None: no master known for its
     /// slots) and its range of `order`; suspect nodes' groups last.
-    pub(super) groups: Vec<(Option<usize>, Range<usize>)>,
+    pub(in crate::backend::redis) groups: Vec<(Option<usize>, Range<usize>)>,
 }
 
 impl Routes {
     /// Routes the blocks `i` of `0..n` that `include(i)`; `name_of(i, out)`
     /// appends block i's key name. A handful of allocations per job, none
     /// per block.
-    pub(super) fn new(
+    pub(in crate::backend::redis) fn new(
         map: &SlotMap,
         n: usize,
         include: impl Fn(usize) -> bool,
@@ -205,14 +205,14 @@ impl Routes {
     }
 
     /// Blocks in the largest group.
-    pub(super) fn largest(&self) -> usize {
+    pub(in crate::backend::redis) fn largest(&self) -> usize {
         self.groups.iter().map(|(_, r)| r.len()).max().unwrap_or(0)
     }
 }
 
 /// What a server's error reply to one command asks of the client.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Redirection {
+pub(in crate::backend::redis) enum Redirection {
     /// The slot lives elsewhere now: the map is stale.
     Moved,
     /// The slot is moving: this key is asked for on the target.
@@ -222,7 +222,7 @@ pub(super) enum Redirection {
 }
 
 /// The redirection an error reply is, if it is one.
-pub(super) fn redirection(message: &str) -> Option<Redirection> {
+pub(in crate::backend::redis) fn redirection(message: &str) -> Option<Redirection> {
     let code = message.split(' ').next().unwrap_or("");
     match code {
         "MOVED" => Some(Redirection::Moved),
@@ -244,7 +244,7 @@ enum Transport {
 
 /// The slot map and a pool per node, for a cluster reached over plain TCP
 /// or TLS.
-pub(super) struct Router {
+pub(in crate::backend::redis) struct Router {
     /// A seed's connection settings (user, password): every node's
     /// connections use them, with the node's address.
     template: ConnectionInfo,
@@ -273,7 +273,7 @@ impl Router {
     /// pool uses `tls`, the tier's TLS configuration. The first map is read
     /// now; a cluster that does not answer yet leaves it empty (every block
     /// then goes through the crate's connection, and each job asks again).
-    pub(super) fn new(
+    pub(in crate::backend::redis) fn new(
         seeds: &[Client],
         connections: usize,
         timeout: Duration,
@@ -323,7 +323,7 @@ impl Router {
         Some(router)
     }
 
-    pub(super) fn map(&self) -> Arc<SlotMap> {
+    pub(in crate::backend::redis) fn map(&self) -> Arc<SlotMap> {
         Arc::clone(&self.map.lock())
     }
 
@@ -362,7 +362,7 @@ impl Router {
     /// one did within `MIN_REFRESH`. The old map stays in use meanwhile.
     /// Every node asked shares `deadline` (the job's): with several nodes
     /// hung, asking each in turn would cost one `io_timeout_ms` per node.
-    pub(super) fn refresh(&self, avoid: &[Arc<Node>], deadline: Instant) {
+    pub(in crate::backend::redis) fn refresh(&self, avoid: &[Arc<Node>], deadline: Instant) {
         if self.refreshing.swap(true, Ordering::Acquire) {
             return;
         }
@@ -457,13 +457,13 @@ impl Router {
 
     /// Counts blocks sent through the crate's connection after a
     /// redirection or a node's failure.
-    pub(super) fn note_rerouted(&self, blocks: usize) {
+    pub(in crate::backend::redis) fn note_rerouted(&self, blocks: usize) {
         self.rerouted.fetch_add(blocks as u64, Ordering::Relaxed);
     }
 
     /// For `tier_describe`: how many masters the map knows, how often it was
     /// read, how many blocks took the crate's way round.
-    pub(super) fn describe(&self) -> String {
+    pub(in crate::backend::redis) fn describe(&self) -> String {
         format!(
             "slot map: {} masters, read {} times; {} blocks rerouted",
             self.map().masters(),

@@ -6,20 +6,20 @@ use super::conn::Conn;
 use redis::cluster::ClusterPipeline;
 use redis::{Cmd, FromRedisValue, Pipeline, RedisResult};
 
-pub(super) enum Pipe {
+pub(in crate::backend::redis) enum Pipe {
     Single(Pipeline),
     Cluster(ClusterPipeline),
 }
 
 impl Pipe {
-    pub(super) fn new(conn: &Conn) -> Pipe {
+    pub(in crate::backend::redis) fn new(conn: &Conn) -> Pipe {
         match conn {
             Conn::Direct(_) | Conn::Single(_) => Pipe::Single(redis::pipe()),
             Conn::Cluster(_) => Pipe::Cluster(redis::cluster::cluster_pipe()),
         }
     }
 
-    pub(super) fn add(&mut self, cmd: Cmd) {
+    pub(in crate::backend::redis) fn add(&mut self, cmd: Cmd) {
         match self {
             Pipe::Single(p) => {
                 p.add_command(cmd);
@@ -30,7 +30,10 @@ impl Pipe {
         }
     }
 
-    pub(super) fn query<T: FromRedisValue>(&self, conn: &mut Conn) -> RedisResult<T> {
+    pub(in crate::backend::redis) fn query<T: FromRedisValue>(
+        &self,
+        conn: &mut Conn,
+    ) -> RedisResult<T> {
         match (self, conn) {
             (Pipe::Single(p), Conn::Direct(c)) => p.query(c),
             (Pipe::Single(p), Conn::Single(c)) => p.query(c),

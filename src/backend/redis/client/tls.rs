@@ -1,4 +1,4 @@
-//! TLS for `rediss://` servers on kvtier's own connection (`resp`): the
+//! TLS for `rediss://` servers on kvtier's own connection (`client::transport`): the
 //! client configuration, built to verify servers exactly as the redis
 //! crate's `tls-rustls` connection does (redis 1.x, `create_rustls_config`):
 //! the trust roots from `rustls-native-certs` (the system's, or the bundle
@@ -20,13 +20,13 @@ use std::sync::{Arc, OnceLock};
 /// have one): loading the system's roots parses every certificate, once per
 /// tier rather than once per node. Clones share it.
 #[derive(Clone, Default)]
-pub(super) struct SharedConfig(Arc<OnceLock<Arc<ClientConfig>>>);
+pub(in crate::backend::redis) struct SharedConfig(Arc<OnceLock<Arc<ClientConfig>>>);
 
 impl SharedConfig {
     /// The configuration, built now if no connection has built it yet. An
     /// `#insecure` address is refused every time (it is never what the
     /// cache holds).
-    pub(super) fn get(&self, insecure: bool) -> RedisResult<Arc<ClientConfig>> {
+    pub(in crate::backend::redis) fn get(&self, insecure: bool) -> RedisResult<Arc<ClientConfig>> {
         if !insecure {
             if let Some(config) = self.0.get() {
                 return Ok(Arc::clone(config));
@@ -64,7 +64,7 @@ fn client_config(insecure: bool) -> RedisResult<Arc<ClientConfig>> {
 }
 
 /// The name the server's certificate must carry: the URL's host.
-pub(super) fn server_name(host: &str) -> RedisResult<ServerName<'static>> {
+pub(in crate::backend::redis) fn server_name(host: &str) -> RedisResult<ServerName<'static>> {
     ServerName::try_from(host.to_string()).map_err(|e| {
         RedisError::from((
             ErrorKind::InvalidClientConfig,

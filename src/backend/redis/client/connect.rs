@@ -1,0 +1,121 @@
+//! Opening a connection: the server's addresses tried in turn within the
+//! deadline, the TLS handshake (the server's certificate checked against
+//! the host), then AUTH and SELECT as the URL says (through the crate's
+//! command builders, `crate_adapter`).
+
+use super::tls;
+use super::transport::{RespConn, Stream, Tls};
+use redis::{RedisConnectionInfo, RedisResult};
+use rustls::ClientConfig;
+use std::io;
+use std::net::{TcpStream, ToSocketAddrs};
+use std::sync::Arc;
+use std::time::Duration;
+
+impl RespConn {
+    /// Connects to `host:port` within `timeout` (over TLS with `tls`, the
+    /// server's certificate checked against `host`), then authenticates and
+    /// selects the database as `settings` (from the URL) say.
+    pub(in crate::backend::redis) fn connect(
+        host: &str,
+        port: u16,
+        tls: Option<&Arc<ClientConfig>>,
+        settings: &RedisConnectionInfo,
+        timeout: Duration,
+    ) -> RedisResult<RespConn> {
+        let mut last = None;
+        let mut stream = None;
+        for addr in (host, port).to_socket_addrs()? {
+            match TcpStream::connect_timeout(&addr, timeout) {
+                Ok(s) => {
+                    stream = Some(s);
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        let stream = match (stream, last) {
+            (Some(s), _) => s,
+            (None, Some(e)) => return Err(e.into()),
+            (None, None) => {
+                return Err(
+                    io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")).into(),
+                )
+            }
+        };
+        let mut conn = match tls {
+            None => RespConn::over(stream, timeout)?,
+            Some(config) => {
+                let tls = rustls::ClientConnection::new(config.clone(), tls::server_name(host)?)?;
+                let mut conn = RespConn::new(
+                    Stream::Tls(Box::new(Tls {
+                        conn: tls,
+                        sock: stream,
+                    })),
+                    timeout,
+                )?;
+                conn.begin();
+                conn.handshake().map_err(|e| {
+                    io::Error::new(e.kind(), format!("TLS handshake with {host}:{port}: {e}"))
+                })?;
+                conn
+            }
+        };
+        if let Some(password) = settings.password() {
+            let mut auth = redis::cmd("AUTH");
+            if let Some(user) = settings.username() {
+                auth.arg(user);
+            }
+            auth.arg(password).query::<()>(&mut conn)?;
+        }
+        if settings.db() != 0 {
+            redis::cmd("SELECT")
+                .arg(settings.db())
+                .query::<()>(&mut conn)?;
+            conn.db = settings.db();
+        }
+        Ok(conn)
+    }
+
+    /// Completes a TLS handshake (nothing to do over plain TCP).
+    fn handshake(&mut self) -> io::Result<()> {
+        let r = (|| loop {
+            self.flush_tls()?;
+            match &self.stream {
+                Stream::Tls(tls) if tls.conn.is_handshaking() => self.receive_tls()?,
+                _ => return Ok(()),
+            }
+        })();
+        self.check(r)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const T: Duration = Duration::from_millis(300);
+
+    #[test]
+    fn a_silent_server_costs_a_tls_handshake_the_deadline() {
+        // A listener that never answers: the handshake is bounded too.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_no_client_auth();
+        let started = Instant::now();
+        let settings = RedisConnectionInfo::default();
+        let r = RespConn::connect("127.0.0.1", port, Some(&Arc::new(config)), &settings, T);
+        let e = r.err().expect("no handshake with a silent server");
+        let took = started.elapsed();
+        assert!(e.is_timeout(), "{e}");
+        assert!(e.to_string().contains("TLS handshake"), "{e}");
+        assert!(took >= T && took < T * 3, "{took:?}");
+    }
+}

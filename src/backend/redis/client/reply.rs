@@ -1,0 +1,327 @@
+//! The replies read off a connection (RESP2): a reply's first line parsed
+//! from the read buffer (`parse_head`, over a byte slice), bulk payloads
+//! read straight into the caller's slice, and the CRLF after them.
+
+use super::transport::RespConn;
+use std::io;
+
+/// Bytes read into the buffer beyond a payload read straight into its row,
+/// in the same call: the payload's CRLF and the next reply's head, and the
+/// start of its payload (copied once from the buffer). Small, so that a
+/// pipeline of large values is read almost entirely into the rows (64 KiB
+/// values: a whole buffer of each value was copied before), and big enough
+/// that the next head rarely needs a call of its own.
+const READ_AHEAD: usize = 4 << 10;
+
+/// Longest reply line (status, error, length) accepted: a longer one is a
+/// protocol error, not a reason to grow without bound.
+const MAX_LINE: usize = 16 << 10;
+
+/// The first line of a reply.
+#[derive(Debug, PartialEq)]
+pub(in crate::backend::redis) enum Head {
+    /// `+OK` (told apart so that the data path's many SET replies allocate
+    /// nothing).
+    Ok,
+    /// Any other `+...`.
+    Status(String),
+    /// `-...`: the server's message (e.g. `OOM command not allowed ...`).
+    Error(String),
+    Int(i64),
+    /// `$n`: n bytes and a CRLF follow.
+    Bulk(usize),
+    /// `$-1` or `*-1`.
+    Nil,
+    /// `*n`: n replies follow.
+    Array(usize),
+}
+
+pub(super) fn protocol_error(what: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("protocol error: {}", what.into()),
+    )
+}
+
+/// A reply's first line (without its CRLF) parsed: a protocol error for
+/// anything RESP2 does not start a reply with.
+pub(super) fn parse_head(line: &[u8]) -> io::Result<Head> {
+    let Some((&kind, rest)) = line.split_first() else {
+        return Err(protocol_error("empty reply line"));
+    };
+    let number = || -> io::Result<i64> {
+        std::str::from_utf8(rest)
+            .ok()
+            .and_then(|s| s.parse::<i64>().ok())
+            .ok_or_else(|| {
+                protocol_error(format!(
+                    "bad length {:?}",
+                    String::from_utf8_lossy(&rest[..rest.len().min(32)])
+                ))
+            })
+    };
+    Ok(match kind {
+        b'+' if rest == b"OK" => Head::Ok,
+        b'+' => Head::Status(String::from_utf8_lossy(rest).into_owned()),
+        b'-' => Head::Error(String::from_utf8_lossy(rest).into_owned()),
+        b':' => Head::Int(number()?),
+        b'$' | b'*' => match number()? {
+            -1 => Head::Nil,
+            n if n < 0 => return Err(protocol_error(format!("length {n}"))),
+            n if kind == b'$' => Head::Bulk(n as usize),
+            n => Head::Array(n as usize),
+        },
+        other => {
+            return Err(protocol_error(format!(
+                "unexpected reply type {:?}",
+                other as char
+            )))
+        }
+    })
+}
+
+impl RespConn {
+    /// Reads the next reply's first line.
+    pub(in crate::backend::redis) fn read_head(&mut self) -> io::Result<Head> {
+        let r = self.read_head_inner();
+        self.check(r)
+    }
+
+    fn read_head_inner(&mut self) -> io::Result<Head> {
+        let mut scanned = 0;
+        let line_end = loop {
+            let pending = &self.buf[self.start..self.end];
+            if let Some(at) = pending[scanned..].windows(2).position(|w| w == b"\r\n") {
+                break self.start + scanned + at;
+            }
+            if pending.len() > MAX_LINE {
+                return Err(protocol_error("reply line too long"));
+            }
+            scanned = pending.len().saturating_sub(1);
+            self.fill()?;
+        };
+        let line = &self.buf[self.start..line_end];
+        self.start = line_end + 2;
+        parse_head(line)
+    }
+
+    /// Reads exactly `dst.len()` bytes of a bulk payload into `dst`: what the
+    /// buffer holds is copied, the rest is read from the socket straight
+    /// into `dst`, with up to READ_AHEAD bytes that follow it into the
+    /// buffer by the same call.
+    pub(in crate::backend::redis) fn read_into(&mut self, dst: &mut [u8]) -> io::Result<()> {
+        self.read_into_seen(dst, &mut |_| {})
+    }
+
+    /// [`RespConn::read_into`], calling `landed` with each stretch of `dst`
+    /// as it arrives (in order, covering `dst` once): a checksum fed there
+    /// reads bytes still in the CPU's caches, where one pass over a 2 MiB
+    /// block after the last read would fetch most of it from memory again.
+    pub(in crate::backend::redis) fn read_into_seen(
+        &mut self,
+        dst: &mut [u8],
+        landed: &mut dyn FnMut(&[u8]),
+    ) -> io::Result<()> {
+        let buffered = (self.end - self.start).min(dst.len());
+        dst[..buffered].copy_from_slice(&self.buf[self.start..self.start + buffered]);
+        self.start += buffered;
+        landed(&dst[..buffered]);
+        let mut at = buffered;
+        while at < dst.len() {
+            // The buffer is empty here (what it held went into dst).
+            self.start = 0;
+            self.end = 0;
+            let mut buf = std::mem::take(&mut self.buf);
+            self.wake_after(dst.len() - at);
+            let r = self.read_some_vectored(&mut dst[at..], &mut buf[..READ_AHEAD]);
+            self.buf = buf;
+            let got = self.check(r)?;
+            let into_dst = got.min(dst.len() - at);
+            landed(&dst[at..at + into_dst]);
+            at += into_dst;
+            self.end = got - into_dst;
+        }
+        // Raised only while a payload is read: a `poll` for the next reply
+        // (a cluster job's, on a connection back from the pool) must wake
+        // at its first byte.
+        self.wake_after(0);
+        Ok(())
+    }
+
+    /// Consumes `n` bytes (a payload not wanted).
+    pub(in crate::backend::redis) fn skip(&mut self, mut n: usize) -> io::Result<()> {
+        loop {
+            let buffered = (self.end - self.start).min(n);
+            self.start += buffered;
+            n -= buffered;
+            if n == 0 {
+                return Ok(());
+            }
+            let r = self.fill();
+            self.check(r)?;
+        }
+    }
+
+    /// Consumes the CRLF that ends a bulk payload.
+    pub(in crate::backend::redis) fn read_crlf(&mut self) -> io::Result<()> {
+        let mut crlf = [0u8; 2];
+        self.read_into(&mut crlf)?;
+        if crlf != *b"\r\n" {
+            return self.check(Err(protocol_error("bulk string not ended by CRLF")));
+        }
+        Ok(())
+    }
+
+    /// A reply the caller cannot have asked for: the stream is out of step,
+    /// the connection is done.
+    pub(in crate::backend::redis) fn unexpected(&mut self, what: String) -> io::Error {
+        self.broken = true;
+        protocol_error(what)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::fake::{bytewise, serve};
+    use super::*;
+    use redis::ConnectionLike;
+    use redis::Value;
+    use std::io::IoSlice;
+    use std::time::Duration;
+
+    const T: Duration = Duration::from_millis(300);
+
+    /// The heads of every reply kind, from byte slices (no socket).
+    #[test]
+    fn heads_parse_from_byte_slices() {
+        let cases: [(&[u8], Head); 9] = [
+            (b"+OK", Head::Ok),
+            (b"+PONG", Head::Status("PONG".into())),
+            (b"-ERR no", Head::Error("ERR no".into())),
+            (b":-42", Head::Int(-42)),
+            (b"$5", Head::Bulk(5)),
+            (b"$0", Head::Bulk(0)),
+            (b"$-1", Head::Nil),
+            (b"*-1", Head::Nil),
+            (b"*2", Head::Array(2)),
+        ];
+        for (line, head) in cases {
+            assert_eq!(parse_head(line).unwrap(), head, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn malformed_heads_are_protocol_errors_from_byte_slices() {
+        let cases: [(&[u8], &str); 5] = [
+            (b"$abc", "protocol error: bad length \"abc\""),
+            (b"$-5", "protocol error: length -5"),
+            (b"!3", "protocol error: unexpected reply type '!'"),
+            (b"", "protocol error: empty reply line"),
+            (b"%1", "protocol error: unexpected reply type '%'"),
+        ];
+        for (line, message) in cases {
+            let e = parse_head(line).unwrap_err();
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert_eq!(e.to_string(), message);
+        }
+    }
+
+    fn ask(conn: &mut RespConn, cmd: &[u8]) -> io::Result<()> {
+        conn.begin();
+        conn.write_all_vectored(&mut [IoSlice::new(cmd)])
+    }
+
+    #[test]
+    fn replies_split_into_single_bytes_parse() {
+        let reply =
+            b"+OK\r\n+PONG\r\n-ERR no\r\n:-42\r\n$5\r\nhe\r\no\r\n$-1\r\n*2\r\n$0\r\n\r\n*-1\r\n";
+        let (mut c, server) = serve(4, bytewise(reply), false, T);
+        ask(&mut c, b"ping").unwrap();
+        assert_eq!(c.read_head().unwrap(), Head::Ok);
+        assert_eq!(c.read_head().unwrap(), Head::Status("PONG".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Error("ERR no".into()));
+        assert_eq!(c.read_head().unwrap(), Head::Int(-42));
+        // A payload holding CRLF is read by its length, not up to a CRLF.
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::BulkString(b"he\r\no".to_vec())
+        );
+        assert_eq!(c.read_head().unwrap(), Head::Nil);
+        assert_eq!(
+            c.read_value().unwrap(),
+            Value::Array(vec![Value::BulkString(Vec::new()), Value::Nil])
+        );
+        assert!(c.is_open());
+        assert_eq!(server.received.join().unwrap(), b"ping");
+    }
+
+    #[test]
+    fn bulk_payloads_go_straight_into_the_destination() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 7) as u8).collect();
+        let mut reply = format!("${}\r\n", payload.len()).into_bytes();
+        reply.extend_from_slice(&payload);
+        reply.extend_from_slice(b"\r\n:1\r\n");
+        // Larger than the read buffer, in uneven pieces.
+        let pieces = reply.chunks(70_001).map(<[u8]>::to_vec).collect();
+        let (mut c, _server) = serve(0, pieces, false, Duration::from_secs(5));
+        c.begin();
+        assert_eq!(c.read_head().unwrap(), Head::Bulk(payload.len()));
+        let mut dst = vec![0u8; payload.len()];
+        c.read_into(&mut dst).unwrap();
+        c.read_crlf().unwrap();
+        assert!(dst == payload);
+        assert_eq!(c.read_head().unwrap(), Head::Int(1));
+    }
+
+    #[test]
+    fn each_stretch_of_a_payload_is_seen_once_in_order_as_it_lands() {
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i * 13 / 5) as u8).collect();
+        let mut reply = format!("${}\r\n", payload.len()).into_bytes();
+        reply.extend_from_slice(&payload);
+        reply.extend_from_slice(b"\r\n");
+        // The first piece leaves part of the payload in the read buffer.
+        let pieces = reply.chunks(50_003).map(<[u8]>::to_vec).collect();
+        let (mut c, _server) = serve(0, pieces, false, Duration::from_secs(5));
+        c.begin();
+        assert_eq!(c.read_head().unwrap(), Head::Bulk(payload.len()));
+        let mut dst = vec![0u8; payload.len()];
+        let (mut seen, mut stretches) = (Vec::new(), 0);
+        c.read_into_seen(&mut dst, &mut |landed| {
+            seen.extend_from_slice(landed);
+            stretches += 1;
+        })
+        .unwrap();
+        c.read_crlf().unwrap();
+        assert!(dst == payload);
+        assert!(seen == payload, "the stretches seen are not the payload");
+        assert!(stretches > 1, "{stretches} stretches for 6 pieces");
+    }
+
+    #[test]
+    fn malformed_replies_are_protocol_errors_that_close_the_connection() {
+        let cases: [&[u8]; 6] = [
+            b"$abc\r\n",
+            b"$-5\r\n",
+            b"$3\r\nhelloX\r\n",
+            b"!3\r\nabc\r\n",
+            b"\r\n",
+            b"%1\r\n",
+        ];
+        for reply in cases {
+            let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
+            c.begin();
+            let r = c.read_value();
+            let e = r.expect_err(&String::from_utf8_lossy(reply));
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+            assert!(!c.is_open(), "{}", String::from_utf8_lossy(reply));
+        }
+    }
+
+    #[test]
+    fn a_line_without_end_is_refused_not_buffered_forever() {
+        let (mut c, _server) = serve(0, vec![vec![b'+'; MAX_LINE + 10]], true, T);
+        c.begin();
+        let e = c.read_head().unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
+    }
+}
