@@ -9,6 +9,7 @@ fn main() {
     println!("cargo:rerun-if-changed=cbindgen.toml");
     println!("cargo:rerun-if-changed=src/ffi");
     println!("cargo:rerun-if-changed=src/stats.rs");
+    println!("cargo:rerun-if-changed=src/status.rs");
 
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
     let part = |name: &str| std::env::var(name).expect("version part");
@@ -38,6 +39,9 @@ fn main() {
     ));
     let bindings = cbindgen::Builder::new()
         .with_config(config)
+        // The status codes are the core's own (error kinds take their numbers
+        // from them), exported as they are.
+        .with_src(root.join("src/status.rs"))
         .with_src(root.join("src/ffi/mod.rs"))
         // The stats struct is the core's own, exported as is.
         .with_src(root.join("src/stats.rs"))

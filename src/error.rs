@@ -7,7 +7,7 @@ use std::ffi::CStr;
 use std::fmt;
 
 /// Declares [`ErrorKind`] from one list of `Variant = TIER_ERR_CONSTANT`:
-/// the numbers live only in the C constants (src/ffi/types.rs, which cbindgen
+/// the numbers live only in the C constants (src/status.rs, which cbindgen
 /// turns into the header), and the enum, [`ErrorKind::ALL`] and the C names
 /// all come from this list, so none can drift from another.
 macro_rules! error_kinds {
@@ -16,7 +16,7 @@ macro_rules! error_kinds {
         #[derive(Copy, Clone, Debug, PartialEq, Eq, Hash)]
         #[repr(i32)]
         pub enum ErrorKind {
-            $( $(#[$doc])* $variant = crate::ffi::$constant, )*
+            $( $(#[$doc])* $variant = crate::status::$constant, )*
         }
 
         impl ErrorKind {

@@ -46,6 +46,7 @@ mod metrics;
 mod primary;
 mod seal;
 mod stats;
+mod status;
 mod sync;
 mod thread;
 mod workers;
