@@ -6,8 +6,10 @@
 //! mount says "skipped: ..." and returns.
 
 mod common;
+mod fuse_memfs;
 
 use common::*;
+use fuse_memfs::MemFuse;
 use kvtier::TierConfig;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -140,4 +142,38 @@ fn auto_gives_a_tmpfs_no_deadline() {
         }
     };
     check_local(&fs.at, "tmpfs: memory, no deadline");
+}
+
+#[test]
+fn auto_gives_a_fuse_file_system_the_deadline_and_an_explicit_value_wins() {
+    let at = scratch_dir();
+    std::fs::create_dir_all(&at).unwrap();
+    let fs = match MemFuse::mount(&at) {
+        Ok(fs) => fs,
+        Err(why) => {
+            let _ = std::fs::remove_dir(&at);
+            eprintln!(
+                "skipped: cannot mount a FUSE file system here (needs root and /dev/fuse): {why}"
+            );
+            return;
+        }
+    };
+    let line = describe_working_tier(&fs.at, None);
+    assert!(
+        line.contains(&format!(
+            "io_timeout_ms=auto (fuse: network, cluster or FUSE, deadline {} ms; up to",
+            kvtier::DEFAULT_DISK_IO_TIMEOUT_MS
+        )),
+        "{line}"
+    );
+    assert!(line.contains("headers in the files"), "{line}");
+    let line = describe_working_tier(&fs.at, Some("0"));
+    assert!(
+        !line.contains("io_timeout_ms"),
+        "an explicit 0 wins: {line}"
+    );
+    let line = describe_working_tier(&fs.at, Some("2500"));
+    assert!(line.contains("io_timeout_ms=2500 (up to"), "{line}");
+    drop(fs);
+    let _ = std::fs::remove_dir(&at);
 }
