@@ -155,19 +155,18 @@ pub(crate) trait Backend: Send + Sync {
     /// Under a deadline a load must not read storage straight into the
     /// caller's row (a read that returns late would write a row whose job was
     /// reported), so the engine reads into a worker's private buffer first.
-    /// A backend that can read a block in pieces says how large that buffer
-    /// is (a multiple of 4096, room for a piece or two) and serves such
-    /// loads with [`Backend::load_streamed`], so that the buffer is smaller
-    /// than a large block and stays in the CPU's caches between the read and
-    /// the copy. None (the default): a buffer of a whole block and
-    /// [`Backend::load`].
+    /// A backend that can read a block in pieces says how large a piece is
+    /// (a multiple of 4096) and serves such loads with
+    /// [`Backend::load_streamed`], so that buffer is smaller than a block and
+    /// stays in the CPU's caches between the read and the copy. None (the
+    /// default): a buffer of a whole block and [`Backend::load`].
     fn load_piece_bytes(&self) -> Option<usize> {
         None
     }
 
     /// [`Backend::load`] a piece at a time, for a backend whose
     /// [`Backend::load_piece_bytes`] is Some: reads the block through `piece`
-    /// (private; its length is that size, or less for a smaller block),
+    /// (private; its length is that piece size, or less for a smaller block),
     /// hands what each read brought to `job.write_row` in order, and verifies
     /// the whole block. `Ok(true)`: every piece is in the row and the block
     /// verified; `Ok(false)`: the job was reported meanwhile. A block that

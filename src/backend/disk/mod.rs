@@ -41,7 +41,6 @@
 // `recover` (reopening a directory), `manifest` (the index written at a clean
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash); this file: opening, storing, deleting.
-mod aio;
 mod format;
 mod fs_kind;
 #[cfg(feature = "test-hooks")]
@@ -813,8 +812,7 @@ impl Backend for DiskBackend {
         loaded
     }
 
-    /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces, through a
-    /// buffer of two (see `read_streamed`). On a loop
+    /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces. On a loop
     /// device over memory (docs/disk-vs-vllm-runs.md, "A device fast
     /// enough"; 2 MiB blocks, 32 threads, Intel VM), a buffer of a whole
     /// block per thread (64 MiB in all) no longer stays in the L3 cache
@@ -830,12 +828,11 @@ impl Backend for DiskBackend {
     /// ones and 0.85-1.00x through a whole block; on the VM's virtio disk
     /// at 1.5-2.4x raw (reading into 4 KiB pages) whatever the piece.
     fn load_piece_bytes(&self) -> Option<usize> {
-        // Two pieces, one copied while the next is read; a sealed block is
-        // opened whole (its tag covers all of it).
-        let bounce = 2 * read::LOAD_PIECE;
+        const PIECE: usize = 1 << 20;
+        // A sealed block is opened whole (its tag covers all of it).
         self.seal
             .is_none()
-            .then(|| bounce.min(format::padded(self.block_bytes)))
+            .then(|| PIECE.min(format::padded(self.block_bytes)))
     }
 
     fn load_streamed(

@@ -2,7 +2,6 @@
 //! regular file of the block's size, check header and checksum, and condemn a
 //! file only for what a private read of it proved.
 
-use super::aio;
 use super::format::{padded, AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
 use super::io::{self, Fd, FileId};
 use super::{io_error, with_scratch, DiskBackend};
@@ -10,9 +9,6 @@ use crate::backend::checksum::PayloadSum;
 use crate::backend::LoadJob;
 use crate::error::{Error, ErrorKind, Result};
 use std::path::Path;
-
-/// The most a streamed load reads at once (see `Backend::load_piece_bytes`).
-pub(super) const LOAD_PIECE: usize = 1 << 20;
 
 impl DiskBackend {
     /// Opens a block file and checks that it is a regular file of the block
@@ -99,26 +95,22 @@ impl DiskBackend {
         }
     }
 
-    /// Loads a block a piece at a time through `bounce` (see
-    /// `Backend::load_streamed`): each read fills a private piece of it,
-    /// whose bytes feed the checksum and then go to the row through `job`.
-    /// The checksum is taken over the private reads, so a mismatch proves the
-    /// file bad, as in [`DiskBackend::read_verified`]'s private read. With
-    /// room for two pieces and O_DIRECT, the next piece is read (by AIO)
-    /// while the current one is copied; a read in flight is waited for
-    /// before the call returns, so the buffer is never written after it.
+    /// Loads a block a piece at a time through `piece` (see
+    /// `Backend::load_streamed`): each read fills the private buffer, whose
+    /// bytes feed the checksum and then go to the row through `job`. The
+    /// checksum is taken over the private reads, so a mismatch proves the
+    /// file bad, as in [`DiskBackend::read_verified`]'s private read.
     pub(super) fn read_streamed(
         &self,
         path: &Path,
         key: &[u8],
-        bounce: &mut [u8],
+        piece: &mut [u8],
         job: &dyn LoadJob,
     ) -> Result<bool> {
         let (fd, id, form) = self.open_block(key, path, &[Form::Attr, Form::InFile])?;
         let read_error = |e| io_error("read", path, e);
         // The payload as stored: padded to the alignment O_DIRECT reads in.
         let stored = padded(self.block_bytes);
-        let (piece, spare) = bounce.split_at_mut(LOAD_PIECE.min(bounce.len()));
         let first = piece.len().min(stored);
         let (claims, header_len, read) = match form {
             Form::Attr => {
@@ -137,49 +129,20 @@ impl DiskBackend {
             Ok(sum) => sum.hasher(),
             Err(problem) => return Err(self.condemn(key, path, id, problem)),
         };
-        // The piece being copied, and the one being read meanwhile.
-        let mut bufs = [piece, spare];
         let (mut offset, mut got) = (0, first);
         loop {
-            let next = offset + got;
-            let more = next < self.block_bytes;
-            let at = (header_len + next) as u64;
-            let ahead = match more && self.direct && !bufs[1].is_empty() {
-                true => {
-                    let want = bufs[1].len().min(stored - next);
-                    // SAFETY: `bufs[1]` is not touched until the read is
-                    // waited for, or reaped when `ahead` drops.
-                    unsafe { aio::read(&fd, bufs[1].as_mut_ptr(), want, at) }
-                        .map(|pending| (pending, want))
-                }
-                false => None,
-            };
-            let bytes = &bufs[0][..got.min(self.block_bytes - offset)];
+            let bytes = &piece[..got.min(self.block_bytes - offset)];
             sum.write(bytes);
             if !job.write_row(offset, bytes) {
                 return Ok(false);
             }
-            offset = next;
-            if !more {
+            offset += got;
+            if offset >= self.block_bytes {
                 break;
             }
-            let (n, want) = match ahead {
-                Some((pending, want)) => {
-                    bufs.swap(0, 1);
-                    let mut n = pending.wait().map_err(read_error)?;
-                    if n < want {
-                        let rest = &mut bufs[0][n..want];
-                        n += io::read_at(&fd, &mut [rest], at + n as u64).map_err(read_error)?;
-                    }
-                    (n, want)
-                }
-                None => {
-                    let want = bufs[0].len().min(stored - offset);
-                    let n =
-                        io::read_at(&fd, &mut [&mut bufs[0][..want]], at).map_err(read_error)?;
-                    (n, want)
-                }
-            };
+            let want = piece.len().min(stored - offset);
+            let at = (header_len + offset) as u64;
+            let n = io::read_at(&fd, &mut [&mut piece[..want]], at).map_err(read_error)?;
             self.read_returned();
             if n < want {
                 let (n, expected) = (header_len + offset + n, header_len + stored);
