@@ -616,10 +616,14 @@ struct tier_config_t *tier_config_new(void);
  * the file system is reused, default 1000); "prepare_dirs" ("false", or
  * "true": create all 4096 fan-out directories at open rather than on first
  * use, so early stores do not pay for a mkdir).
- * Deadline (disk, redis): "io_timeout_ms" (0..=600000,
- * default 10000, 0: none: a block's storage call past it fails its job with
- * TIER_ERR_IO on time; also the Redis backend's deadline, default 3000, which
- * must not be 0).
+ * Deadline (disk, redis): "io_timeout_ms" ("auto", the default, or
+ * 0..=600000, 0: none): a block's storage call past it fails its job with
+ * TIER_ERR_IO on time. Disk "auto" reads the directory's file system type:
+ * network, cluster and FUSE file systems (NFS, SMB, Lustre, GPFS, BeeGFS,
+ * CephFS, FUSE, 9p, AFS, ...) and unknown ones get 10000, local ones
+ * (ext4, xfs, btrfs, f2fs, ..., tmpfs) none, so loads go straight into the
+ * row; tier_describe says which and why. Also the Redis backend's deadline
+ * ("auto": 3000; it must not be 0).
  * Events: "events" ("false", or "true": record block events for
  * tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
  * held until polled, 160 bytes each, allocated at tier_new; beyond it the

@@ -178,9 +178,11 @@ impl Default for DiskConfig {
 /// Largest accepted `io_timeout_ms`.
 pub const MAX_IO_TIMEOUT_MS: u32 = 600_000;
 
-/// Default I/O deadline of the disk backend: far above any healthy device's
-/// latency for one block (an HDD seeking under load, an NFS server failing
-/// over), far below what an engine can wait for a request.
+/// I/O deadline of the disk backend on a file system that may hang
+/// (`io_timeout_ms=auto` on network, cluster, FUSE or unknown file systems):
+/// far above any healthy device's latency for one block (an HDD seeking
+/// under load, an NFS server failing over), far below what an engine can
+/// wait for a request.
 pub const DEFAULT_DISK_IO_TIMEOUT_MS: u32 = 10_000;
 
 /// Default I/O deadline of the Redis backend: a server round trip.
@@ -215,9 +217,11 @@ pub struct TierConfig {
     pub probe_ttl_ms: u32,
     /// Storage backends (disk, Redis): the deadline of one block's I/O, in
     /// milliseconds; past it the job fails with `Io` on time, whatever the
-    /// device does. `None` takes the backend's default
-    /// ([`TierConfig::resolved_io_timeout_ms`]); 0 turns the disk's deadline
-    /// off (Redis needs one).
+    /// device does. `None` (`auto`) takes the backend's default: for disk,
+    /// chosen at open by the directory's file system (network, cluster,
+    /// FUSE or unknown: [`DEFAULT_DISK_IO_TIMEOUT_MS`]; local or memory:
+    /// none), for Redis [`DEFAULT_REDIS_IO_TIMEOUT_MS`]. 0 turns the
+    /// disk's deadline off (Redis needs one).
     pub io_timeout_ms: Option<u32>,
     /// Disk backend options.
     pub disk: DiskConfig,
@@ -403,8 +407,14 @@ impl TierConfig {
                 self.redis.key_prefix = value.to_string();
             }
             "ttl_s" => self.redis.ttl_s = parse_uint(key, value)?,
+            "io_timeout_ms" if value.eq_ignore_ascii_case("auto") => self.io_timeout_ms = None,
             "io_timeout_ms" => {
-                let n = parse_uint(key, value)?;
+                let Ok(n) = value.parse::<u64>() else {
+                    bail!(
+                        Config,
+                        "io_timeout_ms: {value:?} is not auto or a number of milliseconds"
+                    );
+                };
                 if n > MAX_IO_TIMEOUT_MS as u64 {
                     bail!(
                         Config,
@@ -470,7 +480,10 @@ impl TierConfig {
     }
 
     /// The I/O deadline this configuration resolves to, in milliseconds (0:
-    /// none). The memory backend has none: it never waits on a device.
+    /// none). The memory backend has none: it never waits on a device. For
+    /// the disk backend with `auto` (unset) this is the deadline of a file
+    /// system that may hang; the tier drops it at open on a local or memory
+    /// file system ([`Tier::describe`](crate::Tier::describe) says which).
     pub fn resolved_io_timeout_ms(&self) -> u32 {
         match self.backend {
             BackendKind::Memory => 0,
@@ -723,6 +736,9 @@ mod tests {
         );
         cfg.set("io_timeout_ms", "1500").unwrap();
         assert_eq!(cfg.resolved_io_timeout_ms(), 1500);
+        cfg.set("io_timeout_ms", " Auto ").unwrap();
+        assert_eq!(cfg.io_timeout_ms, None, "auto is the default");
+        cfg.set("io_timeout_ms", "1500").unwrap();
         assert_eq!(cfg.backend, BackendKind::Disk);
         assert_eq!(
             cfg.disk.path.as_deref(),
@@ -740,6 +756,7 @@ mod tests {
             ("path", ""),
             ("io_timeout_ms", "600001"),
             ("io_timeout_ms", "-1"),
+            ("io_timeout_ms", "automatic"),
         ] {
             assert_eq!(
                 cfg.set(k, v).unwrap_err().kind(),
@@ -747,6 +764,17 @@ mod tests {
                 "{k}={v}"
             );
         }
+    }
+
+    #[test]
+    fn io_timeout_auto_is_every_backends_default() {
+        let mut cfg = TierConfig::default();
+        cfg.set("io_timeout_ms", "auto").unwrap();
+        assert_eq!(cfg, TierConfig::default());
+        assert_eq!(cfg.resolved_io_timeout_ms(), 0, "memory waits on nothing");
+        let err = cfg.set("io_timeout_ms", "soon").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Config);
+        assert!(err.message().contains("auto"), "{err}");
     }
 
     #[test]
@@ -800,6 +828,12 @@ mod tests {
         cfg.set("sharing", "shared").unwrap();
         cfg.set("key_prefix", "fleet-a").unwrap();
         cfg.set("ttl_s", "3600").unwrap();
+        cfg.set("io_timeout_ms", "auto").unwrap();
+        assert_eq!(
+            cfg.resolved_io_timeout_ms(),
+            DEFAULT_REDIS_IO_TIMEOUT_MS,
+            "auto keeps redis's own default"
+        );
         cfg.set("io_timeout_ms", "250").unwrap();
         cfg.set("connections", "4").unwrap();
         assert_eq!(cfg.backend, BackendKind::Redis);

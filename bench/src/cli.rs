@@ -46,7 +46,7 @@ struct Cli {
     #[arg(long, value_name = "N", value_parser = at_least::<1>)]
     connections: Option<usize>,
     /// disk: the tier's io_timeout_ms, 0 for none (to measure what the
-    /// deadline costs) [default: the library's, 10000]
+    /// deadline costs) [default: the library's, auto]
     #[arg(long, value_name = "MS")]
     io_timeout_ms: Option<u32>,
     /// disk: blocks stored before the timed reopen [default: 100000]

@@ -95,6 +95,14 @@ pub(crate) trait Backend: Send + Sync {
         false
     }
 
+    /// `io_timeout_ms=auto` (the option unset): the deadline this backend's
+    /// storage calls get (0: none) and why, for a backend that chooses by
+    /// what its storage is (disk, by file system); None takes the
+    /// configuration's default for the backend.
+    fn auto_io_timeout(&self) -> Option<(u32, String)> {
+        None
+    }
+
     /// Copies the block's stored bytes into `dst` (one block). A `Corrupt` or
     /// `NotFound` error means the stored block is gone: the tier forgets the key.
     /// Other errors are transient and keep it, up to

@@ -98,6 +98,8 @@ struct Shared {
     backend_name: &'static str,
     namespace: String,
     io_threads: usize,
+    /// Why `io_timeout_ms=auto` chose the deadline it did, for `describe`.
+    io_timeout_auto: Option<String>,
     probe_ttl: Duration,
     /// A key was dropped after transient load failures while its block may
     /// still be in storage: storage holds a block the index does not list.
@@ -466,12 +468,17 @@ impl Tier {
             self.shared.backend.describe(),
             self.shared.io_threads
         );
-        if let Some(timeout) = self.shared.crew.timeout() {
-            line.push_str(&format!(
-                ", io_timeout_ms={} (up to {} threads while some are stuck)",
-                timeout.as_millis(),
-                self.shared.crew.limit()
-            ));
+        let watched =
+            (self.shared.crew.timeout()).map(|t| (t.as_millis(), self.shared.crew.limit()));
+        match (&self.shared.io_timeout_auto, watched) {
+            (Some(why), None) => line.push_str(&format!(", io_timeout_ms=auto ({why})")),
+            (Some(why), Some((_, limit))) => line.push_str(&format!(
+                ", io_timeout_ms=auto ({why}; up to {limit} threads while some are stuck)"
+            )),
+            (None, Some((ms, limit))) => line.push_str(&format!(
+                ", io_timeout_ms={ms} (up to {limit} threads while some are stuck)"
+            )),
+            (None, None) => {}
         }
         if self.inherited() {
             line.push_str(&format!(

@@ -103,7 +103,15 @@ impl Tier {
             }
         }
         let released_at_open = index.take_released();
-        let timeout_ms = config.resolved_io_timeout_ms();
+        // An explicit value always wins over the backend's own choice.
+        let auto = config
+            .io_timeout_ms
+            .is_none()
+            .then(|| backend.auto_io_timeout())
+            .flatten();
+        let timeout_ms = auto
+            .as_ref()
+            .map_or_else(|| config.resolved_io_timeout_ms(), |&(ms, _)| ms);
         let deadline = (spawn && timeout_ms > 0 && backend.needs_watchdog())
             .then(|| Duration::from_millis(timeout_ms as u64));
         let shared = Arc::new(Shared {
@@ -126,6 +134,7 @@ impl Tier {
             backend_name: config.backend.name(),
             namespace: config.namespace.clone(),
             io_threads,
+            io_timeout_auto: auto.map(|(_, why)| why),
             probe_ttl: Duration::from_millis(config.probe_ttl_ms as u64),
             dropped_unreadable: AtomicBool::new(false),
         });

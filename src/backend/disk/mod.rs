@@ -36,12 +36,14 @@
 //! directory holds at most the sum of the processes' capacities; another
 //! process that still lists a deleted block gets NOT_FOUND on load and drops it.
 
-// Files: `format` (the block file format and its checksum), `hang` (a test
+// Files: `format` (the block file format and its checksum), `fs_kind` (what
+// the directory's file system is: deadline and header choices), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
 // `recover` (reopening a directory), `manifest` (the index written at a clean
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash); this file: opening, storing, deleting.
 mod format;
+mod fs_kind;
 #[cfg(feature = "test-hooks")]
 pub(crate) mod hang;
 mod io;
@@ -53,6 +55,7 @@ mod recover;
 mod sealed;
 
 use self::format::{file_len, AttrHeader, Form, Header, ALIGN, ATTR_NAME, HEADER_LEN};
+use self::fs_kind::FsKind;
 use self::io::Fd;
 use self::manifest::Taken;
 use self::recover::OrderHint;
@@ -120,6 +123,8 @@ pub(crate) struct DiskBackend {
     /// keys that a file name spells; see `format`.
     attr_headers: bool,
     header_note: &'static str,
+    /// The directory's file system, for `io_timeout_ms=auto`.
+    fs: FsKind,
     /// The name of the directory an older kvtier (layout before `-v3`)
     /// left beside this one, unread: `describe` says so.
     legacy_dir: Option<String>,
@@ -230,7 +235,9 @@ impl DiskBackend {
             Self::prepare_fan_dirs(&ns_dir)?;
         }
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
-        let (attr_headers, header_note) = Self::choose_block_header(&ns_dir, cfg.block_header)?;
+        let fs = io::fs_type(&ns_dir).map(FsKind::of);
+        let (attr_headers, header_note) =
+            Self::choose_block_header(&ns_dir, cfg.block_header, &fs)?;
         Ok(DiskBackend {
             ns_fp: layout::namespace_fingerprint(namespace),
             ns_dir,
@@ -239,6 +246,7 @@ impl DiskBackend {
             direct_note,
             attr_headers,
             header_note,
+            fs: fs.unwrap_or_else(|_| FsKind::unreadable()),
             legacy_dir,
             sync: cfg.sync,
             shared: cfg.shared,
@@ -387,15 +395,19 @@ impl DiskBackend {
     /// a local file system that keeps user attributes: on a network file
     /// system reading one is a round trip of its own, which would cost more
     /// than the file block it saves.
-    fn choose_block_header(ns_dir: &Path, policy: BlockHeader) -> Result<(bool, &'static str)> {
+    fn choose_block_header(
+        ns_dir: &Path,
+        policy: BlockHeader,
+        fs: &std::io::Result<FsKind>,
+    ) -> Result<(bool, &'static str)> {
         const IN_FILE: &str = "headers in the files";
         const IN_ATTR: &str = "headers in xattrs";
         if policy == BlockHeader::File {
             return Ok((false, IN_FILE));
         }
         if policy == BlockHeader::Auto {
-            match io::fs_type(ns_dir) {
-                Ok(kind) if is_network_fs(kind) => {
+            match fs {
+                Ok(kind) if kind.is_remote() => {
                     return Ok((false, "headers in the files (a network file system)"))
                 }
                 Ok(_) => {}
@@ -658,27 +670,6 @@ impl DiskBackend {
     }
 }
 
-/// Whether a `statfs` type is a network or cluster file system (NFS, SMB,
-/// Lustre, Ceph, GPFS, 9P, AFS, GFS2, OCFS2) or FUSE, which may be one.
-fn is_network_fs(kind: i64) -> bool {
-    const NETWORK: [i64; 13] = [
-        0x6969,      // NFS
-        0x517b,      // SMB
-        0xff53_4d42, // CIFS
-        0xfe53_4d42, // SMB2
-        0x0bd0_0bd0, // Lustre
-        0x00c3_6400, // Ceph
-        0x4750_4653, // GPFS
-        0x0102_1997, // 9P
-        0x5346_414f, // AFS
-        0x0116_1970, // GFS2
-        0x7461_636f, // OCFS2
-        0x6573_5546, // FUSE
-        0x6b41_4653, // kAFS
-    ];
-    NETWORK.contains(&kind)
-}
-
 impl DiskBackend {
     /// Stores a block: writes a temporary file and publishes it by rename,
     /// unless `job.abandoned()` says the job was reported failed meanwhile (a
@@ -807,6 +798,10 @@ impl Backend for DiskBackend {
 
     fn needs_watchdog(&self) -> bool {
         true
+    }
+
+    fn auto_io_timeout(&self) -> Option<(u32, String)> {
+        Some(self.fs.auto_deadline())
     }
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {

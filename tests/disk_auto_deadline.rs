@@ -1,0 +1,179 @@
+//! `io_timeout_ms=auto`, the disk backend's default: the deadline is chosen
+//! by the file system the tier's directory is on, on file systems the test
+//! mounts itself (as root): a local ext4 on a loop device and a tmpfs get
+//! none, a FUSE file system gets the deadline, and an explicit value always
+//! wins. Like the FUSE tests of `tests/disk_deadline.rs`, a test that cannot
+//! mount says "skipped: ..." and returns.
+
+mod common;
+mod fuse_memfs;
+
+use common::*;
+use fuse_memfs::MemFuse;
+use kvtier::TierConfig;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+const BB: usize = 64 << 10;
+
+/// A file system mounted by the test at a scratch directory, unmounted and
+/// removed on drop (also when the test fails).
+struct Mounted {
+    at: PathBuf,
+    image: Option<PathBuf>,
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.at).status();
+        let _ = std::fs::remove_dir_all(&self.at);
+        if let Some(image) = &self.image {
+            let _ = std::fs::remove_file(image);
+        }
+    }
+}
+
+fn run(cmd: &mut Command) -> Result<(), String> {
+    let out = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| format!("{cmd:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    Ok(())
+}
+
+/// A fresh ext4 on a loop device over an image file.
+fn mount_ext4() -> Result<Mounted, String> {
+    let at = scratch_dir();
+    std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
+    let image = at.with_extension("img");
+    let mounted = Mounted {
+        at: at.clone(),
+        image: Some(image.clone()),
+    };
+    std::fs::File::create(&image)
+        .and_then(|f| f.set_len(32 << 20))
+        .map_err(|e| e.to_string())?;
+    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
+    run(Command::new("mount")
+        .args(["-o", "loop"])
+        .arg(&image)
+        .arg(&at))?;
+    Ok(mounted)
+}
+
+fn mount_tmpfs() -> Result<Mounted, String> {
+    let at = scratch_dir();
+    std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
+    let mounted = Mounted {
+        at: at.clone(),
+        image: None,
+    };
+    run(Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
+        .arg(&at))?;
+    Ok(mounted)
+}
+
+/// A disk tier in `dir`, with `io_timeout_ms` as given (None: auto).
+fn config_in(dir: &Path, io_timeout_ms: Option<&str>) -> TierConfig {
+    let mut c = disk_config(16, BB);
+    c.disk.path = Some(dir.join("tier"));
+    if let Some(value) = io_timeout_ms {
+        c.set("io_timeout_ms", value).unwrap();
+    }
+    c
+}
+
+/// Opens a tier in `dir`, checks that it stores and loads byte-exact, and
+/// returns its description.
+fn describe_working_tier(dir: &Path, io_timeout_ms: Option<&str>) -> String {
+    let h = Harness::new(&config_in(dir, io_timeout_ms), 16, BB);
+    h.store_all(1, &[1, 2]);
+    let r = h.load(2, &[1, 2], &[8, 9]);
+    assert!(r.is_ok() && h.row_holds(8, 1) && h.row_holds(9, 2), "{r:?}");
+    h.tier().describe()
+}
+
+/// The auto choice on a local file system, and explicit values over it.
+fn check_local(dir: &Path, why: &str) {
+    let line = describe_working_tier(dir, None);
+    assert!(
+        line.contains(&format!("io_timeout_ms=auto ({why})")),
+        "{line}"
+    );
+    assert!(!line.contains("stuck"), "no deadline, no watchdog: {line}");
+    let line = describe_working_tier(dir, Some("auto"));
+    assert!(line.contains("io_timeout_ms=auto ("), "{line}");
+    let line = describe_working_tier(dir, Some("1500"));
+    assert!(
+        line.contains("io_timeout_ms=1500 (up to"),
+        "an explicit value wins: {line}"
+    );
+    let line = describe_working_tier(dir, Some("0"));
+    assert!(!line.contains("io_timeout_ms"), "0 is none: {line}");
+}
+
+#[test]
+fn auto_gives_a_local_ext4_no_deadline_and_an_explicit_value_wins() {
+    let fs = match mount_ext4() {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot mount an ext4 image on a loop device here (needs root, mkfs.ext4 and a loop device): {why}");
+            return;
+        }
+    };
+    check_local(&fs.at, "ext4: local, no deadline");
+}
+
+#[test]
+fn auto_gives_a_tmpfs_no_deadline() {
+    let fs = match mount_tmpfs() {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!("skipped: cannot mount a tmpfs here (needs root): {why}");
+            return;
+        }
+    };
+    check_local(&fs.at, "tmpfs: memory, no deadline");
+}
+
+#[test]
+fn auto_gives_a_fuse_file_system_the_deadline_and_an_explicit_value_wins() {
+    let at = scratch_dir();
+    std::fs::create_dir_all(&at).unwrap();
+    let fs = match MemFuse::mount(&at) {
+        Ok(fs) => fs,
+        Err(why) => {
+            let _ = std::fs::remove_dir(&at);
+            eprintln!(
+                "skipped: cannot mount a FUSE file system here (needs root and /dev/fuse): {why}"
+            );
+            return;
+        }
+    };
+    let line = describe_working_tier(&fs.at, None);
+    assert!(
+        line.contains(&format!(
+            "io_timeout_ms=auto (fuse: network, cluster or FUSE, deadline {} ms; up to",
+            kvtier::DEFAULT_DISK_IO_TIMEOUT_MS
+        )),
+        "{line}"
+    );
+    assert!(line.contains("headers in the files"), "{line}");
+    let line = describe_working_tier(&fs.at, Some("0"));
+    assert!(
+        !line.contains("io_timeout_ms"),
+        "an explicit 0 wins: {line}"
+    );
+    let line = describe_working_tier(&fs.at, Some("2500"));
+    assert!(line.contains("io_timeout_ms=2500 (up to"), "{line}");
+    drop(fs);
+    let _ = std::fs::remove_dir(&at);
+}
