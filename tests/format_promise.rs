@@ -21,10 +21,14 @@ fn config(dir: &Path, form: &str) -> TierConfig {
 }
 
 fn block_files(root: &Path) -> Vec<PathBuf> {
+    files_ending(root, ".kvb")
+}
+
+fn files_ending(root: &Path, ext: &str) -> Vec<PathBuf> {
     let mut all = Vec::new();
     for ns in std::fs::read_dir(root).unwrap().flatten() {
         if ns.path().is_dir() {
-            all.extend(files(&ns.path(), ".kvb"));
+            all.extend(files(&ns.path(), ext));
         }
     }
     all
@@ -157,4 +161,198 @@ fn a_redis_value_in_a_newer_format_is_a_miss_and_is_never_deleted() {
     assert_eq!(server.cli(&["EXISTS", one]), "1", "the newer value is kept");
     assert_eq!(server.cli(&["GET", one]), before);
     assert!(h.load(3, &[2], &[5]).is_ok() && h.row_holds(5, 2));
+}
+
+/// The sealed record's layout (src/seal/record.rs): magic "KVTIERS\0", then
+/// the format version at 8..12, little-endian. The version is part of the
+/// AEAD's additional data, so a record rewritten here no longer
+/// authenticates: a reader must tell it is newer before it tries to open it.
+const SEALED_MAGIC: &[u8; 8] = b"KVTIERS\0";
+const SEALED_VERSION: u32 = 1;
+/// Bytes of the sealed record before a Redis value's ciphertext.
+const SEALED_RECORD: usize = 205;
+
+/// Rewrites a sealed record (at the start of `bytes`) as a later version
+/// would: same magic, the next version.
+fn make_sealed_newer(bytes: &mut [u8]) {
+    assert_eq!(&bytes[..8], SEALED_MAGIC);
+    assert_eq!(bytes[8..12], SEALED_VERSION.to_le_bytes());
+    bytes[8..12].copy_from_slice(&(SEALED_VERSION + 1).to_le_bytes());
+}
+
+fn sealed_config(dir: &Path, shared: bool) -> TierConfig {
+    let mut c = disk_config(16, BB);
+    c.disk.path = Some(dir.to_path_buf());
+    c.disk.shared = shared;
+    c.set("seal_key", SEAL_A).unwrap();
+    c
+}
+
+/// Sealed block files (`seal_key`) keep the promise: a record of a newer
+/// sealed format, of the same length or not, is a miss when loaded by the
+/// tier that indexed it and after a reopen's scan, shared or not, and stays
+/// on disk unchanged.
+#[test]
+fn a_sealed_block_in_a_newer_format_is_a_miss_and_is_never_deleted() {
+    for shared in [false, true] {
+        let dir = scratch_dir();
+        let cfg = sealed_config(&dir, shared);
+        let mut writer = Harness::new(&cfg, 8, BB);
+        writer.scratch_dir = None; // reopened below
+        let mut by_id = Vec::new();
+        for id in 1..=3u64 {
+            let before = files_ending(&dir, ".kvs");
+            writer.store_all(id, &[id]);
+            let mut new: Vec<_> = files_ending(&dir, ".kvs")
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            assert_eq!(new.len(), 1, "{new:?}");
+            by_id.push((id, new.pop().unwrap()));
+        }
+        // Rewritten under the tier that indexed them (as a newer host
+        // sharing the directory would): block 1 as the next sealed version,
+        // same length; block 2 the same and a longer file; block 3 intact.
+        let mut newer = Vec::new();
+        for (id, file) in &by_id[..2] {
+            let mut bytes = std::fs::read(file).unwrap();
+            make_sealed_newer(&mut bytes);
+            if *id == 2 {
+                bytes.extend_from_slice(&[0u8; 4096]);
+            }
+            std::fs::write(file, &bytes).unwrap();
+            newer.push((*id, file.clone(), bytes));
+        }
+        let mut writer = Some(writer);
+        for round in 0..3u64 {
+            // Round 0: loaded by the writer; then reopened (the scan sees
+            // them), loaded, reopened again.
+            let mut h = writer.take().unwrap_or_else(|| Harness::new(&cfg, 8, BB));
+            if round < 2 {
+                h.scratch_dir = None;
+            }
+            for (id, file, bytes) in &newer {
+                let r = h.load(10 * round + id, &[*id], &[4]);
+                assert_eq!(
+                    r.error,
+                    Some(ErrorKind::NotFound),
+                    "shared {shared}, round {round}, block {id}: {r:?}"
+                );
+                assert_eq!(r.reason, FailReason::NotFound);
+                let settled = h.lookup_settled(&[*id], std::time::Duration::from_secs(10));
+                assert_eq!(settled, [LookupState::Miss]);
+                assert_eq!(
+                    std::fs::read(file).ok().as_deref(),
+                    Some(&bytes[..]),
+                    "shared {shared}, round {round}: block {id} must stay on disk, unchanged"
+                );
+            }
+            if shared {
+                let settled = h.lookup_settled(&[3], std::time::Duration::from_secs(10));
+                assert_eq!(settled, [LookupState::Hit]);
+            }
+            let r = h.load(100 + round, &[3], &[5]);
+            assert!(r.is_ok(), "shared {shared}, round {round}: {r:?}");
+            assert!(h.row_holds(5, 3));
+            h.tier = None;
+            for (id, file, bytes) in &newer {
+                assert_eq!(
+                    std::fs::read(file).ok().as_deref(),
+                    Some(&bytes[..]),
+                    "shared {shared}, round {round}: block {id} must survive the close"
+                );
+            }
+        }
+    }
+}
+
+/// Sealed Redis values keep the promise too: a value whose record carries a
+/// newer sealed format version (of the same length or not) is a miss, stays
+/// on the server, and an owned tier reopened over the keyspace (adopting its
+/// keys) leaves it there.
+#[test]
+fn a_sealed_redis_value_in_a_newer_format_is_a_miss_and_is_never_deleted() {
+    use common::redis::{redis_config_at, RedisServer};
+    let server = redis_or_skip!(RedisServer::start());
+    for shared in [false, true] {
+        let mut config = redis_config_at(&server.url(), 8, BB);
+        config
+            .set("sharing", if shared { "shared" } else { "owned" })
+            .unwrap();
+        config.set("seal_key", SEAL_A).unwrap();
+        let pattern = format!("{}:*", config.redis.key_prefix);
+        let names = || -> Vec<String> {
+            server
+                .cli(&["--scan", "--pattern", &pattern])
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_string)
+                .collect()
+        };
+        let h = Harness::new(&config, 8, BB);
+        let mut by_id = Vec::new();
+        for id in 1..=3u64 {
+            let before = names();
+            h.store_all(id, &[id]);
+            let new: Vec<_> = names()
+                .into_iter()
+                .filter(|n| !before.contains(n))
+                .collect();
+            assert_eq!(new.len(), 1, "{new:?}");
+            by_id.push((id, new[0].clone()));
+        }
+        // Block 1: the next sealed version (the version's low byte, at 8);
+        // block 2: the same and a longer value.
+        let (one, two) = (&by_id[0].1, &by_id[1].1);
+        for name in [one, two] {
+            let record = server.cli(&["GETRANGE", name, "0", "11"]);
+            assert!(record.starts_with("KVTIERS"), "{record:?}");
+            let version = (SEALED_VERSION + 1) as u8 as char;
+            server.cli(&["SETRANGE", name, "8", &version.to_string()]);
+        }
+        let len = |name: &str| server.cli(&["STRLEN", name]);
+        assert_eq!(len(one), (SEALED_RECORD + BB).to_string());
+        server.cli(&["APPEND", two, "a longer value"]);
+        let before: Vec<String> = [one, two].iter().map(|n| server.cli(&["GET", n])).collect();
+        let check = |h: &Harness, job: u64, when: &str| {
+            for (id, name) in [(1u64, one), (2, two)] {
+                let r = h.load(job + id, &[id], &[4]);
+                assert_eq!(
+                    r.error,
+                    Some(ErrorKind::NotFound),
+                    "shared {shared}, {when}, block {id}: {r:?}"
+                );
+                if !shared {
+                    // (A shared keyspace's probe asks only whether the name
+                    // exists: a HIT whose load misses.)
+                    assert_eq!(h.lookup(&[id]), [LookupState::Miss]);
+                }
+                assert_eq!(
+                    server.cli(&["EXISTS", name]),
+                    "1",
+                    "shared {shared}, {when}: the newer value {id} is kept"
+                );
+            }
+            let after: Vec<String> = [one, two].iter().map(|n| server.cli(&["GET", n])).collect();
+            assert_eq!(after, before, "shared {shared}, {when}: values unchanged");
+            // (A reopened shared tier finds block 3 by probing first.)
+            let settled = h.lookup_settled(&[3], std::time::Duration::from_secs(10));
+            assert_eq!(settled, [LookupState::Hit], "shared {shared}, {when}");
+            let r = h.load(job + 10, &[3], &[5]);
+            assert!(r.is_ok(), "shared {shared}, {when}: {r:?}");
+            assert!(h.row_holds(5, 3));
+        };
+        check(&h, 10, "loaded");
+        drop(h);
+        // Reopened: an owned tier adopts the keyspace's keys.
+        let h = Harness::new(&config, 8, BB);
+        if !shared {
+            assert_eq!(h.tier().stats().num_blocks, 1, "only block 3 is adopted");
+        }
+        check(&h, 30, "reopened");
+        drop(h);
+        for name in [one, two] {
+            assert_eq!(server.cli(&["EXISTS", name]), "1", "shared {shared}");
+        }
+    }
 }

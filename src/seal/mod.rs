@@ -23,5 +23,5 @@ mod sealer;
 pub(crate) use self::key::KeyOrigin;
 pub use self::key::SealKey;
 pub(crate) use self::ledger::{NonceLedger, Seen};
-pub(crate) use self::record::{Nonce, RECORD_LEN};
+pub(crate) use self::record::{is_newer, newer_problem, Nonce, NEWER, RECORD_LEN};
 pub(crate) use self::sealer::{NameTag, OpenedRecord, Sealer, NAME_TAG_LEN};

@@ -21,6 +21,10 @@
 //! namespace, format version and nonce. The key itself is stored only
 //! encrypted (a restart recovers it from the key field, under a subkey of its
 //! own); the payload tag replaces the unsealed formats' checksum.
+//!
+//! A later format keeps the magic and the version where they are: a record
+//! with this magic and a higher version is another version's block, which a
+//! reader treats as a miss and never deletes ([`is_newer`], [`NEWER`]).
 
 use crate::key::MAX_KEY_LEN;
 
@@ -39,6 +43,32 @@ pub(crate) const RECORD_LEN: usize = KEY_TAG_AT + TAG_LEN;
 pub(crate) const MAX_PAYLOAD_AAD: usize = BINDING_LEN + 1 + MAX_KEY_LEN;
 
 pub(crate) type Nonce = [u8; NONCE_LEN];
+
+/// How [`check_binding`]'s error starts when the record is a sealed kvtier
+/// block in a format newer than this build reads: another version's block,
+/// a miss here, never deleted. The same words as the unsealed Redis format's
+/// marker, so that one check finds both.
+pub(crate) const NEWER: &str = "a newer format: ";
+
+/// Whether `record` starts as a sealed kvtier record in a newer format than
+/// this build reads: this magic, a higher version. Nothing else is checked:
+/// a later format may change every other field, and the AEAD that covers
+/// the version may not be this one.
+pub(crate) fn is_newer(record: &[u8]) -> bool {
+    record.len() >= 12
+        && record[0..8] == MAGIC
+        && u32::from_le_bytes(record[8..12].try_into().expect("4 bytes")) > FORMAT_VERSION
+}
+
+/// [`check_binding`]'s error for a record in a newer format (it starts with
+/// [`NEWER`]), if `record` is one; for a reader that must tell before it
+/// looks at anything else (a value's length).
+pub(crate) fn newer_problem(record: &[u8]) -> Option<String> {
+    is_newer(record).then(|| {
+        let version = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"));
+        format!("{NEWER}sealed format version {version}, this build reads {FORMAT_VERSION}")
+    })
+}
 
 /// Writes the binding of a new record into `record[..BINDING_LEN]`.
 pub(crate) fn write_binding(
@@ -62,6 +92,10 @@ pub(crate) fn check_binding(
     namespace_fp: u64,
     block_bytes: usize,
 ) -> Result<Nonce, String> {
+    // Before the length: a later format's record may be longer or shorter.
+    if let Some(problem) = newer_problem(record) {
+        return Err(problem);
+    }
     if record.len() < RECORD_LEN {
         return Err(format!(
             "sealed record of {} bytes, expected {RECORD_LEN}",
@@ -95,4 +129,34 @@ pub(crate) fn check_binding(
         ));
     }
     Ok(record[32..44].try_into().expect("12 bytes"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_higher_version_reads_as_newer_before_anything_else() {
+        let mut record = vec![0u8; RECORD_LEN];
+        write_binding(&mut record, 7, 4096, &[3; NONCE_LEN]);
+        assert!(!is_newer(&record));
+        assert_eq!(check_binding(&record, 7, 4096), Ok([3; NONCE_LEN]));
+        record[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        assert!(is_newer(&record));
+        // Whatever else differs, however long the record is.
+        for r in [&record[..], &record[..12]] {
+            let err = check_binding(r, 8, 1).unwrap_err();
+            assert!(err.starts_with(NEWER) && err.contains("version 2"), "{err}");
+        }
+        // A lower version, or another magic, is no newer format.
+        let mut older = record.clone();
+        older[8..12].copy_from_slice(&0u32.to_le_bytes());
+        let mut foreign = record.clone();
+        foreign[0] ^= 1;
+        for bad in [&older, &foreign] {
+            assert!(!is_newer(bad));
+            assert!(!check_binding(bad, 7, 4096).unwrap_err().starts_with(NEWER));
+        }
+        assert!(!is_newer(&record[..11]));
+    }
 }

@@ -306,7 +306,8 @@ impl DiskBackend {
 }
 
 /// Whether the block file at `path` carries an intact header, in the file or
-/// in its attribute, of a format newer than this build reads.
+/// in its attribute, of a format newer than this build reads, or a sealed
+/// record of a newer format (`crate::seal::is_newer`).
 fn in_newer_format(path: &Path) -> bool {
     let Ok(fd) = io::open_read(path, false) else {
         return false;
@@ -318,6 +319,8 @@ fn in_newer_format(path: &Path) -> bool {
         }
     }
     let mut header = vec![0u8; HEADER_LEN];
-    matches!(io::read_at(&fd, &mut [&mut header], 0), Ok(n) if n == HEADER_LEN)
-        && Header::is_newer(&header)
+    let Ok(n) = io::read_at(&fd, &mut [&mut header], 0) else {
+        return false;
+    };
+    Header::is_newer(&header[..n]) || crate::seal::is_newer(&header[..n])
 }

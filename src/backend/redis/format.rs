@@ -158,7 +158,8 @@ pub(super) struct Header<'a> {
 /// How a header error starts when the value is a kvtier block of a format
 /// newer than this build reads: another version's block, a miss here, never
 /// deleted (a later format keeps the magic and the version where they are).
-pub(super) const NEWER: &str = "a newer format: ";
+/// A sealed record's error starts with the same words (`crate::seal::NEWER`).
+pub(super) const NEWER: &str = crate::seal::NEWER;
 
 /// Parses a value's header; the error says what is wrong with it.
 pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {

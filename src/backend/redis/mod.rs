@@ -157,6 +157,11 @@ impl RedisBackend {
         dst: &mut [u8],
     ) -> std::result::Result<(), String> {
         if let Some(seal) = self.sealed() {
+            // A newer format's value may be of another length: its record
+            // says so first (a miss, never deleted).
+            if let Some(problem) = crate::seal::newer_problem(value) {
+                return Err(problem);
+            }
             if value.len() != sealed::value_len(self.block_bytes) {
                 return Err(format!(
                     "value of {} bytes for a sealed block of {}",
@@ -208,9 +213,10 @@ impl RedisBackend {
 
     /// Deletes a value proved not to be this block (so that it cannot fail
     /// every later load) and returns the load's Corrupt error. A block in a
-    /// newer format is another version's: a miss, never deleted. A sealed tier
-    /// in a shared keyspace deletes nothing: a value that does not
-    /// authenticate under its key may be another tenant's; it is a miss.
+    /// newer format (unsealed or sealed: both errors start with
+    /// `format::NEWER`) is another version's: a miss, never deleted. A
+    /// sealed tier in a shared keyspace deletes nothing: a value that does
+    /// not authenticate under its key may be another tenant's; it is a miss.
     fn condemn(&self, name: &str, problem: &str) -> Error {
         if problem.starts_with(format::NEWER) {
             return Error::new(
