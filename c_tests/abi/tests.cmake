@@ -11,7 +11,9 @@
 #                          header, under ASan against today's library, guard
 #                          bytes after every struct and array
 #   abi_old_binary_refused a program built against the 0.1.0 header of
-#                          ff447d3 is refused by the loader (old_0_1_0/)
+#                          ff447d3 is refused by the loader, and installing
+#                          today's library over a 0.1.0 install leaves the
+#                          old soname's library in place (old_0_1_0/)
 #
 # `cmake --build <build> --target abi_baseline` rewrites abi/libkvtier.abi
 # from the built library: commit it with a compatible addition, or with an
@@ -55,7 +57,7 @@ kvtier_abi_test(abi_symbol_versions
   -P "${_kvtier_abi}/check_symbol_versions.cmake")
 kvtier_abi_test(abi_old_binary_refused
   "-DCC=${CMAKE_C_COMPILER}" "-DREADELF=${KVTIER_READELF}" "-DSOURCE_DIR=${_kvtier_abi}/old_0_1_0"
-  "-DLIBRARY_DIR=${KVTIER_STAGE_DIR}" "-DSONAME=${KVTIER_SONAME}"
+  "-DLIBRARY_DIR=${KVTIER_STAGE_DIR}" "-DSONAME=${KVTIER_SONAME}" "-DSHARED_FILE=${KVTIER_SHARED_FILE}"
   "-DWORK_DIR=${CMAKE_CURRENT_BINARY_DIR}/abi-old-binary"
   -P "${_kvtier_abi}/old_0_1_0/old_binary.cmake")
 

@@ -4,15 +4,20 @@
 # prefix written into them (the tree is relocatable).
 #
 # Usage: cmake -DPREFIX= -DLIBDIR= -DINCLUDEDIR= -DSOURCE_INCLUDE_DIR= -DBUILD_DIR=
-#              -DVERSION= -DSONAME= -DREADELF= -P check_install.cmake
+#              -DVERSION= -DSONAME= -DSHARED_FILE= -DREADELF= -P check_install.cmake
 
 cmake_minimum_required(VERSION 3.16)
 
 include("${CMAKE_CURRENT_LIST_DIR}/elf.cmake")
 
 set(lib "${PREFIX}/${LIBDIR}")
-set(real "libkvtier.so.${VERSION}")
+set(real "${SHARED_FILE}")
 set(problems "")
+# The file is named after its soname, so that installing one ABI never
+# overwrites the file an older ABI's soname link points at.
+if(NOT real MATCHES "^${SONAME}\\.")
+  list(APPEND problems "${real} is not named after its soname ${SONAME}")
+endif()
 
 foreach(file "${lib}/${real}" "${lib}/libkvtier.a" "${PREFIX}/${INCLUDEDIR}/kvtier.h"
              "${PREFIX}/${INCLUDEDIR}/kvtier.hpp" "${lib}/pkgconfig/kvtier.pc"

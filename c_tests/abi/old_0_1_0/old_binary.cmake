@@ -5,8 +5,13 @@
 # libkvtier.so.<TIER_ABI_VERSION>); if it ever does start, its guard bytes
 # must be intact.
 #
-# Usage: cmake -DCC= -DREADELF= -DSOURCE_DIR= -DLIBRARY_DIR= -DSONAME= -DWORK_DIR=
-#              -P old_binary.cmake
+# Then an upgrade in place: today's library installed (its file and soname
+# link) into a directory holding a 0.1.0 install (libkvtier.so.0.1.0 and the
+# libkvtier.so.0 link) must leave the old link on a library of the old
+# soname, so that the old program never loads today's library.
+#
+# Usage: cmake -DCC= -DREADELF= -DSOURCE_DIR= -DLIBRARY_DIR= -DSONAME= -DSHARED_FILE=
+#              -DWORK_DIR= -P old_binary.cmake
 cmake_minimum_required(VERSION 3.16)
 include("${SOURCE_DIR}/../../packaging/elf.cmake")
 file(REMOVE_RECURSE "${WORK_DIR}")
@@ -47,3 +52,23 @@ elseif(err MATCHES "libkvtier\\.so\\.0: cannot open shared object file")
 else()
   message(FATAL_ERROR "old_app neither ran intact nor was refused by the loader (exit ${rc})")
 endif()
+
+# The upgrade in place, as `cmake --install` or a package would lay it out.
+set(prefix "${WORK_DIR}/upgraded")
+file(MAKE_DIRECTORY "${prefix}")
+file(COPY "${WORK_DIR}/stub/libkvtier.so" DESTINATION "${WORK_DIR}/old-real")
+file(RENAME "${WORK_DIR}/old-real/libkvtier.so" "${prefix}/libkvtier.so.0.1.0")
+file(CREATE_LINK "libkvtier.so.0.1.0" "${prefix}/libkvtier.so.0" SYMBOLIC)
+execute_process(COMMAND "${CMAKE_COMMAND}" -E copy "${LIBRARY_DIR}/${SHARED_FILE}" "${prefix}/${SHARED_FILE}"
+  RESULT_VARIABLE rc)
+if(NOT rc EQUAL 0)
+  message(FATAL_ERROR "could not copy ${SHARED_FILE} into ${prefix}")
+endif()
+file(CREATE_LINK "${SHARED_FILE}" "${prefix}/${SONAME}" SYMBOLIC)
+get_filename_component(old_target "${prefix}/libkvtier.so.0" REALPATH)
+kvtier_elf_dynamic("${READELF}" "${old_target}" old_target_soname unused)
+if(NOT old_target_soname STREQUAL "libkvtier.so.0")
+  message(FATAL_ERROR "after installing ${SHARED_FILE} over a 0.1.0 install, libkvtier.so.0 "
+                      "resolves to ${old_target} (soname ${old_target_soname}): old programs would load today's library")
+endif()
+message(STATUS "installed ${SHARED_FILE} beside libkvtier.so.0.1.0: libkvtier.so.0 still resolves to the 0.1.0 library")
