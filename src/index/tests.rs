@@ -177,7 +177,7 @@ fn table_reserve_grows_to_the_size_inserts_would() {
         b.try_reserve(n).unwrap();
         let reserved = b.buckets.len();
         for i in 0..n as u32 {
-            let tag = ((i as u64 * 0x9e37_79b9_7f4a_7c15) >> 32) as u32;
+            let tag = ((i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) >> 32) as u32;
             a.insert(tag, i, 1);
             b.insert(tag, i, 1);
         }

@@ -539,7 +539,7 @@ mod tests {
         let (workers, rx) = settled_workers(&queue, 3, &release);
         for n in 0..3 {
             queue
-                .push_all(Lane::Loads, std::iter::once(marker(n)))
+                .push_all(Lane::Probes, std::iter::once(marker(n)))
                 .ok()
                 .unwrap();
         }
@@ -570,7 +570,7 @@ mod tests {
                 .ok()
                 .unwrap();
             queue
-                .push_all(Lane::Stores, std::iter::once(marker(1)))
+                .push_all(Lane::Probes, std::iter::once(marker(1)))
                 .ok()
                 .unwrap();
             let first = rx.recv_timeout(Duration::from_secs(2)).is_ok();
