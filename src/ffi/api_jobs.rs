@@ -6,6 +6,7 @@ use super::api::tier_ref;
 use super::boundary::{self, as_mut, as_mut_slice, as_slice, or_default, sized_out, status, OK};
 use super::types::*;
 use crate::error::bail;
+use crate::job_kind::JobKind;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -67,26 +68,24 @@ pub unsafe extern "C" fn tier_touch(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe fn submit(
-    function: &str,
-    store: bool,
-    tier: *mut tier_t,
+/// A submit call's job as the caller passed it: its id and `n` packed keys
+/// with their block ids.
+struct RawJob {
     job_id: u64,
     keys: *const u8,
     key_len: usize,
     block_ids: *const i64,
     n: usize,
-) -> tier_status_t {
+}
+
+/// The body of tier_submit_store and tier_submit_load, which differ only in
+/// the job's kind.
+unsafe fn submit(function: &str, kind: JobKind, tier: *mut tier_t, job: RawJob) -> tier_status_t {
     status(function, || {
         let tier = tier_ref(tier)?;
-        let keys = boundary::keys(keys, key_len, n)?;
-        let block_ids = as_slice(block_ids, n, "block_ids")?;
-        if store {
-            tier.submit_store(job_id, keys, key_len, block_ids)?;
-        } else {
-            tier.submit_load(job_id, keys, key_len, block_ids)?;
-        }
+        let keys = boundary::keys(job.keys, job.key_len, job.n)?;
+        let block_ids = as_slice(job.block_ids, job.n, "block_ids")?;
+        tier.submit(kind, job.job_id, keys, job.key_len, block_ids)?;
         OK
     })
 }
@@ -129,16 +128,14 @@ pub unsafe extern "C" fn tier_submit_store(
     block_ids: *const i64,
     n: usize,
 ) -> tier_status_t {
-    submit(
-        "tier_submit_store",
-        true,
-        tier,
+    let job = RawJob {
         job_id,
         keys,
         key_len,
         block_ids,
         n,
-    )
+    };
+    submit("tier_submit_store", JobKind::Store, tier, job)
 }
 
 /// Submits a job that copies the blocks of `n` packed keys into primary rows
@@ -189,16 +186,14 @@ pub unsafe extern "C" fn tier_submit_load(
     block_ids: *const i64,
     n: usize,
 ) -> tier_status_t {
-    submit(
-        "tier_submit_load",
-        false,
-        tier,
+    let job = RawJob {
         job_id,
         keys,
         key_len,
         block_ids,
         n,
-    )
+    };
+    submit("tier_submit_load", JobKind::Load, tier, job)
 }
 
 /// Moves up to `cap` finished job results, oldest first, into `out` and writes
