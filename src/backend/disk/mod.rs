@@ -60,7 +60,6 @@ mod write;
 
 use self::format::{Form, Header, ALIGN};
 use self::fs_kind::FsKind;
-use self::io::Fd;
 use super::checksum::{xxh64, PayloadSum};
 use super::{Backend, LoadJob, Row, StoreJob, Unwatched};
 use crate::aligned::AlignedBuf;
@@ -69,6 +68,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
 use crate::sync::Mutex;
 use std::cell::RefCell;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
@@ -162,7 +162,7 @@ pub(crate) struct DiskBackend {
     /// Holds the directory lock for the tier's lifetime, and past it while
     /// storage calls the freed tier left behind are stuck (see
     /// `Backend::left_behind`).
-    lock: Fd,
+    lock: OwnedFd,
     /// The lock file's identity (device, inode), by which a later open of
     /// the directory in this process recognises a lock held by a tier it
     /// freed; None if it could not be read.
@@ -426,7 +426,7 @@ impl Backend for DiskBackend {
         unsafe {
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             if null >= 0 {
-                libc::dup3(null, self.lock.raw(), libc::O_CLOEXEC);
+                libc::dup3(null, self.lock.as_raw_fd(), libc::O_CLOEXEC);
                 libc::close(null);
             }
         }

@@ -5,12 +5,13 @@
 use super::format::{file_len, AttrHeader, Form, ATTR_NAME, HEADER_LEN};
 #[cfg(feature = "test-hooks")]
 use super::hang;
-use super::io::{self, Fd};
+use super::io;
 use super::{layout, with_scratch, DiskBackend};
 use crate::backend::{Row, StoreJob};
 use crate::config::SyncMode;
 use crate::error::{bail, Result};
 use crate::seal::Nonce;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -114,7 +115,7 @@ impl DiskBackend {
     /// contract forbids) fails its checksum on load, in either order.
     fn write_attr_form(
         &self,
-        fd: &Fd,
+        fd: &OwnedFd,
         key: &[u8],
         row: Row,
         job: &dyn StoreJob,
