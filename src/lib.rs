@@ -47,6 +47,7 @@ mod primary;
 mod seal;
 mod stats;
 mod status;
+mod striped;
 mod sync;
 mod thread;
 mod workers;

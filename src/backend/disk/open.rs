@@ -16,7 +16,7 @@ use crate::aligned::AlignedBuf;
 use crate::config::{BlockHeader, DirectIo, DiskConfig};
 use crate::error::{bail, Result};
 use crate::seal::{NonceLedger, Sealer};
-use crate::sync::Mutex;
+use crate::striped::Striped;
 use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -88,7 +88,7 @@ impl DiskBackend {
             shared: cfg.shared,
             seal,
             ledger: NonceLedger::new(),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Striped::new(STRIPES, 2, || ()),
             tmp_counter: AtomicU64::new(0),
             pid: std::process::id(),
             changed_fans: (0..layout::FAN_DIRS / 64)

@@ -283,7 +283,7 @@ impl DiskBackend {
             );
         }
         let outcome = {
-            let _guard = self.stripe(key).lock();
+            let _guard = self.stripes.of(key).lock();
             match io::lstat(path) {
                 Ok(now) if now.same_file(&examined) && !now.is_dir() => {
                     self.changed(path);

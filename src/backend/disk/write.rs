@@ -188,7 +188,7 @@ impl DiskBackend {
         self.seam.pause(hang::HangPoint::Write);
         let mut withdrawn = false;
         let published = written.and_then(|(ours, nonce)| {
-            let _guard = self.stripe(key).lock();
+            let _guard = self.stripes.of(key).lock();
             // `None`: reported before its row was read, nothing written.
             let Some(nonce) = nonce.filter(|_| !job.abandoned()) else {
                 withdrawn = true;
