@@ -53,6 +53,8 @@ mod operations;
 mod routed;
 mod sealed;
 
+pub use self::adopt::scan_matching;
+
 use self::by_crate::is_wrong_type;
 use self::client::cluster::Router;
 use self::client::conn::{io_error, Pool};
