@@ -1,4 +1,5 @@
-//! The house has no circle: no file of `src/` reaches itself through the
+//! The house has no circle: no file of `src/`, nor of the bench's
+//! `bench/src/`, reaches itself through the
 //! files it imports (`use crate::...`, `use super::...`, `use self::...`
 //! and inline `crate::`/`super::` paths, each resolved to the file of the
 //! deepest module it names). Declaring a child module (`mod x;`) is not an
@@ -12,10 +13,20 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::path::{Path, PathBuf};
 
-/// The file of a module path (`[]` is `src/lib.rs`), if it exists.
+/// The crate's root file: `lib.rs`, or a binary's `main.rs` (the bench).
+fn root_of(src: &Path) -> PathBuf {
+    let lib = src.join("lib.rs");
+    if lib.is_file() {
+        lib
+    } else {
+        src.join("main.rs")
+    }
+}
+
+/// The file of a module path (`[]` is the crate's root file), if it exists.
 fn file_of(src: &Path, module: &[String]) -> Option<PathBuf> {
     if module.is_empty() {
-        return Some(src.join("lib.rs"));
+        return Some(root_of(src));
     }
     let dir: PathBuf = module.iter().collect();
     let flat = src.join(&dir).with_extension("rs");
@@ -34,7 +45,7 @@ fn module_of(src: &Path, file: &Path) -> Vec<String> {
         .map(|p| p.to_string_lossy().into_owned())
         .collect();
     let last = parts.pop().unwrap();
-    if last != "mod.rs" && last != "lib.rs" {
+    if !["mod.rs", "lib.rs", "main.rs"].contains(&last.as_str()) {
         parts.push(last.trim_end_matches(".rs").to_string());
     }
     parts
@@ -310,7 +321,7 @@ fn graph(src: &Path) -> BTreeMap<PathBuf, BTreeSet<PathBuf>> {
         to.remove(&file);
         // A module's own file composes and re-exports its children: an
         // arrow from it down into its own submodules is not counted.
-        if let Some(dir) = (file.ends_with("mod.rs") || file.ends_with("lib.rs"))
+        if let Some(dir) = (file.ends_with("mod.rs") || file == root_of(src))
             .then(|| file.parent().unwrap().to_path_buf())
         {
             to.retain(|t| !t.starts_with(&dir));
@@ -382,11 +393,10 @@ fn circles(edges: &BTreeMap<PathBuf, BTreeSet<PathBuf>>) -> Vec<Vec<PathBuf>> {
     s.found
 }
 
-#[test]
-fn no_file_of_src_reaches_itself_through_its_imports() {
+/// Fails naming every circle among the files of the crate at `src`.
+fn assert_no_circle(src: &Path) {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let src = root.join("src");
-    let edges = graph(&src);
+    let edges = graph(src);
     let name = |p: &PathBuf| p.strip_prefix(root).unwrap().display().to_string();
     let mut found = Vec::new();
     for circle in circles(&edges) {
@@ -406,6 +416,16 @@ fn no_file_of_src_reaches_itself_through_its_imports() {
 }
 
 #[test]
+fn no_file_of_src_reaches_itself_through_its_imports() {
+    assert_no_circle(&Path::new(env!("CARGO_MANIFEST_DIR")).join("src"));
+}
+
+#[test]
+fn no_file_of_the_bench_reaches_itself_through_its_imports() {
+    assert_no_circle(&Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/src"));
+}
+
+#[test]
 fn the_checker_sees_a_use_of_a_sibling_and_an_inline_parent_path() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let src = root.join("src");
@@ -414,4 +434,9 @@ fn the_checker_sees_a_use_of_a_sibling_and_an_inline_parent_path() {
     assert!(edges[&from].contains(&src.join("backend/redis/client/fanout.rs")));
     assert!(edges[&from].contains(&src.join("backend/redis/mod.rs")));
     assert!(edges[&src.join("error.rs")].contains(&src.join("status.rs")));
+    let bench = root.join("bench/src");
+    let edges = graph(&bench);
+    let from = bench.join("memory/prefault.rs");
+    assert!(edges[&from].contains(&bench.join("memory/verify.rs")));
+    assert!(edges[&from].contains(&bench.join("capi.rs")));
 }

@@ -148,7 +148,7 @@ fn positive(value: &str) -> Result<f64, String> {
 
 /// The library's own size syntax, so `--block-bytes` reads like its config.
 fn block_size(value: &str) -> Result<usize, String> {
-    let bytes = kvtier::parse_size(value).map_err(|e| e.message().to_string())?;
+    let bytes = kvtier::parse_size("--block-bytes", value).map_err(|e| e.message().to_string())?;
     if bytes == 0 || bytes > 1 << 30 {
         return Err("outside 1 byte ..= 1 GiB".into());
     }
@@ -365,6 +365,14 @@ mod tests {
         ] {
             assert!(Settings::try_parse(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_bad_size_names_its_flag() {
+        let e = Settings::try_parse(&["--block-bytes", "2MB"]).unwrap_err();
+        let text = e.to_string();
+        assert!(text.contains("--block-bytes: \"2MB\""), "{text}");
+        assert!(!text.contains("capacity_bytes"), "{text}");
     }
 
     #[test]

@@ -23,7 +23,7 @@ impl TierConfig {
                     ),
                 }
             }
-            "capacity_bytes" => self.capacity_bytes = parse_size(value)?,
+            "capacity_bytes" => self.capacity_bytes = parse_size(key, value)?,
             "io_threads" => {
                 let n = parse_uint(key, value)?;
                 if n == 0 || n > MAX_IO_THREADS as u64 {
@@ -240,8 +240,9 @@ fn parse_uint(key: &str, value: &str) -> Result<u64> {
 }
 
 /// Parses a byte size: a plain integer, or an integer (or decimal) followed by
-/// `KiB`, `MiB`, `GiB` or `TiB` (case-insensitive, optional space).
-pub fn parse_size(value: &str) -> Result<u64> {
+/// `KiB`, `MiB`, `GiB` or `TiB` (case-insensitive, optional space). `key` is
+/// the setting or flag the value was given for, which an error names.
+pub fn parse_size(key: &str, value: &str) -> Result<u64> {
     let value = value.trim();
     let split = value
         .find(|c: char| !(c.is_ascii_digit() || c == '.'))
@@ -255,26 +256,26 @@ pub fn parse_size(value: &str) -> Result<u64> {
         "tib" => 1 << 40,
         _ => bail!(
             Config,
-            "capacity_bytes: {value:?} has an unknown unit (use a plain number of bytes or KiB, MiB, GiB, TiB)"
+            "{key}: {value:?} has an unknown unit (use a plain number of bytes or KiB, MiB, GiB, TiB)"
         ),
     };
     if number.is_empty() {
-        bail!(Config, "capacity_bytes: {value:?} has no number");
+        bail!(Config, "{key}: {value:?} has no number");
     }
     if let Ok(n) = number.parse::<u64>() {
         return match n.checked_mul(multiplier) {
             Some(bytes) => Ok(bytes),
-            None => bail!(Config, "capacity_bytes: {value:?} overflows 64 bits"),
+            None => bail!(Config, "{key}: {value:?} overflows 64 bits"),
         };
     }
     match number.parse::<f64>() {
         Ok(x) if x.is_finite() && x >= 0.0 && multiplier > 1 => {
             let bytes = x * multiplier as f64;
             if bytes >= u64::MAX as f64 {
-                bail!(Config, "capacity_bytes: {value:?} overflows 64 bits");
+                bail!(Config, "{key}: {value:?} overflows 64 bits");
             }
             Ok(bytes as u64)
         }
-        _ => bail!(Config, "capacity_bytes: {value:?} is not a size"),
+        _ => bail!(Config, "{key}: {value:?} is not a size"),
     }
 }

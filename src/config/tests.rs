@@ -5,13 +5,13 @@ use crate::ErrorKind;
 
 #[test]
 fn sizes_parse_with_binary_suffixes() {
-    assert_eq!(parse_size("4096").unwrap(), 4096);
-    assert_eq!(parse_size("1KiB").unwrap(), 1024);
-    assert_eq!(parse_size("2 MiB").unwrap(), 2 << 20);
-    assert_eq!(parse_size("3gib").unwrap(), 3 << 30);
-    assert_eq!(parse_size("1TiB").unwrap(), 1 << 40);
-    assert_eq!(parse_size("1.5GiB").unwrap(), 3 << 29);
-    assert_eq!(parse_size(" 7 ").unwrap(), 7);
+    assert_eq!(parse_size("capacity_bytes", "4096").unwrap(), 4096);
+    assert_eq!(parse_size("capacity_bytes", "1KiB").unwrap(), 1024);
+    assert_eq!(parse_size("capacity_bytes", "2 MiB").unwrap(), 2 << 20);
+    assert_eq!(parse_size("capacity_bytes", "3gib").unwrap(), 3 << 30);
+    assert_eq!(parse_size("capacity_bytes", "1TiB").unwrap(), 1 << 40);
+    assert_eq!(parse_size("capacity_bytes", "1.5GiB").unwrap(), 3 << 29);
+    assert_eq!(parse_size("capacity_bytes", " 7 ").unwrap(), 7);
 }
 
 #[test]
@@ -27,9 +27,27 @@ fn bad_sizes_are_config_errors() {
         "99999999999TiB",
         "1 2",
     ] {
-        let err = parse_size(bad).unwrap_err();
+        let err = parse_size("capacity_bytes", bad).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Config, "{bad:?}");
     }
+}
+
+#[test]
+fn size_errors_name_the_key_they_were_given_for() {
+    for key in ["capacity_bytes", "--block-bytes"] {
+        for bad in ["12KB", "KiB", "99999999999TiB", "1.5"] {
+            let message = parse_size(key, bad).unwrap_err().message().to_string();
+            assert!(message.starts_with(&format!("{key}: ")), "{message}");
+        }
+    }
+    let message = parse_size("--block-bytes", "2MB")
+        .unwrap_err()
+        .message()
+        .to_string();
+    assert!(!message.contains("capacity_bytes"), "{message}");
+    let mut cfg = TierConfig::default();
+    let e = cfg.set("capacity_bytes", "2MB").unwrap_err();
+    assert!(e.message().starts_with("capacity_bytes: "), "{e:?}");
 }
 
 #[test]

@@ -32,18 +32,8 @@ impl Executor for Shared {
     fn refuse(&self, work: Work) {
         if let Work::Copy(task) = work {
             let job = &task.job;
-            match job.kind {
-                JobKind::Store => task
-                    .range
-                    .clone()
-                    .for_each(|i| job.item_failed_with(i, ErrorKind::Io, FailReason::Unavailable)),
-                // Not the stored block's fault: no transient failure counted.
-                JobKind::Load => job.fail_with(
-                    job.items[task.range.start].pos,
-                    ErrorKind::Io,
-                    FailReason::Unavailable,
-                ),
-            }
+            // Not the stored blocks' fault: no transient failure counted.
+            job.fail_items(task.range.clone(), ErrorKind::Io, FailReason::Unavailable);
             if job.task_done() {
                 self.finish(Arc::clone(job));
             }
@@ -142,12 +132,7 @@ impl Shared {
             // Every thread is stuck in storage and no replacement may start:
             // queued, the job would wait for the device to recover. Nothing
             // was read, so a load's keys are not held to blame.
-            match job.kind {
-                JobKind::Store => job.fail_all_with(ErrorKind::Io, FailReason::Unavailable),
-                JobKind::Load => {
-                    job.fail_with(job.items[0].pos, ErrorKind::Io, FailReason::Unavailable)
-                }
-            }
+            job.fail_items(0..job.items.len(), ErrorKind::Io, FailReason::Unavailable);
             self.finish(job);
             return;
         }
@@ -347,14 +332,11 @@ impl Shared {
                 .blocks_moved(job.kind, attempted, ended_ns.saturating_sub(started_ns));
         }
         if panicked {
-            match job.kind {
-                // None of this task's blocks may be published as stored.
-                JobKind::Store => task
-                    .range
-                    .clone()
-                    .for_each(|i| job.item_failed(i, ErrorKind::Panic)),
-                JobKind::Load => job.fail(job.items[task.range.start].pos, ErrorKind::Panic),
-            }
+            job.fail_items(
+                task.range.clone(),
+                ErrorKind::Panic,
+                FailReason::of(ErrorKind::Panic),
+            );
         }
         if job.task_done() {
             self.finish(Arc::clone(job));

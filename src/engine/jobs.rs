@@ -288,6 +288,28 @@ impl Job {
         }
     }
 
+    /// Fails items `range` of the job, whose copies did not run or were cut
+    /// short: a store's items each, so none is published as stored; a load
+    /// from the range's first item on, where it stops, with `reason` saying
+    /// whether the block is to blame.
+    pub(crate) fn fail_items(
+        &self,
+        range: std::ops::Range<usize>,
+        kind: ErrorKind,
+        reason: FailReason,
+    ) {
+        match self.kind {
+            // Nothing recorded yet for a whole job: one mark instead of a list.
+            JobKind::Store
+                if range.len() == self.items.len() && self.failed_items.lock().list.is_empty() =>
+            {
+                self.fail_all_with(kind, reason)
+            }
+            JobKind::Store => range.for_each(|i| self.item_failed_with(i, kind, reason)),
+            JobKind::Load => self.fail_with(self.items[range.start].pos, kind, reason),
+        }
+    }
+
     /// Fails every item of the job (none of its copies ran).
     pub(crate) fn fail_all(&self, kind: ErrorKind) {
         self.fail_all_with(kind, FailReason::of(kind));

@@ -281,7 +281,9 @@ impl Tier {
         self.submit(JobKind::Load, job_id, keys, key_len, block_ids)
     }
 
-    fn submit(
+    /// Submits a job of either kind (see [`Tier::submit_store`] and
+    /// [`Tier::submit_load`]), for callers that carry the kind as a value.
+    pub(crate) fn submit(
         &self,
         kind: JobKind,
         job_id: u64,

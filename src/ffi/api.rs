@@ -3,7 +3,9 @@
 //! body is a few lines: convert arguments through `boundary`, call the core,
 //! map the result (the job exports are in `api_jobs`, observing in `api_observe`).
 
-use super::boundary::{self, as_mut, as_ref, free_handle, or_default, sized_out, status, utf8, OK};
+use super::boundary::{
+    self, as_mut, as_ref, free_handle, or_default, sized_out, status, this_export, utf8, OK,
+};
 use super::types::*;
 use crate::config::TierConfig;
 use crate::engine::Tier;
@@ -50,7 +52,7 @@ pub unsafe extern "C" fn tier_abi_info(
     out: *mut tier_abi_info_t,
     out_size: usize,
 ) -> tier_status_t {
-    status("tier_abi_info", || {
+    status(this_export!(), || {
         let mut out = sized_out(out, out_size, 1, TIER_ABI_INFO_SIZE_V1, "out")?;
         out.write(0, &tier_abi_info_t::current());
         OK
@@ -82,7 +84,7 @@ pub extern "C" fn tier_status_str(status: tier_status_t) -> *const c_char {
 /// Threads: per thread; a successful call does not clear the message.
 #[no_mangle]
 pub unsafe extern "C" fn tier_last_error(buf: *mut c_char, cap: usize) -> usize {
-    or_default("tier_last_error", 0, || {
+    or_default(this_export!(), 0, || {
         boundary::copy_last_error(boundary::text_out(buf, cap))
     })
 }
@@ -95,7 +97,7 @@ pub unsafe extern "C" fn tier_last_error(buf: *mut c_char, cap: usize) -> usize 
 /// Threads: any thread.
 #[no_mangle]
 pub extern "C" fn tier_config_new() -> *mut tier_config_t {
-    or_default("tier_config_new", std::ptr::null_mut(), || {
+    or_default(this_export!(), std::ptr::null_mut(), || {
         Box::into_raw(Box::new(TierConfig::default())) as *mut tier_config_t
     })
 }
@@ -155,7 +157,7 @@ pub unsafe extern "C" fn tier_config_set(
     key: *const c_char,
     value: *const c_char,
 ) -> tier_status_t {
-    status("tier_config_set", || {
+    status(this_export!(), || {
         let cfg = as_mut(cfg as *mut TierConfig, "cfg")?;
         cfg.set(utf8(key, "key")?, utf8(value, "value")?)?;
         OK
@@ -169,7 +171,7 @@ pub unsafe extern "C" fn tier_config_set(
 /// Threads: not concurrently with other calls on `cfg`.
 #[no_mangle]
 pub unsafe extern "C" fn tier_config_free(cfg: *mut tier_config_t) {
-    free_handle::<_, TierConfig>("tier_config_free", cfg)
+    free_handle::<_, TierConfig>(this_export!(), cfg)
 }
 
 /// Creates a tier over the caller's primary buffer of `primary_len` bytes, cut
@@ -221,7 +223,7 @@ pub unsafe extern "C" fn tier_new(
     block_bytes: usize,
     out: *mut *mut tier_t,
 ) -> tier_status_t {
-    status("tier_new", || {
+    status(this_export!(), || {
         let defaults = TierConfig::default();
         let cfg = if cfg.is_null() {
             &defaults
@@ -257,5 +259,5 @@ pub unsafe extern "C" fn tier_new(
 /// queued jobs) until the child exits. The parent's tier is unaffected.
 #[no_mangle]
 pub unsafe extern "C" fn tier_free(tier: *mut tier_t) {
-    free_handle::<_, Tier>("tier_free", tier)
+    free_handle::<_, Tier>(this_export!(), tier)
 }

@@ -3,9 +3,12 @@
 //! lifecycle exports (`api`) so each file reads on its own.
 
 use super::api::tier_ref;
-use super::boundary::{self, as_mut, as_mut_slice, as_slice, or_default, sized_out, status, OK};
+use super::boundary::{
+    self, as_mut, as_mut_slice, as_slice, or_default, sized_out, status, this_export, OK,
+};
 use super::types::*;
 use crate::error::bail;
+use crate::job_kind::JobKind;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -33,7 +36,7 @@ pub unsafe extern "C" fn tier_lookup(
     n: usize,
     out_states: *mut u8,
 ) -> tier_status_t {
-    status("tier_lookup", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let keys = boundary::keys(keys, key_len, n)?;
         let out = as_mut_slice(out_states, n, "out_states")?;
@@ -59,7 +62,7 @@ pub unsafe extern "C" fn tier_touch(
     key_len: usize,
     n: usize,
 ) -> tier_status_t {
-    status("tier_touch", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let keys = boundary::keys(keys, key_len, n)?;
         tier.touch(keys, key_len)?;
@@ -67,26 +70,24 @@ pub unsafe extern "C" fn tier_touch(
     })
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe fn submit(
-    function: &str,
-    store: bool,
-    tier: *mut tier_t,
+/// A submit call's job as the caller passed it: its id and `n` packed keys
+/// with their block ids.
+struct RawJob {
     job_id: u64,
     keys: *const u8,
     key_len: usize,
     block_ids: *const i64,
     n: usize,
-) -> tier_status_t {
+}
+
+/// The body of tier_submit_store and tier_submit_load, which differ only in
+/// the job's kind.
+unsafe fn submit(function: &str, kind: JobKind, tier: *mut tier_t, job: RawJob) -> tier_status_t {
     status(function, || {
         let tier = tier_ref(tier)?;
-        let keys = boundary::keys(keys, key_len, n)?;
-        let block_ids = as_slice(block_ids, n, "block_ids")?;
-        if store {
-            tier.submit_store(job_id, keys, key_len, block_ids)?;
-        } else {
-            tier.submit_load(job_id, keys, key_len, block_ids)?;
-        }
+        let keys = boundary::keys(job.keys, job.key_len, job.n)?;
+        let block_ids = as_slice(job.block_ids, job.n, "block_ids")?;
+        tier.submit(kind, job.job_id, keys, job.key_len, block_ids)?;
         OK
     })
 }
@@ -129,16 +130,14 @@ pub unsafe extern "C" fn tier_submit_store(
     block_ids: *const i64,
     n: usize,
 ) -> tier_status_t {
-    submit(
-        "tier_submit_store",
-        true,
-        tier,
+    let job = RawJob {
         job_id,
         keys,
         key_len,
         block_ids,
         n,
-    )
+    };
+    submit(this_export!(), JobKind::Store, tier, job)
 }
 
 /// Submits a job that copies the blocks of `n` packed keys into primary rows
@@ -189,16 +188,14 @@ pub unsafe extern "C" fn tier_submit_load(
     block_ids: *const i64,
     n: usize,
 ) -> tier_status_t {
-    submit(
-        "tier_submit_load",
-        false,
-        tier,
+    let job = RawJob {
         job_id,
         keys,
         key_len,
         block_ids,
         n,
-    )
+    };
+    submit(this_export!(), JobKind::Load, tier, job)
 }
 
 /// Moves up to `cap` finished job results, oldest first, into `out` and writes
@@ -225,7 +222,7 @@ pub unsafe extern "C" fn tier_poll_finished(
     cap: usize,
     out_n: *mut usize,
 ) -> tier_status_t {
-    status("tier_poll_finished", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let out_n = as_mut(out_n, "out_n")?;
         let mut out = sized_out(out, result_size, cap, TIER_JOB_RESULT_SIZE_V1, "out")?;
@@ -253,7 +250,7 @@ pub unsafe extern "C" fn tier_poll_finished(
 /// blocks, for the caller's own thread only.
 #[no_mangle]
 pub unsafe extern "C" fn tier_wait(tier: *mut tier_t, timeout_ms: u32) -> tier_status_t {
-    status("tier_wait", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         Ok(if tier.wait(Duration::from_millis(timeout_ms as u64)) {
             TIER_OK
@@ -298,12 +295,13 @@ pub unsafe extern "C" fn tier_wait(tier: *mut tier_t, timeout_ms: u32) -> tier_s
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_completion_fd(tier: *mut tier_t) -> i32 {
-    or_default("tier_completion_fd", TIER_ERR_PANIC, || {
+    let function = this_export!();
+    or_default(function, TIER_ERR_PANIC, || {
         let fd = tier_ref(tier).and_then(|tier| tier.completion_fd());
         match fd {
             Ok(fd) => fd.as_raw_fd(),
             Err(e) => {
-                boundary::record_error("tier_completion_fd", &e);
+                boundary::record_error(function, &e);
                 e.kind().code()
             }
         }
@@ -319,7 +317,7 @@ pub unsafe extern "C" fn tier_completion_fd(tier: *mut tier_t) -> i32 {
 /// for too.
 #[no_mangle]
 pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
-    status("tier_drain", || {
+    status(this_export!(), || {
         tier_ref(tier)?.drain();
         OK
     })
@@ -334,7 +332,7 @@ pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
-    status("tier_clear", || {
+    status(this_export!(), || {
         tier_ref(tier)?.clear();
         OK
     })

@@ -2,7 +2,7 @@
 //! read a tier without changing its blocks.
 
 use super::api::tier_ref;
-use super::boundary::{self, as_mut, or_default, sized_out, status, OK};
+use super::boundary::{self, as_mut, or_default, sized_out, status, this_export, OK};
 use super::types::*;
 use crate::error::bail;
 use std::ffi::c_char;
@@ -43,7 +43,7 @@ pub unsafe extern "C" fn tier_poll_events(
     cap: usize,
     out_n: *mut usize,
 ) -> tier_status_t {
-    status("tier_poll_events", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let out_n = as_mut(out_n, "out_n")?;
         let mut out = sized_out(out, event_size, cap, TIER_EVENT_SIZE_V1, "out")?;
@@ -72,10 +72,11 @@ pub unsafe extern "C" fn tier_poll_events(
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap: usize) -> usize {
-    or_default("tier_describe", 0, || match tier_ref(tier) {
+    let function = this_export!();
+    or_default(function, 0, || match tier_ref(tier) {
         Ok(tier) => boundary::copy_text(&tier.describe(), boundary::text_out(buf, cap)),
         Err(e) => {
-            boundary::record_error("tier_describe", &e);
+            boundary::record_error(function, &e);
             0
         }
     })
@@ -104,10 +105,11 @@ pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap:
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_metrics(tier: *mut tier_t, buf: *mut c_char, cap: usize) -> usize {
-    or_default("tier_metrics", 0, || match tier_ref(tier) {
+    let function = this_export!();
+    or_default(function, 0, || match tier_ref(tier) {
         Ok(tier) => boundary::copy_text(&tier.metrics(), boundary::text_out(buf, cap)),
         Err(e) => {
-            boundary::record_error("tier_metrics", &e);
+            boundary::record_error(function, &e);
             0
         }
     })
@@ -129,7 +131,7 @@ pub unsafe extern "C" fn tier_stats(
     out: *mut tier_stats_t,
     out_size: usize,
 ) -> tier_status_t {
-    status("tier_stats", || {
+    status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let mut out = sized_out(out, out_size, 1, TIER_STATS_SIZE_V1, "out")?;
         out.write(0, &tier.stats());

@@ -8,6 +8,26 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+/// The name of the export whose body it is written in (`"tier_new"` in
+/// tier_new), so each export's name is written once, in its `fn` item, which
+/// cbindgen reads and the linker exports; its labels in messages follow it.
+macro_rules! this_export {
+    () => {{
+        fn here() {}
+        $crate::ffi::boundary::export_of(::std::any::type_name_of_val(&here))
+    }};
+}
+pub(crate) use this_export;
+
+/// The export in the type name of `this_export!`'s `here`
+/// (`kvtier::ffi::api::tier_new::here`): its last segment that is neither
+/// `here` nor a closure's.
+pub(crate) fn export_of(here: &'static str) -> &'static str {
+    here.rsplit("::")
+        .find(|segment| *segment != "here" && *segment != "{{closure}}")
+        .unwrap_or(here)
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }

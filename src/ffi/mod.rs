@@ -17,3 +17,6 @@ pub use api::*;
 pub use api_jobs::*;
 pub use api_observe::*;
 pub use types::*;
+
+#[cfg(test)]
+mod tests;

@@ -5,14 +5,13 @@
 //! sight (docs/sealing.md says what that leaves open).
 
 use super::record::Nonce;
-use crate::checksum::xxh64;
-use crate::sync::Mutex;
+use crate::striped::Striped;
 use std::collections::HashMap;
 
 const STRIPES: usize = 64;
 
 pub(crate) struct NonceLedger {
-    stripes: Vec<Mutex<HashMap<Box<[u8]>, Nonce>>>,
+    stripes: Striped<HashMap<Box<[u8]>, Nonce>>,
 }
 
 /// What the ledger says of a nonce read from storage.
@@ -27,22 +26,18 @@ pub(crate) enum Seen {
 impl NonceLedger {
     pub(crate) fn new() -> NonceLedger {
         NonceLedger {
-            stripes: (0..STRIPES).map(|_| Mutex::new(HashMap::new())).collect(),
+            stripes: Striped::new(STRIPES, 3, HashMap::new),
         }
-    }
-
-    fn stripe(&self, key: &[u8]) -> &Mutex<HashMap<Box<[u8]>, Nonce>> {
-        &self.stripes[xxh64(key, 3) as usize % STRIPES]
     }
 
     /// Remembers the version of `key` now in storage.
     pub(crate) fn record(&self, key: &[u8], nonce: Nonce) {
-        self.stripe(key).lock().insert(key.into(), nonce);
+        self.stripes.of(key).lock().insert(key.into(), nonce);
     }
 
     /// Checks a version read from storage; a block never seen is recorded.
     pub(crate) fn check(&self, key: &[u8], nonce: Nonce) -> Seen {
-        let mut map = self.stripe(key).lock();
+        let mut map = self.stripes.of(key).lock();
         match map.get(key) {
             Some(known) if *known != nonce => Seen::Replaced,
             Some(_) => Seen::Current,
@@ -55,7 +50,7 @@ impl NonceLedger {
 
     /// The block's storage was released.
     pub(crate) fn forget(&self, key: &[u8]) {
-        self.stripe(key).lock().remove(key);
+        self.stripes.of(key).lock().remove(key);
     }
 }
 

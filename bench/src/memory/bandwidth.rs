@@ -3,10 +3,11 @@
 //! byte verified; and how those figures are reported.
 
 use super::prefault;
+use super::verify::verify;
 use crate::buffer::{anon_huge_bytes, for_each_parallel, rss_bytes, time_parallel, MappedBuf};
 use crate::capi::{Config, Tier};
 use crate::cli::Settings;
-use crate::data::{check_row, fill_row, keys, KEY_LEN, NS_BANDWIDTH};
+use crate::data::{fill_row, keys, KEY_LEN, NS_BANDWIDTH};
 use crate::jobs::{JobIds, Kind, PassStats, Stream};
 use crate::progress::Progress;
 use crate::report::{gib, mib, num, size, Cmp, Report};
@@ -208,40 +209,6 @@ fn memcpy_pass(buf: &MappedBuf, n: usize, block: usize, threads: usize) -> f64 {
         Ok::<(), ()>(())
     })
     .expect("a copy cannot fail")
-}
-
-/// Untimed: poisons the destination rows, loads every key into them and
-/// compares every byte with the data its source row was filled with.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn verify(
-    tier: &Tier,
-    buf: &MappedBuf,
-    load: &Stream,
-    n: usize,
-    block: usize,
-    helpers: usize,
-    ids: &mut JobIds,
-    bar: &mut Progress,
-) -> Result<u64, String> {
-    for_each_parallel(helpers, n, |i| {
-        // SAFETY: one thread per row; no job is in flight.
-        unsafe { buf.slice_mut((n + i) * block, block) }.fill(0xa5);
-        Ok::<(), String>(())
-    })?;
-    load.run(tier, ids, |b| bar.add(b))?;
-    for_each_parallel(helpers, n, |i| {
-        // SAFETY: the loads into these rows were all polled.
-        let row = unsafe { buf.slice((n + i) * block, block) };
-        match check_row(i as u64, row) {
-            None => Ok(()),
-            Some(at) => Err(format!(
-                "verification failed: key {i} loaded into row {} differs from what was stored at byte {at}",
-                n + i
-            )),
-        }
-    })?;
-    bar.add((n * block) as u64);
-    Ok((n * block) as u64)
 }
 
 impl Results {

@@ -6,6 +6,7 @@ mod bandwidth;
 mod latency;
 mod lookup;
 mod prefault;
+mod verify;
 
 use crate::cli::Settings;
 use crate::report::Report;

@@ -37,7 +37,7 @@
 //! from such pages (docs/runs/memory.md). A median of bounds taken minutes
 //! away from the pass they judge then scores the machine, not the tier.
 
-use super::bandwidth::verify;
+use super::verify::verify;
 use crate::buffer::{time_parallel, MappedBuf};
 use crate::capi::{Config, Tier};
 use crate::cli::Settings;

@@ -238,29 +238,19 @@ impl Server {
     /// given with --url is left as it was found.
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, String> {
         let mut c = self.connect()?;
-        let pattern = format!("{prefix}*");
-        let (mut cursor, mut deleted) = (0u64, 0u64);
-        loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query(&mut c)
-                .map_err(|e| format!("SCAN: {e}"))?;
+        let mut deleted = 0u64;
+        kvtier::scan_matching(&mut c, &format!("{prefix}*"), |c, names| {
             if !names.is_empty() {
                 let n: u64 = redis::cmd("DEL")
                     .arg(&names)
-                    .query(&mut c)
-                    .map_err(|e| format!("DEL: {e}"))?;
+                    .query(c)
+                    .map_err(|e| kvtier::Error::new(kvtier::ErrorKind::Io, format!("DEL: {e}")))?;
                 deleted += n;
             }
-            if next == 0 {
-                return Ok(deleted);
-            }
-            cursor = next;
-        }
+            Ok(())
+        })
+        .map_err(|e| e.message().to_string())?;
+        Ok(deleted)
     }
 
     fn stop(&mut self) {

@@ -191,7 +191,7 @@ impl Journal {
         if !now.is_regular() || now.len < whole {
             return None;
         }
-        let file = fd.into_file();
+        let file = std::fs::File::from(fd);
         file.set_len(whole).ok()?;
         Some(file)
     }
@@ -199,12 +199,11 @@ impl Journal {
     /// A new, empty generation at `path` (replacing what is there).
     fn start(path: &Path, head: &[u8; HEAD_LEN]) -> std::io::Result<std::fs::File> {
         let _ = std::fs::remove_file(path);
-        let file = io::open(
+        let file = std::fs::File::from(io::open(
             path,
             libc::O_WRONLY | libc::O_APPEND | libc::O_CREAT | libc::O_EXCL,
             0o600,
-        )?
-        .into_file();
+        )?);
         std::io::Write::write_all(&mut &file, head)?;
         Ok(file)
     }

@@ -266,8 +266,8 @@ impl DiskBackend {
         let new = self.manifest_path(MANIFEST_NEW);
         let done = self.sync_changed_fans().and_then(|()| {
             let _ = std::fs::remove_file(&new);
-            let file =
-                io::open(&new, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?.into_file();
+            let fd = io::open(&new, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o600)?;
+            let file = std::fs::File::from(fd);
             let mut out = Summed {
                 out: std::io::BufWriter::with_capacity(CHUNK, file),
                 sum: ChunkSum::new(),

@@ -60,15 +60,16 @@ mod write;
 
 use self::format::{Form, Header, ALIGN};
 use self::fs_kind::FsKind;
-use self::io::Fd;
-use super::checksum::{xxh64, PayloadSum};
+use super::checksum::PayloadSum;
 use super::{Backend, LoadJob, Row, StoreJob, Unwatched};
 use crate::aligned::AlignedBuf;
 use crate::config::SyncMode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
+use crate::striped::Striped;
 use crate::sync::Mutex;
 use std::cell::RefCell;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::Duration;
@@ -133,7 +134,7 @@ pub(crate) struct DiskBackend {
     /// The version of each sealed block this process last wrote or saw.
     ledger: NonceLedger,
     /// Serializes publish (rename) and delete of the same key.
-    stripes: Vec<Mutex<()>>,
+    stripes: Striped<()>,
     tmp_counter: AtomicU64,
     /// This process's id, for temporary file names (a getpid per store
     /// otherwise; a tier is inert in a forked child, so it never changes).
@@ -162,7 +163,7 @@ pub(crate) struct DiskBackend {
     /// Holds the directory lock for the tier's lifetime, and past it while
     /// storage calls the freed tier left behind are stuck (see
     /// `Backend::left_behind`).
-    lock: Fd,
+    lock: OwnedFd,
     /// The lock file's identity (device, inode), by which a later open of
     /// the directory in this process recognises a lock held by a tier it
     /// freed; None if it could not be read.
@@ -227,10 +228,6 @@ impl DiskBackend {
         self.unindexed.store(true, Ordering::Relaxed);
     }
 
-    fn stripe(&self, key: &[u8]) -> &Mutex<()> {
-        &self.stripes[xxh64(key, 2) as usize % STRIPES]
-    }
-
     fn path_of(&self, key: &[u8]) -> PathBuf {
         match &self.seal {
             Some(seal) => layout::sealed_block_path(
@@ -274,7 +271,7 @@ impl DiskBackend {
     }
 
     fn discard_one(&self, key: &[u8], is_live: &dyn Fn(&[u8]) -> bool) {
-        let _guard = self.stripe(key).lock();
+        let _guard = self.stripes.of(key).lock();
         // A newer store of the key may have published (or be about to publish)
         // the file: then it is not ours to delete.
         if !is_live(key) {
@@ -374,7 +371,7 @@ impl Backend for DiskBackend {
         // Under the stripe lock, as deletion of this key is: a block seen here
         // is in the index before a deletion checks whether it is live, so a
         // probe can never answer HIT for a file being deleted.
-        let _guard = self.stripe(key).lock();
+        let _guard = self.stripes.of(key).lock();
         record(self.published(&self.path_of(key), key));
     }
 
@@ -426,7 +423,7 @@ impl Backend for DiskBackend {
         unsafe {
             let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
             if null >= 0 {
-                libc::dup3(null, self.lock.raw(), libc::O_CLOEXEC);
+                libc::dup3(null, self.lock.as_raw_fd(), libc::O_CLOEXEC);
                 libc::close(null);
             }
         }

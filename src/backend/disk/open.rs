@@ -4,7 +4,7 @@
 
 use super::format::{self, ALIGN, ATTR_NAME};
 use super::fs_kind::FsKind;
-use super::io::{self, Fd};
+use super::io;
 use super::manifest::Taken;
 use super::recover::OrderHint;
 use super::{
@@ -16,7 +16,8 @@ use crate::aligned::AlignedBuf;
 use crate::config::{BlockHeader, DirectIo, DiskConfig};
 use crate::error::{bail, Result};
 use crate::seal::{NonceLedger, Sealer};
-use crate::sync::Mutex;
+use crate::striped::Striped;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::time::{Duration, Instant};
@@ -87,7 +88,7 @@ impl DiskBackend {
             shared: cfg.shared,
             seal,
             ledger: NonceLedger::new(),
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Striped::new(STRIPES, 2, || ()),
             tmp_counter: AtomicU64::new(0),
             pid: std::process::id(),
             changed_fans: (0..layout::FAN_DIRS / 64)
@@ -109,7 +110,7 @@ impl DiskBackend {
 
     /// One exclusive user, or any number of shared users, per namespace dir:
     /// two exclusive tiers would delete each other's files as "debris".
-    fn lock_dir(ns_dir: &Path, shared: bool) -> Result<Fd> {
+    fn lock_dir(ns_dir: &Path, shared: bool) -> Result<OwnedFd> {
         let path = ns_dir.join(".lock");
         let fd = match io::open(&path, libc::O_RDWR | libc::O_CREAT, 0o600) {
             Ok(fd) => fd,
@@ -150,7 +151,7 @@ impl DiskBackend {
 
     /// How many calls were stuck when this process freed the tier that holds
     /// the lock on `fd`'s file, if one did.
-    fn held_by_freed_tier(fd: &Fd) -> Option<usize> {
+    fn held_by_freed_tier(fd: &OwnedFd) -> Option<usize> {
         let id = io::fstat(fd).ok()?;
         let list = LEFT_BEHIND.lock();
         list.iter()
@@ -165,7 +166,7 @@ impl DiskBackend {
     /// leaves the lock held by the child until its `exec` closes the
     /// descriptor (`O_CLOEXEC`). A reopen in that window is not a second
     /// user; a real one still holds the lock after the grace period.
-    fn flock_with_grace(fd: &Fd, exclusive: bool) -> std::io::Result<()> {
+    fn flock_with_grace(fd: &OwnedFd, exclusive: bool) -> std::io::Result<()> {
         let deadline = Instant::now() + LOCK_GRACE;
         loop {
             match io::try_flock(fd, exclusive) {

@@ -3,11 +3,12 @@
 //! file only for what a private read of it proved.
 
 use super::format::{padded, AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
-use super::io::{self, Fd, FileId};
+use super::io::{self, FileId};
 use super::{io_error, with_scratch, DiskBackend};
 use crate::backend::checksum::PayloadSum;
 use crate::backend::LoadJob;
 use crate::error::{Error, ErrorKind, Result};
+use std::os::fd::OwnedFd;
 use std::path::Path;
 
 impl DiskBackend {
@@ -21,7 +22,7 @@ impl DiskBackend {
         key: &[u8],
         path: &Path,
         forms: &[Form],
-    ) -> Result<(Fd, FileId, Form)> {
+    ) -> Result<(OwnedFd, FileId, Form)> {
         let fd = match io::open_read(path, self.direct) {
             Ok(fd) => fd,
             Err(e) if io::is_missing(&e) => return Err(io_error("open", path, e)),
@@ -228,7 +229,7 @@ impl DiskBackend {
     /// and condemned; a read that failed otherwise proves nothing (`Io`).
     fn read_attr_header(
         &self,
-        fd: &Fd,
+        fd: &OwnedFd,
         key: &[u8],
         path: &Path,
         id: &FileId,
@@ -282,7 +283,7 @@ impl DiskBackend {
             );
         }
         let outcome = {
-            let _guard = self.stripe(key).lock();
+            let _guard = self.stripes.of(key).lock();
             match io::lstat(path) {
                 Ok(now) if now.same_file(&examined) && !now.is_dir() => {
                     self.changed(path);

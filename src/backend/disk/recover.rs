@@ -11,6 +11,7 @@ use crate::backend::checksum::xxh64;
 use crate::error::{bail, Result};
 use crate::seal::Sealer;
 use std::ffi::{CStr, OsStr};
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -316,7 +317,7 @@ impl DiskBackend {
     fn scan_sealed(
         &self,
         seal: &Sealer,
-        (dir, fan_path, cname): (&io::Fd, &Path, &CStr),
+        (dir, fan_path, cname): (&OwnedFd, &Path, &CStr),
         len: u64,
         want: &Want,
     ) -> Option<Vec<u8>> {
@@ -347,7 +348,7 @@ impl DiskBackend {
 
     /// Deletes a file the scan proved is no block of this tier's index; one
     /// that stays (the deletion failed) is on disk unlisted.
-    fn unlink_debris(&self, dir: &io::Fd, fan_path: &Path, name: &CStr) {
+    fn unlink_debris(&self, dir: &OwnedFd, fan_path: &Path, name: &CStr) {
         self.changed_fan(fan_path);
         if let Err(e) = io::unlink_at(dir, name) {
             if !io::is_missing(&e) {

@@ -5,12 +5,13 @@
 use super::format::{file_len, AttrHeader, Form, ATTR_NAME, HEADER_LEN};
 #[cfg(feature = "test-hooks")]
 use super::hang;
-use super::io::{self, Fd};
+use super::io;
 use super::{layout, with_scratch, DiskBackend};
 use crate::backend::{Row, StoreJob};
 use crate::config::SyncMode;
 use crate::error::{bail, Result};
 use crate::seal::Nonce;
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 
@@ -114,7 +115,7 @@ impl DiskBackend {
     /// contract forbids) fails its checksum on load, in either order.
     fn write_attr_form(
         &self,
-        fd: &Fd,
+        fd: &OwnedFd,
         key: &[u8],
         row: Row,
         job: &dyn StoreJob,
@@ -187,7 +188,7 @@ impl DiskBackend {
         self.seam.pause(hang::HangPoint::Write);
         let mut withdrawn = false;
         let published = written.and_then(|(ours, nonce)| {
-            let _guard = self.stripe(key).lock();
+            let _guard = self.stripes.of(key).lock();
             // `None`: reported before its row was read, nothing written.
             let Some(nonce) = nonce.filter(|_| !job.abandoned()) else {
                 withdrawn = true;

@@ -104,16 +104,7 @@ impl RedisBackend {
         let mut con = holder
             .get_connection_with_timeout(Duration::from_secs(5))
             .map_err(|e| io_error("adopting keys", &e))?;
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .query(&mut con)
-                .map_err(|e| io_error("SCAN", &e))?;
+        scan_matching(&mut con, pattern, |con, names| {
             for name in names {
                 if let Some(seal) = self.sealed() {
                     if !sealed::is_sealed_name(&self.name_prefix, &name) {
@@ -123,7 +114,7 @@ impl RedisBackend {
                         .arg(&name)
                         .arg(0)
                         .arg(RECORD_LEN - 1)
-                        .query(&mut con)
+                        .query(con)
                         .map_err(|e| io_error("GETRANGE", &e))?;
                     let opened = seal.open_key(self.namespace_fp, self.block_bytes, &record);
                     if let Some((key, nonce)) = opened {
@@ -142,7 +133,7 @@ impl RedisBackend {
                             .arg(&name)
                             .arg(0)
                             .arg(format::header_len(crate::MAX_KEY_LEN) - 1)
-                            .query(&mut con)
+                            .query(con)
                             .map_err(|e| io_error("GETRANGE", &e))?;
                         if let Ok(h) = format::read_header(&head) {
                             if self.name(h.key).as_bytes() == name.as_slice() {
@@ -152,11 +143,35 @@ impl RedisBackend {
                     }
                 }
             }
-            if next == 0 {
-                break;
-            }
-            cursor = next;
+            Ok(())
+        })
+    }
+}
+
+/// Walks the keys matching `pattern` (a SCAN `MATCH` pattern) on one server,
+/// handing each step's names to `each` with the connection, on which it may
+/// send commands of its own: the loop the Redis backend adopts its keys
+/// with, public for tools that clean up after a tier (the bench). A key
+/// added or removed during the walk may be seen or not, as SCAN promises.
+pub fn scan_matching<C: redis::ConnectionLike>(
+    con: &mut C,
+    pattern: &str,
+    mut each: impl FnMut(&mut C, Vec<Vec<u8>>) -> Result<()>,
+) -> Result<()> {
+    let mut cursor: u64 = 0;
+    loop {
+        let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .query(con)
+            .map_err(|e| io_error("SCAN", &e))?;
+        each(con, names)?;
+        if next == 0 {
+            return Ok(());
         }
-        Ok(())
+        cursor = next;
     }
 }

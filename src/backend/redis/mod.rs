@@ -53,17 +53,18 @@ mod operations;
 mod routed;
 mod sealed;
 
+pub use self::adopt::scan_matching;
+
 use self::by_crate::is_wrong_type;
 use self::client::cluster::Router;
 use self::client::conn::{io_error, Pool};
 use self::direct::{Fetched, Layout};
 use self::sealed::SealedLayout;
-use super::checksum::xxh64;
 use super::Backend;
 use crate::config::Sharing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
-use crate::sync::Mutex;
+use crate::striped::Striped;
 use redis::Client;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
@@ -71,11 +72,6 @@ use redis::Client;
 /// (one byte each): two jobs in flight share one with probability about
 /// (16 x 16) / 65536 for jobs of 16 blocks, instead of most of the time.
 const STRIPES: usize = 65_536;
-
-/// The stripe lock that serializes stores and deletes of `key`.
-fn stripe_of(key: &[u8]) -> usize {
-    xxh64(key, 2) as usize % STRIPES
-}
 
 pub(crate) struct RedisBackend {
     pool: Pool,
@@ -90,7 +86,7 @@ pub(crate) struct RedisBackend {
     shown_seeds: String,
     connections: usize,
     /// Serialise publish (SET) and delete (DEL) of the same key.
-    stripes: Vec<Mutex<()>>,
+    stripes: Striped<()>,
     /// The tenant's keys when the tier is sealed (see `sealed`).
     seal: Option<Sealer>,
     /// The version of each sealed block this process last wrote or saw.
@@ -130,22 +126,6 @@ impl RedisBackend {
             ttl_s: self.ttl_s,
             seal: self.sealed(),
         }
-    }
-
-    fn stripe(&self, key: &[u8]) -> &Mutex<()> {
-        &self.stripes[stripe_of(key)]
-    }
-
-    /// The stripe locks of every key, each once, taken in ascending order,
-    /// so two batches never wait on each other.
-    fn lock_stripes<'k>(
-        &self,
-        keys: impl Iterator<Item = &'k [u8]>,
-    ) -> Vec<crate::sync::MutexGuard<'_, ()>> {
-        let mut stripes: Vec<usize> = keys.map(stripe_of).collect();
-        stripes.sort_unstable();
-        stripes.dedup();
-        stripes.iter().map(|&s| self.stripes[s].lock()).collect()
     }
 
     /// Checks a value against the header this tier would write for `key`;

@@ -10,7 +10,7 @@ use crate::backend::checksum::namespace_fingerprint;
 use crate::config::{ClusterMode, RedisConfig};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
-use crate::sync::Mutex;
+use crate::striped::Striped;
 use redis::cluster::ClusterClient;
 use redis::{Client, IntoConnectionInfo};
 use std::time::Duration;
@@ -157,7 +157,7 @@ impl RedisBackend {
             seeds,
             shown_seeds,
             connections,
-            stripes: (0..STRIPES).map(|_| Mutex::new(())).collect(),
+            stripes: Striped::new(STRIPES, 2, || ()),
             seal,
             ledger: NonceLedger::new(),
             router,

@@ -18,7 +18,7 @@ impl Backend for RedisBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         let value = self.value_arg(key, block)?;
         let cmd = self.set_command(key, &value);
-        let _guard = self.stripe(key).lock();
+        let _guard = self.stripes.of(key).lock();
         self.pool.with("SET", |c| cmd.query::<()>(c))?;
         if let ValueArg::Sealed(_, nonce) = value {
             self.ledger.record(key, nonce);
@@ -51,7 +51,7 @@ impl Backend for RedisBackend {
         blocks: &[(u32, &[u8], &[u8])],
         done: &mut dyn FnMut(usize, Result<u64>),
     ) {
-        let _guards = self.lock_stripes(blocks.iter().map(|&(_, key, _)| key));
+        let _guards = self.stripes.lock_all(blocks.iter().map(|&(_, key, _)| key));
         if let Some(router) = &self.router {
             return self.store_routed(router, blocks, done);
         }
@@ -140,7 +140,9 @@ impl Backend for RedisBackend {
     /// stored again meanwhile, under their stripe locks, so that no store of
     /// the same key runs between the liveness check and the delete.
     fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
-        let _guards = self.lock_stripes(released.iter().map(|(_, key)| key.as_slice()));
+        let _guards = self
+            .stripes
+            .lock_all(released.iter().map(|(_, key)| key.as_slice()));
         let dead: Vec<&[u8]> = released
             .iter()
             .map(|(_, key)| key.as_slice())

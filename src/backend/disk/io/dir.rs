@@ -2,12 +2,13 @@
 //! with getdents64, stat and unlink entries relative to it), apart from the
 //! block I/O because only the scan makes them.
 
-use super::{open, Fd};
+use super::open;
 use std::io;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::Path;
 
 /// A directory opened for `*at` calls relative to it (no symlink followed).
-pub(crate) fn open_dir(path: &Path) -> io::Result<Fd> {
+pub(crate) fn open_dir(path: &Path) -> io::Result<OwnedFd> {
     open(path, libc::O_RDONLY | libc::O_DIRECTORY, 0)
 }
 
@@ -39,13 +40,13 @@ fn time(secs: i64, nanos: u32) -> std::time::SystemTime {
 /// type, size and mtime, relative to the directory's descriptor (no path walk
 /// from the root per file) and without forcing a sync with a network file
 /// system's server; kernels or sandboxes without `statx` get `fstatat`.
-pub(crate) fn stat_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<EntryStat> {
+pub(crate) fn stat_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<EntryStat> {
     // SAFETY: a valid descriptor, a NUL-terminated name and a zeroed
     // out-parameter of the right type; the result is checked.
     let mut stx: libc::statx = unsafe { std::mem::zeroed() };
     let rc = unsafe {
         libc::statx(
-            dir.raw(),
+            dir.as_raw_fd(),
             name.as_ptr(),
             libc::AT_SYMLINK_NOFOLLOW | libc::AT_STATX_DONT_SYNC,
             libc::STATX_TYPE | libc::STATX_SIZE | libc::STATX_MTIME,
@@ -70,7 +71,15 @@ pub(crate) fn stat_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<EntryStat> 
     }
     // SAFETY: as above, for fstatat's out-parameter.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstatat(dir.raw(), name.as_ptr(), &mut st, libc::AT_SYMLINK_NOFOLLOW) } != 0 {
+    if unsafe {
+        libc::fstatat(
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            &mut st,
+            libc::AT_SYMLINK_NOFOLLOW,
+        )
+    } != 0
+    {
         return Err(io::Error::last_os_error());
     }
     Ok(EntryStat {
@@ -81,9 +90,9 @@ pub(crate) fn stat_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<EntryStat> 
 }
 
 /// `unlinkat(2)` of a file entry of `dir`.
-pub(crate) fn unlink_at(dir: &Fd, name: &std::ffi::CStr) -> io::Result<()> {
+pub(crate) fn unlink_at(dir: &OwnedFd, name: &std::ffi::CStr) -> io::Result<()> {
     // SAFETY: a valid descriptor and NUL-terminated name.
-    if unsafe { libc::unlinkat(dir.raw(), name.as_ptr(), 0) } != 0 {
+    if unsafe { libc::unlinkat(dir.as_raw_fd(), name.as_ptr(), 0) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -101,15 +110,21 @@ pub(crate) struct DirNames {
 /// A directory's entries (but `.` and `..`), by `getdents64` on
 /// the descriptor the caller already holds: no second open of the directory
 /// and no allocation per entry, which a million-file recovery would pay for.
-pub(crate) fn read_names(dir: &Fd) -> io::Result<DirNames> {
+pub(crate) fn read_names(dir: &OwnedFd) -> io::Result<DirNames> {
     let mut names = Vec::new();
     let mut entries = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     loop {
         // SAFETY: a valid descriptor and a writable buffer of the given
         // length; the kernel writes whole records into it.
-        let n =
-            unsafe { libc::syscall(libc::SYS_getdents64, dir.raw(), buf.as_mut_ptr(), buf.len()) };
+        let n = unsafe {
+            libc::syscall(
+                libc::SYS_getdents64,
+                dir.as_raw_fd(),
+                buf.as_mut_ptr(),
+                buf.len(),
+            )
+        };
         if n < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -1,42 +1,17 @@
 //! The system calls the disk backend makes, behind a small safe surface: file
-//! descriptors that close themselves, aligned buffers, vectored positional I/O
-//! that finishes short transfers, and errno classification; `dir` holds the
-//! directory calls of recovery's scan, apart because only the scan makes them.
+//! descriptors as std's `OwnedFd` (which closes them), aligned buffers,
+//! vectored positional I/O that finishes short transfers, and errno
+//! classification; `dir` holds the directory calls of recovery's scan, apart
+//! because only the scan makes them.
 
 mod dir;
 
 pub(crate) use self::dir::{open_dir, read_names, stat_at, unlink_at, DirNames};
 use std::ffi::{CStr, CString};
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-
-/// An owned file descriptor.
-pub(crate) struct Fd(libc::c_int);
-
-impl Fd {
-    pub(crate) fn raw(&self) -> libc::c_int {
-        self.0
-    }
-
-    /// The descriptor as a `File` (for buffered or `Read`/`Write` use),
-    /// which then owns and closes it.
-    pub(crate) fn into_file(self) -> std::fs::File {
-        use std::os::fd::FromRawFd;
-        let raw = self.0;
-        std::mem::forget(self);
-        // SAFETY: an open descriptor this Fd owned; forgotten above, so the
-        // File is its only owner and closes it once.
-        unsafe { std::fs::File::from_raw_fd(raw) }
-    }
-}
-
-impl Drop for Fd {
-    fn drop(&mut self) {
-        // SAFETY: we own the descriptor and close it once.
-        unsafe { libc::close(self.0) };
-    }
-}
 
 /// Runs `f` with `path` as a NUL-terminated C string, built on the stack
 /// when it fits (every block path does), as std does for its own file
@@ -55,7 +30,7 @@ pub(crate) fn with_cpath<T>(path: &Path, f: impl FnOnce(&CStr) -> io::Result<T>)
 }
 
 /// `open(2)` with close-on-exec and without following a final symlink.
-pub(crate) fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<Fd> {
+pub(crate) fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
     with_cpath(path, |c| {
         // SAFETY: a valid NUL-terminated path; the result is checked.
         let fd = unsafe {
@@ -68,12 +43,13 @@ pub(crate) fn open(path: &Path, flags: libc::c_int, mode: libc::mode_t) -> io::R
         if fd < 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Fd(fd))
+        // SAFETY: open(2) just returned this descriptor, owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     })
 }
 
 /// A new file that must not exist yet (no symlink is followed), for writing.
-pub(crate) fn create_exclusive(path: &Path, direct: bool) -> io::Result<Fd> {
+pub(crate) fn create_exclusive(path: &Path, direct: bool) -> io::Result<OwnedFd> {
     let direct = if direct { libc::O_DIRECT } else { 0 };
     open(
         path,
@@ -86,7 +62,7 @@ pub(crate) fn create_exclusive(path: &Path, direct: bool) -> io::Result<Fd> {
 /// file should be cannot block the worker in open(2) until a writer appears;
 /// on a regular file it changes nothing (reads of regular files never return
 /// EAGAIN), so it is not cleared.
-pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<Fd> {
+pub(crate) fn open_read(path: &Path, direct: bool) -> io::Result<OwnedFd> {
     let direct = if direct { libc::O_DIRECT } else { 0 };
     open(path, libc::O_RDONLY | libc::O_NONBLOCK | direct, 0)
 }
@@ -101,7 +77,7 @@ pub(crate) fn read_regular(path: &Path) -> io::Result<Vec<u8>> {
     }
     let mut bytes = Vec::new();
     bytes.try_reserve_exact(meta.len as usize)?;
-    std::io::Read::read_to_end(&mut fd.into_file(), &mut bytes)?;
+    std::io::Read::read_to_end(&mut std::fs::File::from(fd), &mut bytes)?;
     Ok(bytes)
 }
 
@@ -153,10 +129,10 @@ impl FileId {
     }
 }
 
-pub(crate) fn fstat(fd: &Fd) -> io::Result<FileId> {
+pub(crate) fn fstat(fd: &OwnedFd) -> io::Result<FileId> {
     // SAFETY: a valid descriptor and a zeroed out-parameter of the right type.
     let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    if unsafe { libc::fstat(fd.raw(), &mut st) } != 0 {
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(FileId::from_stat(&st))
@@ -219,7 +195,7 @@ type VectoredIo =
 /// # Safety
 /// The iovecs must describe live buffers, writable ones for preadv.
 unsafe fn transfer(
-    fd: &Fd,
+    fd: &OwnedFd,
     iov: &mut [libc::iovec],
     mut offset: u64,
     call: VectoredIo,
@@ -227,7 +203,7 @@ unsafe fn transfer(
     let (mut first, mut total) = (0, 0);
     while first < iov.len() {
         let n = call(
-            fd.raw(),
+            fd.as_raw_fd(),
             iov[first..].as_ptr(),
             (iov.len() - first) as libc::c_int,
             offset as libc::off_t,
@@ -250,7 +226,7 @@ unsafe fn transfer(
 }
 
 /// Writes all of `parts` at `offset`, retrying short writes and EINTR.
-pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<()> {
+pub(crate) fn write_all_at(fd: &OwnedFd, parts: &[&[u8]], offset: u64) -> io::Result<()> {
     // SAFETY: the parts are slices borrowed for this call.
     unsafe {
         write_parts(
@@ -268,7 +244,7 @@ pub(crate) fn write_all_at(fd: &Fd, parts: &[&[u8]], offset: u64) -> io::Result<
 /// the write with EFAULT; one mapped again since is read into the file,
 /// which is then never published and is removed (see `store_checked`).
 pub(crate) fn write_header_and_row(
-    fd: &Fd,
+    fd: &OwnedFd,
     header: &[u8],
     row: *const u8,
     len: usize,
@@ -285,17 +261,17 @@ pub(crate) fn write_header_and_row(
 
 /// Writes `len` bytes at `row` at `offset`: [`write_header_and_row`]
 /// without a header, for the same rows.
-pub(crate) fn write_row(fd: &Fd, row: *const u8, len: usize, offset: u64) -> io::Result<()> {
+pub(crate) fn write_row(fd: &OwnedFd, row: *const u8, len: usize, offset: u64) -> io::Result<()> {
     // SAFETY: the row is only read by the kernel, which checks the address.
     unsafe { write_parts(fd, std::iter::once((row as *mut u8, len)), offset) }
 }
 
 /// Sets the extended attribute `name` of an open file.
-pub(crate) fn set_attr(fd: &Fd, name: &CStr, value: &[u8]) -> io::Result<()> {
+pub(crate) fn set_attr(fd: &OwnedFd, name: &CStr, value: &[u8]) -> io::Result<()> {
     // SAFETY: a valid descriptor, a NUL-terminated name and a borrowed value.
     let rc = unsafe {
         libc::fsetxattr(
-            fd.raw(),
+            fd.as_raw_fd(),
             name.as_ptr(),
             value.as_ptr().cast(),
             value.len(),
@@ -311,12 +287,18 @@ pub(crate) fn set_attr(fd: &Fd, name: &CStr, value: &[u8]) -> io::Result<()> {
 /// Reads the extended attribute `name` of an open file into `buf`; returns
 /// its length. ENODATA if the file has none, ERANGE if it is longer than
 /// `buf`.
-pub(crate) fn get_attr(fd: &Fd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
+pub(crate) fn get_attr(fd: &OwnedFd, name: &CStr, buf: &mut [u8]) -> io::Result<usize> {
     loop {
         // SAFETY: a valid descriptor, a NUL-terminated name, and a buffer
         // exclusively borrowed for the call.
-        let n =
-            unsafe { libc::fgetxattr(fd.raw(), name.as_ptr(), buf.as_mut_ptr().cast(), buf.len()) };
+        let n = unsafe {
+            libc::fgetxattr(
+                fd.as_raw_fd(),
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
         if n >= 0 {
             return Ok(n as usize);
         }
@@ -359,7 +341,7 @@ pub(crate) fn fs_type(path: &Path) -> io::Result<i64> {
 /// Each part must be readable memory for the call, or an address only the
 /// kernel reads (it fails the write with EFAULT if unmapped).
 unsafe fn write_parts(
-    fd: &Fd,
+    fd: &OwnedFd,
     parts: impl Iterator<Item = (*mut u8, usize)>,
     offset: u64,
 ) -> io::Result<()> {
@@ -373,7 +355,7 @@ unsafe fn write_parts(
 
 /// Reads into all of `parts` from `offset`; returns the bytes read, which is
 /// less than requested only at end of file.
-pub(crate) fn read_at(fd: &Fd, parts: &mut [&mut [u8]], offset: u64) -> io::Result<usize> {
+pub(crate) fn read_at(fd: &OwnedFd, parts: &mut [&mut [u8]], offset: u64) -> io::Result<usize> {
     let (mut iov, n) = iovecs(parts.iter_mut().map(|p| (p.as_mut_ptr(), p.len())))?;
     // SAFETY: the iovecs describe slices exclusively borrowed for this call.
     unsafe { transfer(fd, &mut iov[..n], offset, libc::preadv) }
@@ -397,17 +379,17 @@ fn advance(iov: &mut [libc::iovec], mut first: usize, mut n: usize) -> usize {
 }
 
 /// fsync: data and all metadata, extended attributes included.
-pub(crate) fn fsync(fd: &Fd) -> io::Result<()> {
+pub(crate) fn fsync(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: a valid descriptor.
-    if unsafe { libc::fsync(fd.raw()) } != 0 {
+    if unsafe { libc::fsync(fd.as_raw_fd()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
-pub(crate) fn fdatasync(fd: &Fd) -> io::Result<()> {
+pub(crate) fn fdatasync(fd: &OwnedFd) -> io::Result<()> {
     // SAFETY: a valid descriptor.
-    if unsafe { libc::fdatasync(fd.raw()) } != 0 {
+    if unsafe { libc::fdatasync(fd.as_raw_fd()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
@@ -417,21 +399,21 @@ pub(crate) fn fdatasync(fd: &Fd) -> io::Result<()> {
 pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
     let fd = open(dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
     // SAFETY: a valid descriptor.
-    if unsafe { libc::fsync(fd.raw()) } != 0 {
+    if unsafe { libc::fsync(fd.as_raw_fd()) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
 }
 
 /// Takes an advisory lock on `fd` without waiting: exclusive or shared.
-pub(crate) fn try_flock(fd: &Fd, exclusive: bool) -> io::Result<()> {
+pub(crate) fn try_flock(fd: &OwnedFd, exclusive: bool) -> io::Result<()> {
     let op = if exclusive {
         libc::LOCK_EX
     } else {
         libc::LOCK_SH
     } | libc::LOCK_NB;
     // SAFETY: a valid descriptor.
-    if unsafe { libc::flock(fd.raw(), op) } != 0 {
+    if unsafe { libc::flock(fd.as_raw_fd(), op) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())
