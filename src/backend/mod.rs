@@ -151,6 +151,56 @@ mod tests {
         round_trip(&MemoryBackend::new(BB, 4, crate::config::Prefault::Off).unwrap());
     }
 
+    /// Which capabilities each backend offers: the engine's choices (a
+    /// watchdog, release tracking, probes, batches) follow from these.
+    fn capabilities(backend: &dyn Backend) -> [bool; 6] {
+        [
+            backend.batches().is_some(),
+            backend.probes().is_some(),
+            backend.touches().is_some(),
+            backend.discards().is_some(),
+            backend.persistence().is_some(),
+            backend.watched_io().is_some(),
+        ]
+    }
+
+    #[test]
+    fn memory_backend_has_no_capability_beyond_the_core() {
+        let memory = MemoryBackend::new(BB, 4, crate::config::Prefault::Off).unwrap();
+        assert_eq!(capabilities(&memory), [false; 6]);
+        #[cfg(feature = "test-hooks")]
+        assert!(memory.test_seams().is_none());
+    }
+
+    #[test]
+    fn disk_backend_probes_only_when_shared() {
+        for shared in [false, true] {
+            let root = std::env::temp_dir().join(format!(
+                "kvtier-backend-caps-{shared}-{}",
+                std::process::id()
+            ));
+            let _ = std::fs::remove_dir_all(&root);
+            let cfg = DiskConfig {
+                path: Some(root.clone()),
+                shared,
+                ..DiskConfig::default()
+            };
+            let disk = DiskBackend::open(&cfg, "", BB, 64, None).unwrap();
+            assert_eq!(
+                capabilities(&disk),
+                [false, shared, false, true, true, true],
+                "shared={shared}"
+            );
+            #[cfg(feature = "test-hooks")]
+            {
+                let seams = disk.test_seams().expect("the disk's test seams");
+                assert!(seams.block_path(b"k").is_some() && seams.hang_seam().is_some());
+            }
+            drop(disk);
+            std::fs::remove_dir_all(&root).unwrap();
+        }
+    }
+
     #[test]
     fn disk_backend_round_trips_plain_buffers_and_verifies() {
         let root = std::env::temp_dir().join(format!("kvtier-backend-{}", std::process::id()));
