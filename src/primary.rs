@@ -99,7 +99,7 @@ impl PrimaryBuffer {
     }
 
     /// Row `row` as an address and length, without borrowing it: for a store
-    /// that may outlive the buffer (see `Backend::store_unless`). Panics if
+    /// that may outlive the buffer (see `WatchedIo::store_unless`). Panics if
     /// `row` is out of range.
     pub(crate) fn row_unborrowed(&self, row: usize) -> Row {
         assert!(row < self.rows, "row {row} out of range");
@@ -150,7 +150,7 @@ impl PrimaryBuffer {
 
 /// A caller's row handed to a store under a deadline: an address and a
 /// length, not a borrow, because the call may outlive the row (see
-/// `Backend::store_unless`). Read it through `StoreJob::read_row`.
+/// `WatchedIo::store_unless`). Read it through `StoreJob::read_row`.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Row {
     ptr: *const u8,

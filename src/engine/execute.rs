@@ -4,6 +4,7 @@
 
 use super::jobs::{Crew, FailReason, Job, JobKind, LoadRow, Task, Work, WorkQueue, Worker};
 use super::Shared;
+use crate::backend::{Batches, WatchedIo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::workers::{Executor, Lane};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -41,7 +42,7 @@ impl Executor for Shared {
     }
 }
 
-/// Released blocks per `Backend::discard` call: a job's evictions
+/// Released blocks per `Discards::discard` call: a job's evictions
 /// (16 blocks in a typical job) in one, a clear of millions in many, each
 /// well within one storage deadline.
 const DISCARD_BATCH: usize = 64;
@@ -110,15 +111,24 @@ impl Shared {
         match work {
             Work::Copy(task) => self.run_task(task, worker),
             Work::Discard(keys) => {
+                // Queued only for a backend with discards (the index tracks
+                // releases for no other).
+                let Some(discards) = self.backend.discards() else {
+                    return;
+                };
                 let is_live = |k: &[u8]| self.is_live(k);
                 // A bounded batch per deadline: a clear releases every block
                 // at once, which no single storage call should carry.
                 for batch in keys.chunks(DISCARD_BATCH) {
-                    watched(&mut || self.backend.discard(batch, &is_live));
+                    watched(&mut || discards.discard(batch, &is_live));
                 }
             }
             Work::Probe(keys) => watched(&mut || self.run_probes(&keys)),
-            Work::Touch(keys, key_len) => watched(&mut || self.backend.touch(&keys, key_len)),
+            Work::Touch(keys, key_len) => {
+                if let Some(touches) = self.backend.touches() {
+                    watched(&mut || touches.touch(&keys, key_len));
+                }
+            }
         }
     }
 
@@ -158,7 +168,7 @@ impl Shared {
 
     /// Copies a task's blocks through a batching backend, all in one go;
     /// returns how many it handed to the backend.
-    fn copy_batch(&self, task: &Task) -> u64 {
+    fn copy_batch(&self, batches: &dyn Batches, task: &Task) -> u64 {
         let job = &task.job;
         let block_bytes = self.primary.block_bytes() as u64;
         match job.kind {
@@ -167,11 +177,10 @@ impl Shared {
                     .iter()
                     .map(|item| (item.slot, job.key(item.pos), self.primary.row(item.row)))
                     .collect();
-                self.backend
-                    .store_batch(&blocks, &mut |i, outcome| match outcome {
-                        Ok(bytes) => job.add_bytes(bytes),
-                        Err(e) => job.item_failed(task.range.start + i, e.kind()),
-                    });
+                batches.store_batch(&blocks, &mut |i, outcome| match outcome {
+                    Ok(bytes) => job.add_bytes(bytes),
+                    Err(e) => job.item_failed(task.range.start + i, e.kind()),
+                });
                 blocks.len() as u64
             }
             JobKind::Load => {
@@ -187,17 +196,16 @@ impl Shared {
                         })
                     })
                     .collect();
-                self.backend
-                    .load_batch(&mut blocks, &mut |i, outcome| match outcome {
-                        Ok(()) => {
-                            job.add_bytes(block_bytes);
-                            true
-                        }
-                        Err(e) => {
-                            job.load_failed(task.range.start + i, &e);
-                            false
-                        }
-                    });
+                batches.load_batch(&mut blocks, &mut |i, outcome| match outcome {
+                    Ok(()) => {
+                        job.add_bytes(block_bytes);
+                        true
+                    }
+                    Err(e) => {
+                        job.load_failed(task.range.start + i, &e);
+                        false
+                    }
+                });
                 blocks.len() as u64
             }
         }
@@ -210,16 +218,16 @@ impl Shared {
     fn store_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<u64> {
         let item = job.items[i];
         let key = job.key(item.pos);
-        match worker {
-            Some(w) if w.has_deadline() => {
+        match self.watched(worker) {
+            Some((w, io)) => {
                 // No borrow of the row is held across the call: the backend
                 // reads it only through the job (see `StoreJob`).
                 let row = self.primary.row_unborrowed(item.row);
                 w.watch(Some(job), i, || {
-                    self.backend.store_unless(item.slot, key, row, job.as_ref())
+                    io.store_unless(item.slot, key, row, job.as_ref())
                 })
             }
-            _ => self
+            None => self
                 .primary
                 .with_row(item.row, |block| self.backend.store(item.slot, key, block)),
         }
@@ -231,17 +239,17 @@ impl Shared {
     /// only while the job is not reported: a call that returns after the
     /// deadline must not write a row whose job the engine already counts as
     /// done. A backend that reads blocks in pieces gets a bounce buffer of a
-    /// piece (see `Backend::load_piece_bytes`), else one of a block.
+    /// piece (see `WatchedIo::load_piece_bytes`), else one of a block.
     fn load_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<bool> {
         let item = job.items[i];
         let key = job.key(item.pos);
-        let Some(w) = worker.filter(|w| w.has_deadline()) else {
+        let Some((w, io)) = self.watched(worker) else {
             return self
                 .primary
                 .with_row_mut(item.row, |dst| self.backend.load(item.slot, key, dst))
                 .map(|()| true);
         };
-        let piece_bytes = self.backend.load_piece_bytes();
+        let piece_bytes = io.load_piece_bytes();
         let bounce_bytes = piece_bytes.unwrap_or(self.primary.block_bytes());
         w.bounce(bounce_bytes, |buf| match piece_bytes {
             Some(_) => {
@@ -250,9 +258,8 @@ impl Shared {
                     row: item.row,
                     primary: &self.primary,
                 };
-                let complete = w.watch(Some(job), i, || {
-                    self.backend.load_streamed(item.slot, key, buf, &row)
-                })?;
+                let complete =
+                    w.watch(Some(job), i, || io.load_streamed(item.slot, key, buf, &row))?;
                 // Every piece is in the row and the block verified: it
                 // counts as delivered unless the job was reported since.
                 Ok(complete && job.deliver(i, || {}))
@@ -273,6 +280,17 @@ impl Shared {
         })
     }
 
+    /// The worker and the backend's deadline-aware calls, when the worker
+    /// watches its calls against a deadline (a crew has one only over a
+    /// backend with [`WatchedIo`], see `Tier::build`).
+    fn watched<'a, 'w>(
+        &'a self,
+        worker: Option<&'a Worker<'w>>,
+    ) -> Option<(&'a Worker<'w>, &'a dyn WatchedIo)> {
+        let w = worker.filter(|w| w.has_deadline())?;
+        Some((w, self.backend.watched_io()?))
+    }
+
     /// A worker runs one task: copies its blocks (timed, for the job's `io_ns`
     /// and the per-block I/O histogram), then, if it is the job's last task,
     /// completes the job.
@@ -283,11 +301,11 @@ impl Shared {
         // Blocks whose copy ran, whatever its outcome.
         let mut attempted = 0u64;
         let copied = catch_unwind(AssertUnwindSafe(|| {
-            if self.backend.batches() {
+            if let Some(batches) = self.backend.batches() {
                 if self.queue.is_shut_down() {
                     return false;
                 }
-                attempted = self.copy_batch(&task);
+                attempted = self.copy_batch(batches, &task);
                 return true;
             }
             for i in task.range.clone() {

@@ -17,7 +17,9 @@ impl Tier {
 
     /// Test seam: makes backend writes fail as if the device were full.
     pub fn simulate_full_device(&self, full: bool) {
-        self.shared.backend.simulate_full_device(full);
+        if let Some(seams) = self.shared.backend.test_seams() {
+            seams.simulate_full_device(full);
+        }
     }
 
     /// Runs all queued background work (probes, discards) on this thread
@@ -84,7 +86,8 @@ impl Tier {
     pub fn disk_block_path(&self, key: &[u8]) -> std::path::PathBuf {
         self.shared
             .backend
-            .block_path(key)
+            .test_seams()
+            .and_then(|seams| seams.block_path(key))
             .expect("disk_block_path is for the disk backend")
     }
 
@@ -102,7 +105,8 @@ impl Tier {
     fn seam(&self) -> &std::sync::Arc<crate::backend::disk::hang::HangSeam> {
         self.shared
             .backend
-            .hang_seam()
+            .test_seams()
+            .and_then(|seams| seams.hang_seam())
             .expect("hang_disk_io is for the disk backend")
     }
 }

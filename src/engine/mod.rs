@@ -109,7 +109,7 @@ struct Shared {
 impl Shared {
     /// At a clean close (every thread joined, discards run): lets the
     /// backend record the index for the next open (see
-    /// [`Backend::save_on_close`]), unless storage may hold something the
+    /// `Persistence::save_on_close`), unless storage may hold something the
     /// index does not say: a job left unfinished, a storage call that
     /// missed its deadline (its outcome was set aside; a hung device is not
     /// trusted either), a block dropped but kept in storage.
@@ -126,8 +126,9 @@ impl Shared {
         if st.index.allocated() != st.index.ready() {
             return;
         }
-        self.backend
-            .save_on_close(&mut |f| st.index.for_each_lru(f));
+        if let Some(storage) = self.backend.persistence() {
+            storage.save_on_close(&mut |f| st.index.for_each_lru(f));
+        }
     }
 }
 
@@ -201,7 +202,7 @@ impl Tier {
         let (counts, to_probe) = {
             let mut st = self.shared.state.lock();
             let mut counts = st.index.lookup_batch(keys, key_len, out);
-            let to_probe = if self.shared.backend.probes_absent_keys() && counts.misses > 0 {
+            let to_probe = if self.shared.backend.probes().is_some() && counts.misses > 0 {
                 Shared::probe_misses(&mut st, keys, key_len, out, &mut counts)
             } else {
                 Vec::new()
@@ -240,7 +241,7 @@ impl Tier {
             return Ok(());
         }
         self.shared.state.lock().index.touch_batch(keys, key_len);
-        if self.shared.backend.forwards_touches() {
+        if self.shared.backend.touches().is_some() {
             self.shared.forward_touch(keys, key_len);
         }
         Ok(())
@@ -579,7 +580,9 @@ impl Drop for Tier {
         // keeps its storage (the disk directory's lock) until the last of
         // them returns, since they may still write there.
         self.shared.done.retire_fd();
-        self.shared.backend.left_behind(left_behind);
+        if let Some(io) = self.shared.backend.watched_io() {
+            io.left_behind(left_behind);
+        }
         Shared::discard_detached(&self.shared, discards);
     }
 }

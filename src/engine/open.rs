@@ -83,7 +83,7 @@ impl Tier {
             1
         };
         let mut index = Index::new(blocks as u32, KeyHasher::random());
-        if backend.wants_discards() {
+        if backend.discards().is_some() {
             index.track_releases();
         }
         if config.events {
@@ -93,7 +93,11 @@ impl Tier {
         }
         let mut evicted_at_open = 0;
         let mut victims = Vec::new();
-        for key in backend.recover()? {
+        let recovered = match backend.persistence() {
+            Some(storage) => storage.recover()?,
+            None => Vec::new(),
+        };
+        for key in recovered {
             // Oldest first, so when storage holds more than the capacity the
             // oldest blocks are the ones evicted again.
             if index.admit_found(&key, &mut victims, StoredReason::Recovered)
@@ -107,12 +111,12 @@ impl Tier {
         let auto = config
             .io_timeout_ms
             .is_none()
-            .then(|| backend.auto_io_timeout())
+            .then(|| backend.watched_io()?.auto_io_timeout())
             .flatten();
         let timeout_ms = auto
             .as_ref()
             .map_or_else(|| config.resolved_io_timeout_ms(), |&(ms, _)| ms);
-        let deadline = (spawn && timeout_ms > 0 && backend.needs_watchdog())
+        let deadline = (spawn && timeout_ms > 0 && backend.watched_io().is_some())
             .then(|| Duration::from_millis(timeout_ms as u64));
         let shared = Arc::new(Shared {
             primary,

@@ -78,10 +78,9 @@ impl Shared {
         if keys.is_empty() {
             return;
         }
-        let per_work = if self.backend.probes_in_batches() {
-            PROBE_BATCH
-        } else {
-            1
+        let per_work = match self.backend.probes() {
+            Some(probes) if probes.probes_in_batches() => PROBE_BATCH,
+            _ => 1,
         };
         let mut batches = Vec::new();
         if batches.try_reserve(keys.len().div_ceil(per_work)).is_err() {
@@ -141,8 +140,13 @@ impl Shared {
     /// inside the backend's answer for each key, while the backend holds off
     /// deleting that key.
     pub(super) fn run_probes(&self, keys: &[Vec<u8>]) {
+        // Queued only for a backend with probes (see `Tier::lookup_into`).
+        let Some(probes) = self.backend.probes() else {
+            self.forget_probes(keys.iter().cloned());
+            return;
+        };
         let mut released = Vec::new();
-        self.backend.probe_many(keys, &mut |i, found| {
+        probes.probe_many(keys, &mut |i, found| {
             let key = &keys[i];
             let mut st = self.state.lock();
             let State {

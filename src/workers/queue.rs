@@ -32,7 +32,7 @@ pub(crate) enum Work<T> {
     Copy(T),
     /// Does storage hold these keys (shared tiers)? One key each for a
     /// backend that asks per key, the keys of one lookup for one that asks
-    /// for many at once (`Backend::probes_in_batches`).
+    /// for many at once (`Probes::probes_in_batches`).
     Probe(Vec<Vec<u8>>),
     /// Release the storage of evicted or cleared blocks (slot, key).
     Discard(Vec<(u32, Vec<u8>)>),

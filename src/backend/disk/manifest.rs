@@ -19,7 +19,7 @@
 //!               before it (each chunk's hash seeds the next)
 //! ```
 //!
-//! Rules (see `DiskBackend::recover` and `Backend::save_on_close`):
+//! Rules (see `DiskBackend::recover` and `Persistence::save_on_close`):
 //! - Written only at `tier_free`, after every worker has been joined, when
 //!   the index lists exactly the block files on disk: never in shared mode,
 //!   never for a sealed tier (its keys must not be written anywhere), never

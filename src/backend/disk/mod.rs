@@ -43,7 +43,9 @@
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash), `open` (opening: checks, lock, probes, the hand-off
 // to recovery), `write` (the store path, the mirror of `read`); this file: the
-// backend's state, deleting, and the `Backend` trait's glue.
+// backend's state, deleting, and the glue of the `Backend` trait and of the
+// capabilities a disk tier has (watched I/O, discards, persistence, probes
+// when shared, test seams).
 mod format;
 mod fs_kind;
 #[cfg(feature = "test-hooks")]
@@ -61,7 +63,7 @@ mod write;
 use self::format::{Form, Header, ALIGN};
 use self::fs_kind::FsKind;
 use super::checksum::PayloadSum;
-use super::{Backend, LoadJob, Row, StoreJob, Unwatched};
+use super::{Backend, Discards, LoadJob, Persistence, Probes, Row, StoreJob, Unwatched, WatchedIo};
 use crate::aligned::AlignedBuf;
 use crate::config::SyncMode;
 use crate::error::{Error, ErrorKind, Result};
@@ -162,7 +164,7 @@ pub(crate) struct DiskBackend {
     seam: std::sync::Arc<hang::HangSeam>,
     /// Holds the directory lock for the tier's lifetime, and past it while
     /// storage calls the freed tier left behind are stuck (see
-    /// `Backend::left_behind`).
+    /// `WatchedIo::left_behind`).
     lock: OwnedFd,
     /// The lock file's identity (device, inode), by which a later open of
     /// the directory in this process recognises a lock held by a tier it
@@ -287,30 +289,13 @@ impl DiskBackend {
     }
 }
 
-impl Backend for DiskBackend {
-    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        self.store_checked(key, Row::of(block), &Unwatched)
-    }
-
+impl WatchedIo for DiskBackend {
     fn store_unless(&self, _slot: u32, key: &[u8], block: Row, job: &dyn StoreJob) -> Result<u64> {
         self.store_checked(key, block, job)
     }
 
-    fn needs_watchdog(&self) -> bool {
-        true
-    }
-
     fn auto_io_timeout(&self) -> Option<(u32, String)> {
         Some(self.fs.auto_deadline())
-    }
-
-    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
-        let loaded = match &self.seal {
-            Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
-            None => self.read_verified(&self.path_of(key), key, dst),
-        };
-        self.read_returned();
-        loaded
     }
 
     /// Whole blocks up to 1 MiB; a larger one in 1 MiB pieces: a buffer of
@@ -336,16 +321,27 @@ impl Backend for DiskBackend {
         self.read_streamed(&self.path_of(key), key, piece, job)
     }
 
-    fn wants_discards(&self) -> bool {
-        true
+    fn left_behind(&self, calls: usize) {
+        // The lock stays held: the stuck calls may still write here (a late
+        // write's temporary file, its removal), and a new exclusive tier of
+        // this directory would take their files for debris and delete them,
+        // or have its own blocks deleted by a late discard.
+        if let Some(id) = self.lock_id {
+            LEFT_BEHIND.lock().push((id, calls));
+            self.listed.store(true, Ordering::Release);
+        }
     }
+}
 
+impl Discards for DiskBackend {
     fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool) {
         for (_, key) in released {
             self.discard_one(key, is_live);
         }
     }
+}
 
+impl Persistence for DiskBackend {
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         self.recover_index()
     }
@@ -362,11 +358,9 @@ impl Backend for DiskBackend {
         // A failure leaves no manifest: the next open scans.
         let _ = self.write_manifest(each_block);
     }
+}
 
-    fn probes_absent_keys(&self) -> bool {
-        self.shared
-    }
-
+impl Probes for DiskBackend {
     fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
         // Under the stripe lock, as deletion of this key is: a block seen here
         // is in the index before a deletion checks whether it is live, so a
@@ -374,35 +368,60 @@ impl Backend for DiskBackend {
         let _guard = self.stripes.of(key).lock();
         record(self.published(&self.path_of(key), key));
     }
+}
+
+#[cfg(feature = "test-hooks")]
+impl super::TestSeams for DiskBackend {
+    fn simulate_full_device(&self, full: bool) {
+        self.simulate_full.store(full, Ordering::Relaxed);
+    }
+
+    fn block_path(&self, key: &[u8]) -> Option<PathBuf> {
+        Some(self.path_of(key))
+    }
+
+    fn hang_seam(&self) -> Option<&std::sync::Arc<hang::HangSeam>> {
+        Some(&self.seam)
+    }
+}
+
+impl Backend for DiskBackend {
+    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
+        self.store_checked(key, Row::of(block), &Unwatched)
+    }
+
+    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
+        let loaded = match &self.seal {
+            Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
+            None => self.read_verified(&self.path_of(key), key, dst),
+        };
+        self.read_returned();
+        loaded
+    }
 
     fn min_task_bytes(&self) -> usize {
         1
     }
 
-    #[cfg(feature = "test-hooks")]
-    fn simulate_full_device(&self, full: bool) {
-        self.simulate_full.store(full, Ordering::Relaxed);
+    fn probes(&self) -> Option<&dyn Probes> {
+        self.shared.then_some(self)
+    }
+
+    fn discards(&self) -> Option<&dyn Discards> {
+        Some(self)
+    }
+
+    fn persistence(&self) -> Option<&dyn Persistence> {
+        Some(self)
+    }
+
+    fn watched_io(&self) -> Option<&dyn WatchedIo> {
+        Some(self)
     }
 
     #[cfg(feature = "test-hooks")]
-    fn block_path(&self, key: &[u8]) -> Option<PathBuf> {
-        Some(self.path_of(key))
-    }
-
-    #[cfg(feature = "test-hooks")]
-    fn hang_seam(&self) -> Option<&std::sync::Arc<hang::HangSeam>> {
-        Some(&self.seam)
-    }
-
-    fn left_behind(&self, calls: usize) {
-        // The lock stays held: the stuck calls may still write here (a late
-        // write's temporary file, its removal), and a new exclusive tier of
-        // this directory would take their files for debris and delete them,
-        // or have its own blocks deleted by a late discard.
-        if let Some(id) = self.lock_id {
-            LEFT_BEHIND.lock().push((id, calls));
-            self.listed.store(true, Ordering::Release);
-        }
+    fn test_seams(&self) -> Option<&dyn super::TestSeams> {
+        Some(self)
     }
 
     fn release_in_forked_child(&self) {

@@ -290,7 +290,7 @@ impl DiskBackend {
     }
 
     /// Rebuilds the index at open: from the manifest, else by a scan in the
-    /// order of the hint and the journal (`Backend::recover`).
+    /// order of the hint and the journal (`Persistence::recover`).
     pub(super) fn recover_index(&self) -> Result<Vec<Vec<u8>>> {
         // Whether used or not, the manifest is gone from disk before the
         // tier accepts a store (and with it any journal older than it).

@@ -97,7 +97,7 @@ impl DiskBackend {
     }
 
     /// Loads a block a piece at a time through `piece` (see
-    /// `Backend::load_streamed`): each read fills the private buffer, whose
+    /// `WatchedIo::load_streamed`): each read fills the private buffer, whose
     /// bytes feed the checksum and then go to the row through `job`. The
     /// checksum is taken over the private reads, so a mismatch proves the
     /// file bad, as in [`DiskBackend::read_verified`]'s private read.

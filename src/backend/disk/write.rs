@@ -26,7 +26,7 @@ impl DiskBackend {
     /// reaches the server, so another client must not find the name first.
     ///
     /// The row is the caller's and this call may outlive the tier (see
-    /// `Backend::store_unless`), so it is read from user space (checksum,
+    /// `WatchedIo::store_unless`), so it is read from user space (checksum,
     /// copy, sealing) only inside `job.read_row`, after the file is created
     /// (an `open` on a hung mount is where a store waits longest) and into
     /// this thread's scratch. Only an aligned row under O_DIRECT is written

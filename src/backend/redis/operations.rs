@@ -1,12 +1,13 @@
-//! The `Backend` trait's operations on a Redis tier, each choosing its
-//! path: kvtier's direct pipelines on a single server (`direct`), a
+//! The `Backend` trait's operations on a Redis tier, and those of the
+//! capabilities it has (batches, touches, discards, persistence, probes),
+//! each choosing its path: kvtier's direct pipelines on a single server (`direct`), a
 //! cluster's routed pipelines (`routed`), or the crate (`by_crate`).
 
 use super::by_crate::{is_wrong_type, pipelined, ValueArg};
 use super::client::conn::Conn;
 use super::routed::KeyCommand;
 use super::{direct, server_error, RedisBackend};
-use crate::backend::Backend;
+use crate::backend::{Backend, Batches, Discards, Persistence, Probes, Touches};
 use crate::config::Sharing;
 use crate::error::Result;
 
@@ -14,36 +15,7 @@ use crate::error::Result;
 /// see `min_growing_task_bytes`).
 const FILLING_TASK_BLOCKS: usize = 2;
 
-impl Backend for RedisBackend {
-    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        let value = self.value_arg(key, block)?;
-        let cmd = self.set_command(key, &value);
-        let _guard = self.stripes.of(key).lock();
-        self.pool.with("SET", |c| cmd.query::<()>(c))?;
-        if let ValueArg::Sealed(_, nonce) = value {
-            self.ledger.record(key, nonce);
-        }
-        Ok(self.block_bytes as u64)
-    }
-
-    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
-        let name = self.name(key);
-        let value = self.pool.with("GET", |c| {
-            match redis::cmd("GET").arg(&name).query::<Option<Vec<u8>>>(c) {
-                Err(e) if is_wrong_type(&e) => Ok(Err(e)),
-                other => other.map(Ok),
-            }
-        })?;
-        match value {
-            Ok(value) => self.check_value(&name, value, key, dst),
-            Err(e) => Err(self.get_failed(&name, &e)),
-        }
-    }
-
-    fn batches(&self) -> bool {
-        true
-    }
-
+impl Batches for RedisBackend {
     /// One pipeline of SETs for the task's blocks (per node in a cluster),
     /// under the blocks' stripe locks. A failed pipeline fails all of them.
     fn store_batch(
@@ -108,11 +80,9 @@ impl Backend for RedisBackend {
             }
         }
     }
+}
 
-    fn forwards_touches(&self) -> bool {
-        true
-    }
-
+impl Touches for RedisBackend {
     /// One pipeline of `TOUCH`es (on a single server up to 256 keys each;
     /// in a cluster one key each, a pipeline per master, so that a dead
     /// master costs only its own keys' touches), so that the server's LRU
@@ -130,11 +100,9 @@ impl Backend for RedisBackend {
             self.keys_by_crate(conn, "TOUCH", &keys)
         });
     }
+}
 
-    fn wants_discards(&self) -> bool {
-        self.sharing == Sharing::Owned
-    }
-
+impl Discards for RedisBackend {
     /// One pipeline of `DEL`s (on a single server up to 256 keys each; in a
     /// cluster one key each, a pipeline per node) for the released keys not
     /// stored again meanwhile, under their stripe locks, so that no store of
@@ -171,7 +139,9 @@ impl Backend for RedisBackend {
             self.ledger.forget(key);
         }
     }
+}
 
+impl Persistence for RedisBackend {
     fn recover(&self) -> Result<Vec<Vec<u8>>> {
         match self.sharing {
             Sharing::Owned => self.scan_keys(),
@@ -179,11 +149,9 @@ impl Backend for RedisBackend {
             Sharing::Shared => Ok(Vec::new()),
         }
     }
+}
 
-    fn probes_absent_keys(&self) -> bool {
-        self.sharing == Sharing::Shared
-    }
-
+impl Probes for RedisBackend {
     fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
         self.probe_many(&[key.to_vec()], &mut |_, found| record(found));
     }
@@ -214,6 +182,53 @@ impl Backend for RedisBackend {
                 .is_some_and(|c| c[i].as_ref().is_ok_and(|&n| n > 0));
             record(i, found);
         }
+    }
+}
+
+impl Backend for RedisBackend {
+    fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
+        let value = self.value_arg(key, block)?;
+        let cmd = self.set_command(key, &value);
+        let _guard = self.stripes.of(key).lock();
+        self.pool.with("SET", |c| cmd.query::<()>(c))?;
+        if let ValueArg::Sealed(_, nonce) = value {
+            self.ledger.record(key, nonce);
+        }
+        Ok(self.block_bytes as u64)
+    }
+
+    fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
+        let name = self.name(key);
+        let value = self.pool.with("GET", |c| {
+            match redis::cmd("GET").arg(&name).query::<Option<Vec<u8>>>(c) {
+                Err(e) if is_wrong_type(&e) => Ok(Err(e)),
+                other => other.map(Ok),
+            }
+        })?;
+        match value {
+            Ok(value) => self.check_value(&name, value, key, dst),
+            Err(e) => Err(self.get_failed(&name, &e)),
+        }
+    }
+
+    fn batches(&self) -> Option<&dyn Batches> {
+        Some(self)
+    }
+
+    fn touches(&self) -> Option<&dyn Touches> {
+        Some(self)
+    }
+
+    fn discards(&self) -> Option<&dyn Discards> {
+        (self.sharing == Sharing::Owned).then_some(self)
+    }
+
+    fn persistence(&self) -> Option<&dyn Persistence> {
+        Some(self)
+    }
+
+    fn probes(&self) -> Option<&dyn Probes> {
+        (self.sharing == Sharing::Shared).then_some(self)
     }
 
     fn min_task_bytes(&self) -> usize {

@@ -239,7 +239,7 @@ pub(crate) fn write_all_at(fd: &OwnedFd, parts: &[&[u8]], offset: u64) -> io::Re
 
 /// Writes `header` and then `len` bytes at `row` at `offset`, like
 /// [`write_all_at`], for a row the caller may unmap meanwhile (a store left
-/// behind by `tier_free`, see `Backend::store_unless`): the row's address is
+/// behind by `tier_free`, see `WatchedIo::store_unless`): the row's address is
 /// handed to the kernel, never read here. An address no longer mapped fails
 /// the write with EFAULT; one mapped again since is read into the file,
 /// which is then never published and is removed (see `store_checked`).
