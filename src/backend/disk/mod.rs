@@ -94,6 +94,9 @@ thread_local! {
     static SCRATCH: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
 
+/// The piece a large block is read in, staged or streamed under a deadline.
+const PIECE: usize = 1 << 20;
+
 /// Runs `f` on this thread's scratch of at least `len` bytes; an error of
 /// kind `OutOfMemory` if the scratch cannot grow to that.
 fn with_scratch<R>(
@@ -304,7 +307,6 @@ impl WatchedIo for DiskBackend {
     /// often (`kvtier-bench --backend disk --repeat 3 --gib 1`; the runs are
     /// in docs/runs/disk.md).
     fn load_piece_bytes(&self) -> Option<usize> {
-        const PIECE: usize = 1 << 20;
         // A sealed block is opened whole (its tag covers all of it).
         self.seal
             .is_none()
@@ -393,6 +395,7 @@ impl Backend for DiskBackend {
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let loaded = match &self.seal {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
+            None if self.stages_loads() => self.read_staged(&self.path_of(key), key, dst),
             None => self.read_verified(&self.path_of(key), key, dst),
         };
         self.read_returned();
@@ -450,9 +453,14 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}, {}, sync={}, shared={}{}{}){}",
+            "disk: {} ({}{}, {}, sync={}, shared={}{}{}){}",
             self.ns_dir.display(),
             self.direct_note,
+            if self.stages_loads() && self.seal.is_none() {
+                ", loads staged in 1 MiB pieces"
+            } else {
+                ""
+            },
             self.header_note,
             match self.sync {
                 SyncMode::None => "none",
