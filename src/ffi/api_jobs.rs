@@ -4,10 +4,9 @@
 
 use super::api::tier_ref;
 use super::boundary::{
-    self, as_mut, as_mut_slice, as_slice, or_default, sized_out, status, this_export, OK,
+    self, as_mut_slice, as_slice, or_default, poll_into, status, this_export, OK,
 };
 use super::types::*;
-use crate::error::bail;
 use crate::job_kind::JobKind;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -224,18 +223,11 @@ pub unsafe extern "C" fn tier_poll_finished(
 ) -> tier_status_t {
     status(this_export!(), || {
         let tier = tier_ref(tier)?;
-        let out_n = as_mut(out_n, "out_n")?;
-        let mut out = sized_out(out, result_size, cap, TIER_JOB_RESULT_SIZE_V1, "out")?;
-        if cap == 0 {
-            bail!(InvalidArg, "cap is 0: no room for a result");
-        }
-        let mut n = 0;
-        tier.poll_with(out.len(), |r| {
-            out.write(n, &r.into());
-            n += 1;
-        });
-        *out_n = n;
-        OK
+        let v1 = TIER_JOB_RESULT_SIZE_V1;
+        poll_into(out, result_size, cap, v1, out_n, "a result", |max, put| {
+            tier.poll_with(max, |r| put(&r.into()));
+            Ok(())
+        })
     })
 }
 

@@ -2,9 +2,8 @@
 //! read a tier without changing its blocks.
 
 use super::api::tier_ref;
-use super::boundary::{self, as_mut, or_default, sized_out, status, this_export, OK};
+use super::boundary::{self, or_default, poll_into, sized_out, status, this_export, OK};
 use super::types::*;
-use crate::error::bail;
 use std::ffi::c_char;
 
 /// Moves up to `cap` block events, oldest first, into `out` and writes their
@@ -45,18 +44,15 @@ pub unsafe extern "C" fn tier_poll_events(
 ) -> tier_status_t {
     status(this_export!(), || {
         let tier = tier_ref(tier)?;
-        let out_n = as_mut(out_n, "out_n")?;
-        let mut out = sized_out(out, event_size, cap, TIER_EVENT_SIZE_V1, "out")?;
-        if cap == 0 {
-            bail!(InvalidArg, "cap is 0: no room for an event");
-        }
-        let mut n = 0;
-        tier.poll_events_with(out.len(), |e| {
-            out.write(n, &e.into());
-            n += 1;
-        })?;
-        *out_n = n;
-        OK
+        poll_into(
+            out,
+            event_size,
+            cap,
+            TIER_EVENT_SIZE_V1,
+            out_n,
+            "an event",
+            |max, put| tier.poll_events_with(max, |e| put(&e.into())).map(drop),
+        )
     })
 }
 

@@ -308,3 +308,34 @@ pub(crate) unsafe fn sized_out<T: Copy>(
         _type: PhantomData,
     })
 }
+
+/// The shell every polling export shares: `out_n` and `out` are checked,
+/// `cap` must be positive, `fill` hands up to `cap` items (what the caller
+/// made room for), each written at the caller's stride, and their count goes
+/// to `*out_n` only on success. `item` names one element for the error
+/// ("a result", "an event").
+///
+/// # Safety
+/// As for `as_mut` (`out_n`) and `sized_out` (`out`, `size`, `cap`).
+pub(crate) unsafe fn poll_into<T: Copy>(
+    out: *mut T,
+    size: usize,
+    cap: usize,
+    min_size: u32,
+    out_n: *mut usize,
+    item: &str,
+    fill: impl FnOnce(usize, &mut dyn FnMut(&T)) -> Result<()>,
+) -> Result<tier_status_t> {
+    let out_n = as_mut(out_n, "out_n")?;
+    let mut out = sized_out(out, size, cap, min_size, "out")?;
+    if cap == 0 {
+        bail!(InvalidArg, "cap is 0: no room for {item}");
+    }
+    let mut n = 0;
+    fill(out.len(), &mut |value| {
+        out.write(n, value);
+        n += 1;
+    })?;
+    *out_n = n;
+    Ok(TIER_OK)
+}
