@@ -16,21 +16,11 @@ use std::time::{Duration, Instant};
 const BB: usize = 8192;
 
 fn disk(dir: &Path, shared: bool, seal: Option<&str>) -> TierConfig {
-    let mut c = disk_config(64, BB);
-    c.disk.path = Some(dir.to_path_buf());
-    c.disk.shared = shared;
-    c.probe_ttl_ms = 50;
-    if let Some(seal) = seal {
-        c.set("seal_key", seal).unwrap();
-    }
-    c
+    tenant_disk_config(dir, shared, seal, BB)
 }
 
-/// A harness that leaves the directory to the test.
 fn tier(config: &TierConfig) -> Harness {
-    let mut h = Harness::new(config, 16, BB);
-    h.scratch_dir = None;
-    h
+    Harness::leaving_dir(config, 16, BB)
 }
 
 fn hex(bytes: &[u8]) -> String {

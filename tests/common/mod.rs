@@ -147,6 +147,13 @@ impl Harness {
         Self::build(config, rows, block_bytes, false)
     }
 
+    /// A harness over a directory the test owns: it is left behind.
+    pub fn leaving_dir(config: &TierConfig, rows: usize, block_bytes: usize) -> Harness {
+        let mut h = Self::new(config, rows, block_bytes);
+        h.scratch_dir = None;
+        h
+    }
+
     /// A tier whose jobs run only via `run`.
     pub fn manual(config: &TierConfig, rows: usize, block_bytes: usize) -> Harness {
         Self::build(config, rows, block_bytes, true)
@@ -413,6 +420,25 @@ pub fn disk_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
     c.io_threads = Some(4);
     c.disk.path = Some(scratch_dir());
     c.namespace = "contract".into();
+    c
+}
+
+/// A disk tier over `dir`, a directory the test owns, shared or not, sealed
+/// with `seal` or not; shared storage is probed every 50 ms, so that other
+/// tenants' changes show quickly.
+pub fn tenant_disk_config(
+    dir: &Path,
+    shared: bool,
+    seal: Option<&str>,
+    block_bytes: usize,
+) -> TierConfig {
+    let mut c = disk_config(64, block_bytes);
+    c.disk.path = Some(dir.to_path_buf());
+    c.disk.shared = shared;
+    c.probe_ttl_ms = 50;
+    if let Some(seal) = seal {
+        c.set("seal_key", seal).unwrap();
+    }
     c
 }
 
