@@ -296,9 +296,8 @@ impl TierConfig {
             }
             // Threads mostly wait on the device, one request each: the
             // thread count is the device's queue depth. Small blocks need a
-            // deep queue (python/bench/bench_disk_vs_fs.py, 64 KiB rows:
-            // loads went from 0.67x vLLM's fs tier, which has 32 threads,
-            // at 8 threads to 0.91x at 32; 2 MiB rows showed no difference).
+            // deep queue (python/bench/bench_disk_vs_fs.py at 64 KiB rows;
+            // docs/runs/disk.md).
             // An idle thread costs a stack and no CPU (one spins at a time).
             BackendKind::Disk => 32,
             // Threads mostly wait on the network.

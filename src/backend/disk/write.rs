@@ -106,13 +106,10 @@ impl DiskBackend {
     /// when O_DIRECT allows, else from this thread's scratch. The header's
     /// checksum is taken inside `job.read_row`: in place, after the write,
     /// as the header is written last anyway, so the device starts on the
-    /// payload a hash earlier. On a loop device (whose driver copies the
-    /// row on this machine's CPU), 2 MiB stores through vLLM ran 0.80–0.91×
-    /// vLLM's fs tier hashing first and 0.92–1.01× hashing after (six
-    /// alternating rounds each); the process's CPU per GB hardly moved, so
-    /// it is the overlap that improved, not the hash. 64 KiB stores did not
-    /// change. A row changed while its store is in flight (which the
-    /// contract forbids) fails its checksum on load, in either order.
+    /// payload a hash earlier (python/bench/bench_disk_vs_fs.py on a loop
+    /// device; docs/runs/disk.md). A row changed while its store is in
+    /// flight (which the contract forbids) fails its checksum on load, in
+    /// either order.
     fn write_attr_form(
         &self,
         fd: &OwnedFd,
