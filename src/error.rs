@@ -109,7 +109,8 @@ impl Error {
     /// backend failed it at once (a server known to be silent or down, no
     /// connection free). Such a failure proves nothing about the block, so a
     /// load that meets it does not count towards forgetting the key
-    /// (`MAX_TRANSIENT_LOAD_FAILURES`).
+    /// (`MAX_TRANSIENT_LOAD_FAILURES`). Only a network backend knows it.
+    #[cfg(feature = "redis-backend")]
     pub(crate) fn unsent(mut self) -> Error {
         self.unsent = true;
         self
