@@ -93,6 +93,8 @@ pub struct Error {
     message: String,
     /// The failed operation never reached storage (see [`Error::unsent`]).
     unsent: bool,
+    /// Storage did not answer within its deadline (see [`Error::late`]).
+    late: bool,
 }
 
 impl Error {
@@ -102,6 +104,7 @@ impl Error {
             kind,
             message: message.into(),
             unsent: false,
+            late: false,
         }
     }
 
@@ -113,6 +116,18 @@ impl Error {
     pub(crate) fn unsent(mut self) -> Error {
         self.unsent = true;
         self
+    }
+
+    /// Marks a block I/O failure as storage not answering within its
+    /// deadline (`io_timeout_ms`): the job fails with `TIER_FAIL_DEADLINE`.
+    pub(crate) fn late(mut self) -> Error {
+        self.late = true;
+        self
+    }
+
+    /// Whether storage missed its deadline (see [`Error::late`]).
+    pub(crate) fn missed_deadline(&self) -> bool {
+        self.late
     }
 
     /// Whether the failed operation reached storage (see [`Error::unsent`]).
