@@ -202,7 +202,7 @@ impl RedisBackend {
 
     /// Deletes the value named `name` (a condemned one), best effort.
     fn delete_named(&self, name: &str) {
-        let _ = self.calls_routed(&[name.as_bytes()], |name| vec![b"DEL", name]);
+        let _ = self.calls_routed("DEL", &[name.as_bytes()], |name| vec![b"DEL", name]);
     }
 
     /// A GET the server refused: a value of another type under a block's

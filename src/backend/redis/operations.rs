@@ -119,7 +119,7 @@ impl Backend for RedisBackend {
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let name = self.name(key);
         let reply = self
-            .calls_routed(&[name.as_bytes()], |name| vec![b"GET", name])
+            .calls_routed("GET", &[name.as_bytes()], |name| vec![b"GET", name])
             .pop()
             .expect("one command, one reply")?;
         match reply {

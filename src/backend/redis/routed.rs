@@ -157,9 +157,11 @@ impl RedisBackend {
     }
 
     /// Whole commands, one per key name in `names` (`args(name)` makes
-    /// it), a pipeline per node: each one's reply, or why there is none.
+    /// it), a pipeline per node: each one's reply, or why there is none
+    /// (`what` names the command in errors).
     pub(super) fn calls_routed(
         &self,
+        what: &'static str,
         names: &[&[u8]],
         args: impl Fn(&[u8]) -> Vec<&[u8]>,
     ) -> Vec<Result<Value>> {
@@ -179,7 +181,7 @@ impl RedisBackend {
             commands: &commands,
             sorted: Vec::new(),
             read: Vec::new(),
-            what: "command",
+            what,
             replies: (0..names.len()).map(|_| None).collect(),
         };
         run_job(&self.router, &slots, self.job_deadline(), &mut pass);

@@ -8,7 +8,7 @@
 //! `Vec`, which kvtier then copies into the row), and its writer packs every
 //! command, payload included, into one more buffer before the socket write.
 //! Measured on loopback, that leaves the crate alone at 0.3–0.4× of
-//! redis-benchmark's rate (docs/redis.md, "Why not the crate alone"). This connection
+//! redis-benchmark's rate (docs/redis.md, "Why not the crate"). This connection
 //! gives the data path (`direct`) what it needs to do neither: vectored
 //! writes from the caller's slices, reply heads parsed from a small reusable
 //! buffer, and bulk payloads read from the socket straight into a caller's
