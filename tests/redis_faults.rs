@@ -224,6 +224,8 @@ fn a_value_of_another_type_or_without_a_header_is_corrupt_on_a_cluster() {
 /// jobs fail within about one deadline (the first with
 /// `TIER_FAIL_DEADLINE`) instead of hanging, the tier's blocks elsewhere
 /// stay served, and once B is thawed the same redirected jobs succeed.
+/// Then the same through MOVED: a slot of A given to B behind the tier's
+/// back.
 #[test]
 fn a_frozen_master_behind_a_redirection_fails_jobs_on_time_and_the_tier_recovers() {
     let cluster = redis_or_skip!(RedisCluster::start_with(
@@ -324,4 +326,44 @@ fn a_frozen_master_behind_a_redirection_fails_jobs_on_time_and_the_tier_recovers
     let r = h.load(31, keys, &rows);
     assert!(r.is_ok(), "{r:?}");
     assert!(keys.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+
+    // MOVED: another (empty) slot of A given to B behind the tier's back,
+    // so A answers MOVED naming B, and B frozen: the job that follows the
+    // redirection fails on time too, and works once B answers.
+    let moved: Vec<u64> = (first..)
+        .filter(|&i| a.serves(slot_of(i)) && slot_of(i) != slot)
+        .take(1)
+        .collect();
+    let moved_slot = slot_of(moved[0]).to_string();
+    for port in [b.port, a.port, masters[2].port] {
+        let out = cluster.cli_at(port, &["CLUSTER", "SETSLOT", &moved_slot, "NODE", &b.id]);
+        assert_eq!(out, "OK", "SETSLOT NODE at {port}");
+    }
+    h.fill(0, moved[0]);
+    let moved_by_a = || {
+        let stats = cluster.cli_at(a.port, &["INFO", "errorstats"]);
+        let count = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="));
+        count.map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let before = moved_by_a();
+    cluster.server(b.port).freeze();
+    let started = Instant::now();
+    let r = h.store(40, &moved, &[0]);
+    let took = started.elapsed();
+    cluster.server(b.port).thaw();
+    assert!(moved_by_a() > before, "the job met no MOVED");
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert_eq!(r.reason, FailReason::Deadline, "{r:?}");
+    assert!(
+        took < deadline * 2,
+        "through MOVED to a frozen master: {took:?}"
+    );
+    let stored = common::redis::wait_until(Duration::from_secs(10), || {
+        h.store(41, &moved, &[0]).is_ok()
+    });
+    assert!(stored, "stores on the moved slot never worked again");
+    let on_b = cluster.cli_at(b.port, &["CLUSTER", "COUNTKEYSINSLOT", &moved_slot]);
+    assert_eq!(on_b, "1");
 }
