@@ -112,7 +112,8 @@ impl Error {
     /// backend failed it at once (a server known to be silent or down, no
     /// connection free). Such a failure proves nothing about the block, so a
     /// load that meets it does not count towards forgetting the key
-    /// (`MAX_TRANSIENT_LOAD_FAILURES`).
+    /// (`MAX_TRANSIENT_LOAD_FAILURES`). Reported by the Redis backend only.
+    #[cfg_attr(not(feature = "redis-backend"), allow(dead_code))]
     pub(crate) fn unsent(mut self) -> Error {
         self.unsent = true;
         self
@@ -120,6 +121,9 @@ impl Error {
 
     /// Marks a block I/O failure as storage not answering within its
     /// deadline (`io_timeout_ms`): the job fails with `TIER_FAIL_DEADLINE`.
+    /// Reported by the Redis backend only (the disk's watchdog reports its
+    /// own deadlines).
+    #[cfg_attr(not(feature = "redis-backend"), allow(dead_code))]
     pub(crate) fn late(mut self) -> Error {
         self.late = true;
         self

@@ -294,6 +294,8 @@ impl Job {
     pub(crate) fn load_failed(&self, item: usize, e: &Error) {
         if e.reached_storage() {
             self.item_failed_with(item, e.kind(), reason_of(e));
+        } else if e.missed_deadline() {
+            self.fail_with(self.items[item].pos, e.kind(), FailReason::Deadline);
         } else {
             self.fail_with(self.items[item].pos, e.kind(), FailReason::Unavailable);
         }
