@@ -93,6 +93,8 @@ pub struct Error {
     message: String,
     /// The failed operation never reached storage (see [`Error::unsent`]).
     unsent: bool,
+    /// Storage did not answer within its deadline (see [`Error::late`]).
+    late: bool,
 }
 
 impl Error {
@@ -102,6 +104,7 @@ impl Error {
             kind,
             message: message.into(),
             unsent: false,
+            late: false,
         }
     }
 
@@ -109,11 +112,26 @@ impl Error {
     /// backend failed it at once (a server known to be silent or down, no
     /// connection free). Such a failure proves nothing about the block, so a
     /// load that meets it does not count towards forgetting the key
-    /// (`MAX_TRANSIENT_LOAD_FAILURES`). Only a network backend knows it.
-    #[cfg(feature = "redis-backend")]
+    /// (`MAX_TRANSIENT_LOAD_FAILURES`). Reported by the Redis backend only.
+    #[cfg_attr(not(feature = "redis-backend"), allow(dead_code))]
     pub(crate) fn unsent(mut self) -> Error {
         self.unsent = true;
         self
+    }
+
+    /// Marks a block I/O failure as storage not answering within its
+    /// deadline (`io_timeout_ms`): the job fails with `TIER_FAIL_DEADLINE`.
+    /// Reported by the Redis backend only (the disk's watchdog reports its
+    /// own deadlines).
+    #[cfg_attr(not(feature = "redis-backend"), allow(dead_code))]
+    pub(crate) fn late(mut self) -> Error {
+        self.late = true;
+        self
+    }
+
+    /// Whether storage missed its deadline (see [`Error::late`]).
+    pub(crate) fn missed_deadline(&self) -> bool {
+        self.late
     }
 
     /// Whether the failed operation reached storage (see [`Error::unsent`]).

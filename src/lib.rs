@@ -52,8 +52,6 @@ mod sync;
 mod thread;
 mod workers;
 
-#[cfg(feature = "redis-backend")]
-pub use backend::redis::scan_matching;
 pub use config::{
     parse_size, BackendKind, ClusterMode, Prefault, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
     DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS, DEFAULT_REDIS_IO_TIMEOUT_MS,

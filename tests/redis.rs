@@ -660,8 +660,7 @@ fn acl_users_and_databases_from_the_url_are_honoured() {
 /// (made with openssl) the tier trusts through SSL_CERT_FILE, set in child
 /// processes so that no other test sees it. Untrusted (the system's roots,
 /// or another CA's bundle) or `#insecure`, `tier_new` fails. `cluster=off`
-/// throughout: no crate connection asks the server whether it is a cluster,
-/// so every connection here is kvtier's.
+/// throughout: the server is not asked whether it is a cluster.
 #[test]
 fn tls_connections_are_encrypted_and_verified() {
     let Some(certs) = common::redis::TestCerts::make() else {
@@ -677,7 +676,7 @@ fn tls_connections_are_encrypted_and_verified() {
     let err = open_err(&off(redis_config_at(&url, 8, BB)));
     assert_eq!(err.kind(), ErrorKind::Io, "{err}");
     assert!(err.to_string().contains("certificate"), "{err}");
-    // No verification on request: refused, as the crate refuses it.
+    // No verification on request: refused, as the redis crate refuses it.
     let err = open_err(&off(redis_config_at(&format!("{url}/#insecure"), 8, BB)));
     assert!(err.to_string().contains("insecure"), "{err}");
     // Trusted in a child process.
@@ -706,8 +705,8 @@ fn tls_connections_are_encrypted_and_verified() {
 }
 
 /// A count `tier_describe` shows just before `what` (e.g. " blocks
-/// rerouted"): a cluster tier's slot map reads and the blocks that went
-/// through the crate's cluster connection instead of a direct pipeline.
+/// rerouted"): a cluster tier's slot map reads and the blocks sent again
+/// after a redirection (or for want of a master known for their slot).
 fn described_count(h: &Harness, what: &str) -> u64 {
     let line = h.tier().describe();
     let at = line
@@ -733,7 +732,7 @@ fn moved_replies(cluster: &RedisCluster) -> u64 {
 
 /// One job's blocks on all three masters: each master's share goes in one
 /// direct pipeline and lands in its rows byte-exact (in rows of another
-/// order than the keys'), none by the crate's cluster connection.
+/// order than the keys'), none rerouted.
 #[test]
 fn a_cluster_job_over_every_master_lands_in_its_rows_byte_exact() {
     let cluster = redis_or_skip!(RedisCluster::start(3, 0));
@@ -874,7 +873,7 @@ fn move_slots(
 
 /// Slots move after a shared tier read its slot map: its probes of keys
 /// on the moved slots meet MOVED from their old master and are asked
-/// again through the crate, so each stored key still reads HIT.
+/// again where MOVED sends them, so each stored key still reads HIT.
 #[test]
 fn a_stale_slot_map_costs_shared_lookups_no_verdict() {
     let cluster = redis_or_skip!(RedisCluster::start(3, 0));
@@ -1096,7 +1095,7 @@ const TLS_CLUSTER_IDS: std::ops::Range<u64> = 0..24;
 
 /// The client of `a_tls_cluster_job_goes_direct_to_every_master`: a job over
 /// every master stored and loaded byte-exact (into rows of another order),
-/// through the slot map (`tier_describe`) and none by the crate; a value
+/// through the slot map (`tier_describe`) and none rerouted; a value
 /// corrupted on its master (over TLS, with redis-cli) fails its load with
 /// Corrupt, then is a MISS; the next load is served.
 #[test]
@@ -1769,7 +1768,7 @@ fn resharding_in_progress_moves_no_wrong_bytes() {
         .all(|(row, &i)| h.row_holds(row, i)));
     // The tier's own pipelines met the move: its slot map named the old
     // master for a moved block at least once (it is read again only after
-    // a redirection), and such blocks went the crate's way round.
+    // a redirection), and such blocks were sent again where it pointed.
     let slot_of = |i: u64| common::redis::key_slot(hash_tag(i).as_bytes());
     let to_now = cluster
         .masters()

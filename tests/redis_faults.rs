@@ -1,14 +1,16 @@
 //! Redis faults at the edges of the keyspace's contract, on real servers
-//! started by the tests: a cluster joined while one master is down, and
-//! values that are not kvtier blocks (another type, no header) under a
-//! tier's names. See docs/reliability-rules.md.
+//! started by the tests: a cluster joined while one master is down, a
+//! frozen master reached through a redirection, and values that are not
+//! kvtier blocks (another type, no header) under a tier's names. See
+//! docs/reliability-rules.md.
 
 mod common;
 
 use common::redis::{redis_config_at, RedisCluster};
 use common::*;
 use kvtier::{
-    ErrorKind, EventKind, LookupState::*, PrimaryBuffer, RemovedReason, Tier, TierConfig,
+    ErrorKind, EventKind, FailReason, LookupState::*, PrimaryBuffer, RemovedReason, Tier,
+    TierConfig,
 };
 use std::time::{Duration, Instant};
 
@@ -213,4 +215,155 @@ fn a_value_of_another_type_or_without_a_header_is_corrupt_on_a_cluster() {
             cluster.cli(args)
         }
     });
+}
+
+/// One slot of master A is migrating to master B (`CLUSTER SETSLOT ...
+/// MIGRATING/IMPORTING`, no key moved), so A answers every command on a key
+/// it does not hold with ASK, naming B: each job of new keys on that slot
+/// reaches B only through the redirection. With B frozen (SIGSTOP), such
+/// jobs fail within about one deadline (the first with
+/// `TIER_FAIL_DEADLINE`) instead of hanging, the tier's blocks elsewhere
+/// stay served, and once B is thawed the same redirected jobs succeed.
+/// Then the same through MOVED: a slot of A given to B behind the tier's
+/// back.
+#[test]
+fn a_frozen_master_behind_a_redirection_fails_jobs_on_time_and_the_tier_recovers() {
+    let cluster = redis_or_skip!(RedisCluster::start_with(
+        3,
+        0,
+        &[("cluster-node-timeout", "60000")]
+    ));
+    let mut config = redis_config_at(&cluster.url(), 1024, BB);
+    config.set("cluster", "on").unwrap();
+    config
+        .set("io_timeout_ms", &IO_TIMEOUT_MS.to_string())
+        .unwrap();
+    let h = Harness::new(&config, 8, BB);
+    let masters = cluster.masters();
+    let (a, b) = (&masters[0], &masters[1]);
+    // Keys on one slot of A, four per job.
+    let first = (0..).find(|&i| a.serves(slot_of(i))).unwrap();
+    let slot = slot_of(first);
+    let on_slot: Vec<u64> = (first..).filter(|&i| slot_of(i) == slot).take(16).collect();
+    let elsewhere: Vec<u64> = (0..)
+        .filter(|&i| !a.serves(slot_of(i)) && !b.serves(slot_of(i)))
+        .take(4)
+        .collect();
+    h.store_all(1, &elsewhere);
+    let slot_arg = slot.to_string();
+    let importing = cluster.cli_at(
+        b.port,
+        &["CLUSTER", "SETSLOT", &slot_arg, "IMPORTING", &a.id],
+    );
+    assert_eq!(importing, "OK");
+    let migrating = cluster.cli_at(
+        a.port,
+        &["CLUSTER", "SETSLOT", &slot_arg, "MIGRATING", &b.id],
+    );
+    assert_eq!(migrating, "OK");
+    let rows: Vec<i64> = (0..4).collect();
+    for (row, &i) in on_slot[..4].iter().enumerate() {
+        h.fill(row, i);
+    }
+
+    // B answering: the redirected blocks are stored on B and load back.
+    let r = h.store(2, &on_slot[..4], &rows);
+    assert!(r.is_ok(), "{r:?}");
+    let on_b = cluster.cli_at(b.port, &["CLUSTER", "COUNTKEYSINSLOT", &slot_arg]);
+    assert_eq!(on_b, "4", "the blocks went where A's ASK sent them");
+    for row in 0..4 {
+        h.write_row(row, &[0u8; BB]);
+    }
+    // A key only on B, asked of A: ASK again, for a load.
+    let r = h.load(3, &on_slot[..4], &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(on_slot[..4]
+        .iter()
+        .enumerate()
+        .all(|(row, &i)| h.row_holds(row, i)));
+
+    // B frozen: jobs through the redirection fail on time.
+    cluster.server(b.port).freeze();
+    let deadline = Duration::from_millis(IO_TIMEOUT_MS);
+    for (job, keys) in on_slot[4..12].chunks(4).enumerate() {
+        for (row, &i) in keys.iter().enumerate() {
+            h.fill(row, i);
+        }
+        let started = Instant::now();
+        let r = h.store(10 + job as u64, keys, &rows);
+        let took = started.elapsed();
+        assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+        if job == 0 {
+            assert_eq!(r.reason, FailReason::Deadline, "{r:?}");
+        }
+        assert!(
+            took < deadline * 2,
+            "job {job} through a redirection to a frozen master took {took:?} with a {deadline:?} deadline"
+        );
+    }
+    let started = Instant::now();
+    let r = h.load(20, &on_slot[..4], &rows);
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert!(started.elapsed() < deadline * 2, "{:?}", started.elapsed());
+    // The other masters' blocks do not wait for B.
+    let started = Instant::now();
+    let r = h.load(21, &elsewhere, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(started.elapsed() < deadline, "{:?}", started.elapsed());
+
+    // Thawed: the redirected jobs work again.
+    cluster.server(b.port).thaw();
+    let keys = &on_slot[12..16];
+    for (row, &i) in keys.iter().enumerate() {
+        h.fill(row, i);
+    }
+    let stored =
+        common::redis::wait_until(Duration::from_secs(10), || h.store(30, keys, &rows).is_ok());
+    assert!(stored, "stores through the redirection never worked again");
+    for row in 0..4 {
+        h.write_row(row, &[0u8; BB]);
+    }
+    let r = h.load(31, keys, &rows);
+    assert!(r.is_ok(), "{r:?}");
+    assert!(keys.iter().enumerate().all(|(row, &i)| h.row_holds(row, i)));
+
+    // MOVED: another (empty) slot of A given to B behind the tier's back,
+    // so A answers MOVED naming B, and B frozen: the job that follows the
+    // redirection fails on time too, and works once B answers.
+    let moved: Vec<u64> = (first..)
+        .filter(|&i| a.serves(slot_of(i)) && slot_of(i) != slot)
+        .take(1)
+        .collect();
+    let moved_slot = slot_of(moved[0]).to_string();
+    for port in [b.port, a.port, masters[2].port] {
+        let out = cluster.cli_at(port, &["CLUSTER", "SETSLOT", &moved_slot, "NODE", &b.id]);
+        assert_eq!(out, "OK", "SETSLOT NODE at {port}");
+    }
+    h.fill(0, moved[0]);
+    let moved_by_a = || {
+        let stats = cluster.cli_at(a.port, &["INFO", "errorstats"]);
+        let count = stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="));
+        count.map_or(0, |n| n.trim().parse::<u64>().unwrap())
+    };
+    let before = moved_by_a();
+    cluster.server(b.port).freeze();
+    let started = Instant::now();
+    let r = h.store(40, &moved, &[0]);
+    let took = started.elapsed();
+    cluster.server(b.port).thaw();
+    assert!(moved_by_a() > before, "the job met no MOVED");
+    assert_eq!(r.error, Some(ErrorKind::Io), "{r:?}");
+    assert_eq!(r.reason, FailReason::Deadline, "{r:?}");
+    assert!(
+        took < deadline * 2,
+        "through MOVED to a frozen master: {took:?}"
+    );
+    let stored = common::redis::wait_until(Duration::from_secs(10), || {
+        h.store(41, &moved, &[0]).is_ok()
+    });
+    assert!(stored, "stores on the moved slot never worked again");
+    let on_b = cluster.cli_at(b.port, &["CLUSTER", "COUNTKEYSINSLOT", &moved_slot]);
+    assert_eq!(on_b, "1");
 }

@@ -179,7 +179,7 @@ impl Shared {
                     .collect();
                 batches.store_batch(&blocks, &mut |i, outcome| match outcome {
                     Ok(bytes) => job.add_bytes(bytes),
-                    Err(e) => job.item_failed(task.range.start + i, e.kind()),
+                    Err(e) => job.store_failed(task.range.start + i, &e),
                 });
                 blocks.len() as u64
             }
@@ -333,7 +333,7 @@ impl Shared {
                         job.load_failed(i, &e);
                         break;
                     }
-                    Err(e) => job.item_failed(i, e.kind()),
+                    Err(e) => job.store_failed(i, &e),
                 }
             }
             true

@@ -77,6 +77,16 @@ impl FailReason {
     }
 }
 
+/// The reason a backend's error gives a job: a deadline missed is
+/// `Deadline`, else what its kind says.
+fn reason_of(e: &Error) -> FailReason {
+    if e.missed_deadline() {
+        FailReason::Deadline
+    } else {
+        FailReason::of(e.kind())
+    }
+}
+
 /// The outcome of one job, reported exactly once by [`Tier::poll`](crate::Tier::poll).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobResult {
@@ -258,8 +268,9 @@ impl Job {
         self.failure().map_or(u32::MAX, |(pos, _)| pos)
     }
 
-    pub(crate) fn item_failed(&self, item: usize, kind: ErrorKind) {
-        self.item_failed_with(item, kind, FailReason::of(kind));
+    /// A store of item `item` failed with `e`.
+    pub(crate) fn store_failed(&self, item: usize, e: &Error) {
+        self.item_failed_with(item, e.kind(), reason_of(e));
     }
 
     pub(crate) fn item_failed_with(&self, item: usize, kind: ErrorKind, reason: FailReason) {
@@ -282,7 +293,9 @@ impl Job {
     /// count it among its transient failures (`MAX_TRANSIENT_LOAD_FAILURES`).
     pub(crate) fn load_failed(&self, item: usize, e: &Error) {
         if e.reached_storage() {
-            self.item_failed(item, e.kind());
+            self.item_failed_with(item, e.kind(), reason_of(e));
+        } else if e.missed_deadline() {
+            self.fail_with(self.items[item].pos, e.kind(), FailReason::Deadline);
         } else {
             self.fail_with(self.items[item].pos, e.kind(), FailReason::Unavailable);
         }

@@ -239,17 +239,29 @@ impl Server {
     pub fn delete_prefix(&self, prefix: &str) -> Result<u64, String> {
         let mut c = self.connect()?;
         let mut deleted = 0u64;
-        kvtier::scan_matching(&mut c, &format!("{prefix}*"), |c, names| {
+        let pattern = format!("{prefix}*");
+        let mut cursor: u64 = 0;
+        loop {
+            let (next, names): (u64, Vec<Vec<u8>>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000)
+                .query(&mut c)
+                .map_err(|e| format!("SCAN: {e}"))?;
             if !names.is_empty() {
                 let n: u64 = redis::cmd("DEL")
                     .arg(&names)
-                    .query(c)
-                    .map_err(|e| kvtier::Error::new(kvtier::ErrorKind::Io, format!("DEL: {e}")))?;
+                    .query(&mut c)
+                    .map_err(|e| format!("DEL: {e}"))?;
                 deleted += n;
             }
-            Ok(())
-        })
-        .map_err(|e| e.message().to_string())?;
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
         Ok(deleted)
     }
 

@@ -134,7 +134,9 @@ fn encode_header_with(
     EncodedHeader { bytes: header, len }
 }
 
-/// Writes a block's value (header, then payload) to `out`.
+/// Writes a block's value (header, then payload) to `out` (the tests'
+/// values; the data path splices header and payload, `direct::set`).
+#[cfg(test)]
 pub(super) fn write_value(
     out: &mut impl Write,
     namespace_fp: u64,

@@ -26,25 +26,17 @@
 //!   checks it. One client configuration per tier, shared by its pools.
 //!
 //! Files: this one (the backend's state, key names, verification and the
-//! errors a load reports), `open` (the configuration checked, the pool or a
-//! cluster's router made), `operations` (the `Backend` trait, each
-//! operation choosing its path), `format` (key names and the value layout),
-//! `sealed` (sealed names and values), `adopt` (an owned tier's keys found
-//! on the servers at open), `direct` (the data path over kvtier's
-//! connection: `set` writes payloads from rows, `get` reads them into rows),
-//! `routed` (a cluster's data path: what each pass carries, blocks
-//! redirected retried through the crate), `by_crate` (the crate's command
-//! builders and pipelines: redirected blocks, a cluster without a router, a
-//! Unix socket, single commands), and `client`, what speaks to the servers:
-//! kvtier's RESP connection over TCP or TLS (`transport`, `connect`,
-//! `send`, `receive`, `reply`, `frame`, `crate_adapter`, `tls`), the pool
-//! (`conn`), the crate's pipelines over either kind of pooled connection
-//! (`pipe`), a cluster's slot map and a pool per master (`cluster`), and
-//! one pass of a cluster job over its masters (`fanout`: pipelines sent to
-//! all, replies read first-come).
+//! errors a load reports), `open` (the configuration checked, the router
+//! made), `operations` (the `Backend` trait and the capabilities),
+//! `routed` (what each pass of a job carries: SETs from rows, GETs into
+//! rows, one-key commands, whole commands), `format` (key names and the
+//! value layout), `sealed` (sealed names and values), `adopt` (an owned
+//! tier's keys found on the servers at open), `direct` (the pipelines'
+//! framing and replies: `set` writes payloads from rows, `get` reads them
+//! into rows), and `client`, what speaks to the servers (see its `mod.rs`):
+//! one client, a single server being a slot map of one node.
 
 mod adopt;
-mod by_crate;
 mod client;
 mod direct;
 mod format;
@@ -53,11 +45,7 @@ mod operations;
 mod routed;
 mod sealed;
 
-pub use self::adopt::scan_matching;
-
-use self::by_crate::is_wrong_type;
 use self::client::cluster::Router;
-use self::client::conn::{io_error, Pool};
 use self::direct::{Fetched, Layout};
 use self::sealed::SealedLayout;
 use super::Backend;
@@ -65,7 +53,6 @@ use crate::config::Sharing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
 use crate::striped::Striped;
-use redis::Client;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
 /// holds its keys' locks for a whole network round trip, so there are many
@@ -74,15 +61,14 @@ use redis::Client;
 const STRIPES: usize = 65_536;
 
 pub(crate) struct RedisBackend {
-    pool: Pool,
+    /// The slot map and a pool per node (a single server: one node).
+    router: Router,
     /// Key names start with this: `<prefix>:<fingerprint>:b<block_bytes>:`.
     name_prefix: String,
     namespace_fp: u64,
     block_bytes: usize,
     sharing: Sharing,
     ttl_s: u64,
-    /// The seeds, for adopting keys at open (owned mode).
-    seeds: Vec<Client>,
     shown_seeds: String,
     connections: usize,
     /// Serialise publish (SET) and delete (DEL) of the same key.
@@ -91,9 +77,6 @@ pub(crate) struct RedisBackend {
     seal: Option<Sealer>,
     /// The version of each sealed block this process last wrote or saw.
     ledger: NonceLedger,
-    /// A cluster over TCP or TLS: the data path's routing to its masters
-    /// (`pool` still serves every other command).
-    router: Option<Router>,
 }
 
 impl RedisBackend {
@@ -210,13 +193,16 @@ impl RedisBackend {
                 format!("redis: {name}: {problem}; a miss, left in place (shared)"),
             );
         }
-        let _ = self
-            .pool
-            .with("DEL", |c| redis::cmd("DEL").arg(name).query::<i64>(c));
+        self.delete_named(name);
         Error::new(
             ErrorKind::Corrupt,
             format!("redis: {name}: {problem}; value deleted"),
         )
+    }
+
+    /// Deletes the value named `name` (a condemned one), best effort.
+    fn delete_named(&self, name: &str) {
+        let _ = self.calls_routed("DEL", &[name.as_bytes()], |name| vec![b"DEL", name]);
     }
 
     /// A GET the server refused: a value of another type under a block's
@@ -227,31 +213,6 @@ impl RedisBackend {
             return self.condemn(name, "a value of another type than a string");
         }
         server_error("GET", message)
-    }
-
-    /// [`Self::get_refused`] for a GET the crate sent.
-    fn get_failed(&self, name: &str, e: &redis::RedisError) -> Error {
-        if is_wrong_type(e) {
-            return self.condemn(name, "a value of another type than a string");
-        }
-        io_error("GET", e)
-    }
-
-    /// The outcomes of a direct GET pipeline (payloads already in rows),
-    /// in order until `done` says stop. Condemning a value (DEL) and the
-    /// private re-read of a payload whose checksum failed in its row happen
-    /// here, after the pipeline's connection went back to the pool.
-    fn report_fetched(
-        &self,
-        blocks: &mut [(u32, &[u8], &mut [u8])],
-        fetched: Vec<Fetched>,
-        done: &mut dyn FnMut(usize, Result<()>) -> bool,
-    ) {
-        for (i, ((slot, key, dst), outcome)) in blocks.iter_mut().zip(fetched).enumerate() {
-            if !done(i, self.judge(*slot, key, dst, outcome)) {
-                return;
-            }
-        }
     }
 
     /// A block's outcome from what its direct GET brought.

@@ -1,18 +1,19 @@
 //! Opening a Redis tier: the URLs checked (passwords redacted from every
-//! message), the seeds asked whether they are a cluster, the pool (and a
-//! cluster's router) made, and the server reached once.
+//! message), the seeds asked whether they are a cluster, the router made
+//! (a single server: a slot map of one node), and the servers reached once.
 
 use super::client::cluster::Router;
-use super::client::conn::{Pool, Target};
+use super::client::reply::Value;
 use super::client::tls::SharedConfig;
+use super::client::transport::RespConn;
+use super::client::url::{self, Endpoint};
 use super::{RedisBackend, STRIPES};
 use crate::backend::checksum::namespace_fingerprint;
 use crate::config::{ClusterMode, RedisConfig};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
 use crate::striped::Striped;
-use redis::cluster::ClusterClient;
-use redis::{Client, IntoConnectionInfo};
+use std::io;
 use std::time::Duration;
 
 /// `url` with any password replaced by `***`.
@@ -35,23 +36,41 @@ pub(crate) fn redact(url: &str) -> String {
     }
 }
 
-/// TCP_NODELAY: a pipeline's last partial segment must not wait for the
-/// peer's acknowledgement of the previous ones (Nagle), which costs
-/// milliseconds per job.
-fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    redis::io::tcp::TcpSettings::default().set_nodelay(true)
-}
-
-/// Whether a seed is a cluster node (`INFO cluster`), asked with a short-lived
-/// connection.
-fn seed_is_cluster(
-    client: &Client,
+/// Reaches the first seed that answers, with a connection of its own
+/// (AUTH and SELECT as its URL says): whether it is a cluster node (`INFO
+/// cluster`), when `ask` (cluster=auto).
+fn reach_seed(
+    seeds: &[Endpoint],
+    tls: &SharedConfig,
     timeout: Duration,
-) -> std::result::Result<bool, redis::RedisError> {
-    let mut c = client.get_connection_with_timeout(timeout)?;
-    c.set_read_timeout(Some(timeout))?;
-    let info: String = redis::cmd("INFO").arg("cluster").query(&mut c)?;
-    Ok(info.contains("cluster_enabled:1"))
+    ask: bool,
+) -> io::Result<bool> {
+    let mut last = None;
+    for seed in seeds {
+        let reached = (|| {
+            let config = match seed.tls {
+                true => Some(tls.get()?),
+                false => None,
+            };
+            let mut c = RespConn::connect(seed, config.as_ref(), timeout)?;
+            if !ask {
+                return Ok(false);
+            }
+            match c.call(&[b"INFO", b"cluster"])? {
+                Value::BulkString(info) => Ok(info
+                    .windows(b"cluster_enabled:1".len())
+                    .any(|w| w == b"cluster_enabled:1")),
+                other => Err(io::Error::other(format!("INFO cluster answered {other:?}"))),
+            }
+        })();
+        match reached {
+            Ok(is) => return Ok(is),
+            // A refused password is the same on every seed.
+            Err(e) if e.kind() == io::ErrorKind::PermissionDenied => return Err(e),
+            Err(e) => last = Some(e),
+        }
+    }
+    Err(last.expect("at least one seed"))
 }
 
 impl RedisBackend {
@@ -77,14 +96,10 @@ impl RedisBackend {
         }
         let timeout = Duration::from_millis(io_timeout_ms as u64);
         let mut seeds = Vec::new();
-        for url in &cfg.urls {
-            let info = match url.as_str().into_connection_info() {
-                Ok(info) => info.set_tcp_settings(tcp_settings()),
-                Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
-            };
-            match Client::open(info) {
-                Ok(client) => seeds.push(client),
-                Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(url)),
+        for u in &cfg.urls {
+            match url::parse(u) {
+                Ok(seed) => seeds.push(seed),
+                Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(u)),
             }
         }
         let shown_seeds = cfg
@@ -93,58 +108,36 @@ impl RedisBackend {
             .map(|u| redact(u))
             .collect::<Vec<_>>()
             .join(",");
-        let cluster = match cfg.cluster {
-            ClusterMode::On => true,
-            ClusterMode::Off => false,
-            ClusterMode::Auto => {
-                let mut answer = None;
-                let mut last_error = None;
-                for seed in &seeds {
-                    match seed_is_cluster(seed, timeout) {
-                        Ok(is) => {
-                            answer = Some(is);
-                            break;
-                        }
-                        Err(e) => last_error = Some(e),
-                    }
-                }
-                match (answer, last_error) {
-                    (Some(is), _) => is,
-                    (None, Some(e)) => return Err(open_error(&shown_seeds, &e)),
-                    (None, None) => unreachable!("at least one seed"),
-                }
-            }
-        };
-        let target = if cluster {
-            let client = ClusterClient::builder(cfg.urls.clone())
-                .tcp_settings(tcp_settings())
-                .connection_timeout(timeout)
-                .response_timeout(timeout)
-                .retries(2)
-                .build()
-                .map_err(|e| open_error(&shown_seeds, &e))?;
-            Target::Cluster(client)
-        } else {
-            if seeds.len() > 1 {
-                bail!(
-                    Config,
-                    "url: {} seeds given for a single server (cluster=off, or not a cluster)",
-                    seeds.len()
-                );
-            }
-            Target::Single(seeds[0].clone())
-        };
-        let connections = cfg.connections.unwrap_or(io_threads);
+        if seeds.iter().any(|s| s.tls != seeds[0].tls) {
+            bail!(
+                Config,
+                "url: {shown_seeds}: the seeds mix redis:// and rediss://; a cluster is reached one way (all redis://, or all rediss://)"
+            );
+        }
         // Built by the first TLS connection, shared by every pool of the
         // tier (a cluster's masters each have one).
         let tls = SharedConfig::default();
-        let router = if cluster {
-            Router::new(&seeds, connections, timeout, tls.clone())
-        } else {
-            None
+        // One round trip now: a wrong password or an unreachable server is a
+        // clear tier_new error, not the first job's.
+        let asked = reach_seed(&seeds, &tls, timeout, cfg.cluster == ClusterMode::Auto)
+            .map_err(|e| open_error(&shown_seeds, &e))?;
+        let cluster = match cfg.cluster {
+            ClusterMode::On => true,
+            ClusterMode::Off => false,
+            ClusterMode::Auto => asked,
         };
-        let backend = RedisBackend {
-            pool: Pool::new(target, connections, timeout, tls),
+        if !cluster && seeds.len() > 1 {
+            bail!(
+                Config,
+                "url: {} seeds given for a single server (cluster=off, or not a cluster)",
+                seeds.len()
+            );
+        }
+        let connections = cfg.connections.unwrap_or(io_threads);
+        let router = Router::open(seeds, cluster, connections, timeout, tls)
+            .map_err(|e| open_error(&shown_seeds, &e))?;
+        Ok(RedisBackend {
+            router,
             name_prefix: format!(
                 "{}:{:016x}:b{block_bytes}:",
                 cfg.key_prefix,
@@ -154,30 +147,19 @@ impl RedisBackend {
             block_bytes,
             sharing: cfg.sharing,
             ttl_s: cfg.ttl_s,
-            seeds,
             shown_seeds,
             connections,
             stripes: Striped::new(STRIPES, 2, || ()),
             seal,
             ledger: NonceLedger::new(),
-            router,
-        };
-        // One round trip now: a wrong password or an unreachable server is a
-        // clear tier_new error, not the first job's.
-        if let Err(e) = backend.pool.ping() {
-            return Err(open_error(&backend.shown_seeds, &e));
-        }
-        Ok(backend)
+        })
     }
 }
 
 /// An error of `tier_new` from the server: a refused password is a
 /// configuration error, anything else an I/O one.
-fn open_error(shown_seeds: &str, e: &redis::RedisError) -> Error {
-    let auth = e.kind() == redis::ErrorKind::AuthenticationFailed
-        || e.code()
-            .is_some_and(|c| c == "WRONGPASS" || c == "NOAUTH" || c == "NOPERM");
-    if auth {
+fn open_error(shown_seeds: &str, e: &io::Error) -> Error {
+    if e.kind() == io::ErrorKind::PermissionDenied {
         Error::new(
             ErrorKind::Config,
             format!("url: {shown_seeds}: authentication failed: {e}"),

@@ -1,25 +1,20 @@
-//! A Redis Cluster tier's data path over TCP or TLS: a job's blocks grouped
-//! by the master serving their slot (`cluster`), one direct pipeline
-//! (`direct`) per master on that master's own connections, every master's
-//! sent before any reply is read (`fanout`: the masters work at once), the
-//! outcomes reported in the job's order. Loads land in the caller's rows
-//! with at most one copy beyond the socket read, as on a single server.
-//! This file: what a pass of SETs, GETs or one-key commands (DEL, EXISTS,
-//! TOUCH) makes of each master's answer, and the retries.
+//! The data path, for a single server and a cluster alike: a job's blocks
+//! grouped by the node serving their slot (a single server is a map of one
+//! node), one direct pipeline (`direct`) per node on that node's own
+//! connections, every node's sent before any reply is read (`fanout`: the
+//! masters work at once), redirections and failovers followed over later
+//! passes (`job`), the outcomes reported in the job's order. Loads land in
+//! the caller's rows with at most one copy beyond the socket read.
+//! This file: what a pass of SETs, GETs, one-key commands (DEL, EXISTS,
+//! TOUCH) or whole commands makes of each node's answer.
 //!
-//! A node that fails (connection refused, broken, past the deadline) gets
-//! the map refreshed; its blocks whose slots the new map gives to another
-//! node (a replica promoted) are sent again, directly, once. A master that
-//! failed and still owns its slots fails only its own blocks. Blocks a node
-//! redirected (MOVED, ASK, TRYAGAIN: a resharding), and blocks of slots no
-//! master is known to serve, go once through the crate's cluster
-//! connection, which follows MOVED and ASK itself.
-//!
-//! The caller holds the blocks' stripe locks throughout, retries included,
-//! as on a single server.
+//! The caller holds the blocks' stripe locks throughout, later passes
+//! included.
 
-use super::client::cluster::{redirection, Router, Routes, SlotMap};
-use super::client::fanout::{past, run_pass, Pass, Trouble};
+use super::client::fanout::{Pass, Trouble};
+use super::client::job::run_job;
+use super::client::reply::Value;
+use super::client::routes::slots_of;
 use super::client::transport::RespConn;
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
 use super::{server_error, RedisBackend};
@@ -27,20 +22,15 @@ use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
 use std::time::Instant;
 
-/// One deadline for a whole job: its pipelines to the masters (all sent,
-/// then all read) share it, and the job is reported within `io_timeout_ms`
-/// even if several masters hang.
-fn job_deadline(backend: &RedisBackend) -> Instant {
-    Instant::now() + backend.pool.timeout()
-}
-
-/// Blocks not sent because the job's deadline passed on other masters.
+/// Blocks not sent, or not answered, because the job's deadline passed
+/// (on another master, or waiting for a redirection's turn).
 fn out_of_time() -> Error {
     Error::new(
         ErrorKind::Io,
         "redis: no answer within io_timeout_ms (the job's deadline passed on another master)",
     )
     .unsent()
+    .late()
 }
 
 fn unsettled() -> Error {
@@ -50,131 +40,73 @@ fn unsettled() -> Error {
 /// A block of a load: its slot, key and row.
 type LoadBlock<'a> = (u32, &'a [u8], &'a mut [u8]);
 
-/// A block's state in a routed load.
+/// A block's state in a load.
 enum Got {
-    /// To fetch through the crate's connection.
-    Retry,
+    /// Not answered yet (or redirected: to send again).
+    Pending,
     /// The direct pipeline's outcome (the payload, if any, in its row).
     Fetched(Fetched),
-    /// The crate's reply, not checked yet.
-    Value(redis::RedisResult<Option<Vec<u8>>>),
     Failed(Error),
 }
 
 impl RedisBackend {
-    /// `store_batch` on a cluster: a direct SET pipeline per master.
-    pub(super) fn store_routed(
-        &self,
-        router: &Router,
-        blocks: &[(u32, &[u8], &[u8])],
-        done: &mut dyn FnMut(usize, Result<u64>),
-    ) {
-        let deadline = job_deadline(self);
-        let map = router.map();
-        let mut outcomes: Vec<Option<Result<()>>> = vec![None; blocks.len()];
-        let (routes, trouble) = self.set_pass(&map, blocks, |_| true, deadline, &mut outcomes);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len(), deadline) {
-            self.set_pass(&now, blocks, |i| again[i], deadline, &mut outcomes);
-        }
-        let retry: Vec<usize> = (0..blocks.len())
-            .filter(|&i| outcomes[i].is_none())
-            .collect();
-        if !retry.is_empty() && past(deadline) {
-            retry
-                .iter()
-                .for_each(|&i| outcomes[i] = Some(Err(out_of_time())));
-        } else if !retry.is_empty() {
-            router.note_rerouted(retry.len());
-            let subset: Vec<(u32, &[u8], &[u8])> = retry.iter().map(|&i| blocks[i]).collect();
-            let sent = self
-                .pool
-                .with_conn("SET pipeline", |conn| self.store_by_crate(conn, &subset));
-            for (k, &i) in retry.iter().enumerate() {
-                outcomes[i] = Some(match &sent {
-                    Ok(replies) => replies[k].clone(),
-                    Err(e) => Err(e.clone()),
-                });
-            }
-        }
-        for (i, outcome) in outcomes.into_iter().enumerate() {
-            let outcome = outcome.unwrap_or_else(|| Err(unsettled()));
-            done(i, outcome.map(|()| self.block_bytes as u64));
-        }
+    /// One deadline for a whole job: its pipelines to the nodes (all sent,
+    /// then all read, later passes included) share it, and the job is
+    /// reported within `io_timeout_ms` even if several masters hang.
+    fn job_deadline(&self) -> Instant {
+        Instant::now() + self.router.timeout()
     }
 
-    /// The SETs of the blocks `include` selects, one direct pipeline per
-    /// master of `map`; `outcomes[i]` None: to send through the crate.
-    fn set_pass(
-        &self,
-        map: &SlotMap,
-        blocks: &[(u32, &[u8], &[u8])],
-        include: impl Fn(usize) -> bool,
-        deadline: Instant,
-        outcomes: &mut [Option<Result<()>>],
-    ) -> (Routes, Trouble) {
+    /// `store_batch`: a SET pipeline per node; block i's outcome is
+    /// `outcomes[i]`.
+    pub(super) fn store_routed(&self, blocks: &[(u32, &[u8], &[u8])]) -> Vec<Result<()>> {
         let layout = self.layout();
-        let routes = Routes::new(map, blocks.len(), include, |i, name| {
-            layout.write_name(name, blocks[i].1)
-        });
-        // The blocks in the routes' order: a node's blocks are one slice.
-        let mut sorted = Vec::with_capacity(routes.order.len());
-        sorted.extend(routes.order.iter().map(|&i| blocks[i]));
+        let slots = slots_of(blocks.len(), |i, name| layout.write_name(name, blocks[i].1));
         let mut pass = Sets {
             layout,
-            sorted,
-            outcomes,
-            replies: Vec::with_capacity(routes.largest()),
+            blocks,
+            sorted: Vec::with_capacity(blocks.len()),
+            outcomes: vec![None; blocks.len()],
+            replies: Vec::with_capacity(blocks.len()),
         };
-        let trouble = run_pass(&routes, map, deadline, &mut pass);
-        (routes, trouble)
+        run_job(&self.router, &slots, self.job_deadline(), &mut pass);
+        pass.outcomes
+            .into_iter()
+            .map(|o| o.unwrap_or_else(|| Err(unsettled())))
+            .collect()
     }
 
-    /// `load_batch` on a cluster: a direct GET pipeline per master, each
-    /// reply read into its block's row; then the outcomes in the job's
-    /// order until `done` says stop.
+    /// `load_batch`: a GET pipeline per node, each reply read into its
+    /// block's row; then the outcomes in the job's order until `done` says
+    /// stop.
     pub(super) fn load_routed(
         &self,
-        router: &Router,
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
-        let deadline = job_deadline(self);
-        let map = router.map();
-        let mut got: Vec<Got> = (0..blocks.len()).map(|_| Got::Retry).collect();
-        let (routes, trouble) = self.get_pass(&map, blocks, |_| true, deadline, &mut got);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, blocks.len(), deadline) {
-            self.get_pass(&now, blocks, |i| again[i], deadline, &mut got);
-        }
-        let retry: Vec<usize> = (0..blocks.len())
-            .filter(|&i| matches!(got[i], Got::Retry))
-            .collect();
-        if !retry.is_empty() && past(deadline) {
-            retry
-                .iter()
-                .for_each(|&i| got[i] = Got::Failed(out_of_time()));
-        } else if !retry.is_empty() {
-            router.note_rerouted(retry.len());
-            let names: Vec<String> = retry.iter().map(|&i| self.name(blocks[i].1)).collect();
-            match self.get_by_crate(&names) {
-                Ok(values) => {
-                    for (&i, value) in retry.iter().zip(values) {
-                        got[i] = Got::Value(value);
-                    }
-                }
-                Err(e) => {
-                    for &i in &retry {
-                        got[i] = Got::Failed(e.clone());
-                    }
-                }
-            }
+        let layout = self.layout();
+        let slots = slots_of(blocks.len(), |i, name| layout.write_name(name, blocks[i].1));
+        let mut got: Vec<Got> = (0..blocks.len()).map(|_| Got::Pending).collect();
+        {
+            let cells: Vec<Option<LoadBlock>> = blocks
+                .iter_mut()
+                .map(|(slot, key, dst)| Some((*slot, *key, &mut **dst)))
+                .collect();
+            let mut pass = Gets {
+                layout,
+                cells,
+                placed: Vec::with_capacity(slots.len()),
+                sorted: Vec::with_capacity(slots.len()),
+                got: &mut got,
+                fetched: Vec::with_capacity(slots.len()),
+            };
+            run_job(&self.router, &slots, self.job_deadline(), &mut pass);
         }
         for (i, ((slot, key, dst), got)) in blocks.iter_mut().zip(got).enumerate() {
             let outcome = match got {
                 Got::Fetched(fetched) => self.judge(*slot, key, dst, fetched),
-                Got::Value(Ok(value)) => self.check_value(&self.name(key), value, key, dst),
-                Got::Value(Err(e)) => Err(self.get_failed(&self.name(key), &e)),
                 Got::Failed(e) => Err(e),
-                Got::Retry => Err(unsettled()),
+                Got::Pending => Err(unsettled()),
             };
             if !done(i, outcome) {
                 return;
@@ -182,130 +114,101 @@ impl RedisBackend {
         }
     }
 
-    /// The GETs of the blocks `include` selects, one direct pipeline per
-    /// master of `map`, each payload read into its row.
-    fn get_pass(
-        &self,
-        map: &SlotMap,
-        blocks: &mut [(u32, &[u8], &mut [u8])],
-        include: impl Fn(usize) -> bool,
-        deadline: Instant,
-        got: &mut [Got],
-    ) -> (Routes, Trouble) {
-        let layout = self.layout();
-        let routes = Routes::new(map, blocks.len(), include, |i, name| {
-            layout.write_name(name, blocks[i].1)
-        });
-        // The rows in the routes' order: a node's blocks are one slice.
-        let mut cells: Vec<Option<LoadBlock>> = blocks
-            .iter_mut()
-            .map(|(slot, key, dst)| Some((*slot, *key, &mut **dst)))
-            .collect();
-        let mut sorted: Vec<LoadBlock> = Vec::with_capacity(routes.order.len());
-        sorted.extend(routes.order.iter().filter_map(|&i| cells[i].take()));
-        let mut pass = Gets {
-            layout,
-            sorted,
-            got,
-            fetched: Vec::with_capacity(routes.largest()),
-        };
-        let trouble = run_pass(&routes, map, deadline, &mut pass);
-        (routes, trouble)
-    }
-
-    /// `discard` (DEL) or `touch` (TOUCH) on a cluster: a direct pipeline
-    /// per master; keys a node redirected go through the crate's
-    /// connection. Best effort, as on a single server: a dead or hung
+    /// `<command> <name>` for each key (DEL, TOUCH), a pipeline per node
+    /// (on a single server, variadic commands). Best effort: a dead or hung
     /// master costs only its own keys.
-    pub(super) fn best_effort_routed(&self, router: &Router, command: KeyCommand, keys: &[&[u8]]) {
-        let (retry, deadline) = self.keys_routed(router, command, keys, &mut |_, _| {});
-        // Past the deadline, what is left stays (see `discard`).
-        if !retry.is_empty() && !past(deadline) {
-            router.note_rerouted(retry.len());
-            let keys: Vec<&[u8]> = retry.iter().map(|&i| keys[i]).collect();
-            let _ = self.pool.with_conn(command.what(), |conn| {
-                self.keys_by_crate(conn, command.name(), &keys)
-            });
-        }
+    pub(super) fn best_effort_routed(&self, command: KeyCommand, keys: &[&[u8]]) {
+        self.keys_routed(command, keys, &mut |_, _| {});
     }
 
-    /// `probe_many` on a cluster: a direct EXISTS pipeline per master, each
-    /// master's verdicts recorded as it answers, so that a dead or hung
-    /// master costs only its own keys (they read absent at its failure or
-    /// the deadline: a MISS, never a wait); keys a node redirected go
-    /// through the crate's connection.
-    pub(super) fn probe_routed(
-        &self,
-        router: &Router,
-        keys: &[&[u8]],
-        record: &mut dyn FnMut(usize, bool),
-    ) {
+    /// `probe_many`: an EXISTS pipeline per node, each node's verdicts
+    /// recorded as it answers, so that a dead or hung master costs only its
+    /// own keys (they read absent at its failure or the deadline: a MISS,
+    /// never a wait).
+    pub(super) fn probe_routed(&self, keys: &[&[u8]], record: &mut dyn FnMut(usize, bool)) {
         let mut told = vec![false; keys.len()];
-        let (retry, deadline) = self.keys_routed(router, KeyCommand::Exists, keys, &mut |i, n| {
+        self.keys_routed(KeyCommand::Exists, keys, &mut |i, n| {
             told[i] = true;
             record(i, n > 0);
         });
-        if !retry.is_empty() && !past(deadline) {
-            router.note_rerouted(retry.len());
-            let exists = |k: usize| redis::cmd("EXISTS").arg(self.name(keys[retry[k]])).take();
-            if let Ok(counts) = self.pool.with_conn("EXISTS pipeline", |conn| {
-                super::by_crate::pipelined::<i64>(conn, retry.len(), exists)
-            }) {
-                for (&i, count) in retry.iter().zip(counts) {
-                    told[i] = true;
-                    record(i, count.is_ok_and(|n| n > 0));
-                }
-            }
-        }
         for i in (0..keys.len()).filter(|&i| !told[i]) {
             record(i, false);
         }
     }
 
-    /// `<command> <name>` for each key, one direct pipeline per master,
-    /// best effort: `count(i, n)` for each key a node answered; a failed
-    /// node's keys that the refreshed map gives to another node are sent
-    /// again, once. Returns the keys (indices) to send through the crate
-    /// (redirected, or no master known for their slot), and the deadline
-    /// they share.
-    fn keys_routed(
-        &self,
-        router: &Router,
-        command: KeyCommand,
-        keys: &[&[u8]],
-        count: &mut dyn FnMut(usize, i64),
-    ) -> (Vec<usize>, Instant) {
-        let deadline = job_deadline(self);
-        let map = router.map();
-        let mut retry = vec![false; keys.len()];
+    /// `<command> <name>` for each key, a pipeline per node, best effort:
+    /// `count(i, n)` for each key a node answered.
+    fn keys_routed(&self, command: KeyCommand, keys: &[&[u8]], count: &mut dyn FnMut(usize, i64)) {
+        let layout = self.layout();
+        let slots = slots_of(keys.len(), |i, name| layout.write_name(name, keys[i]));
+        // A cluster refuses keys of several slots in one command.
+        let variadic = !self.router.is_cluster() && !matches!(command, KeyCommand::Exists);
         let mut pass = KeyCommands {
             command,
-            layout: self.layout(),
+            variadic,
+            layout,
             keys,
             sorted: Vec::with_capacity(keys.len()),
-            retry: &mut retry,
             count,
             counts: Vec::new(),
             refused: Vec::new(),
         };
-        let (routes, trouble) = pass.run(&map, |_| true, deadline);
-        if let Some((now, again)) = trouble.settle(router, &map, &routes, keys.len(), deadline) {
-            pass.run(&now, |i| again[i], deadline);
-        }
-        ((0..keys.len()).filter(|&i| retry[i]).collect(), deadline)
+        run_job(&self.router, &slots, self.job_deadline(), &mut pass);
+    }
+
+    /// Whole commands, one per key name in `names` (`args(name)` makes
+    /// it), a pipeline per node: each one's reply, or why there is none
+    /// (`what` names the command in errors).
+    pub(super) fn calls_routed(
+        &self,
+        what: &'static str,
+        names: &[&[u8]],
+        args: impl Fn(&[u8]) -> Vec<&[u8]>,
+    ) -> Vec<Result<Value>> {
+        let slots: Vec<u16> = names
+            .iter()
+            .map(|n| super::client::routes::slot_of(n))
+            .collect();
+        let commands: Vec<Vec<u8>> = names
+            .iter()
+            .map(|&name| {
+                let mut out = Vec::new();
+                super::client::command::encode(&mut out, &args(name));
+                out
+            })
+            .collect();
+        let mut pass = Calls {
+            commands: &commands,
+            sorted: Vec::new(),
+            read: Vec::new(),
+            what,
+            replies: (0..names.len()).map(|_| None).collect(),
+        };
+        run_job(&self.router, &slots, self.job_deadline(), &mut pass);
+        pass.replies
+            .into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(unsettled())))
+            .collect()
     }
 }
 
-/// A pass of SETs: `outcomes[i]` None means to send through the crate.
-struct Sets<'a, 'o> {
+/// A pass of SETs: `outcomes[i]` None while block i is to send (again).
+struct Sets<'a, 'b> {
     layout: Layout<'a>,
-    sorted: Vec<(u32, &'a [u8], &'a [u8])>,
-    outcomes: &'o mut [Option<Result<()>>],
+    blocks: &'b [(u32, &'b [u8], &'b [u8])],
+    sorted: Vec<(u32, &'b [u8], &'b [u8])>,
+    outcomes: Vec<Option<Result<()>>>,
     replies: Vec<std::result::Result<(), String>>,
 }
 
 impl Pass for Sets<'_, '_> {
     type Sent = SetsSent;
+
+    fn arrange(&mut self, order: &[usize]) {
+        self.sorted.clear();
+        self.sorted.extend(order.iter().map(|&i| self.blocks[i]));
+        order.iter().for_each(|&i| self.outcomes[i] = None);
+    }
 
     fn what(&self) -> &'static str {
         "SET pipeline"
@@ -330,10 +233,6 @@ impl Pass for Sets<'_, '_> {
         )
     }
 
-    fn unrouted(&mut self, order: &[usize]) {
-        order.iter().for_each(|&i| self.outcomes[i] = None);
-    }
-
     fn late(&mut self, order: &[usize]) {
         order
             .iter()
@@ -350,21 +249,20 @@ impl Pass for Sets<'_, '_> {
         for (&i, reply) in order.iter().zip(self.replies.drain(..)) {
             self.outcomes[i] = match reply {
                 Ok(()) => Some(Ok(())),
-                Err(message) => match redirection(&message) {
-                    Some(how) => {
-                        trouble.redirected(how);
-                        None
-                    }
-                    None => Some(Err(server_error("SET", &message))),
-                },
+                Err(message) if trouble.redirected_by(i, &message) => None,
+                Err(message) => Some(Err(server_error("SET", &message))),
             };
         }
     }
 }
 
-/// A pass of GETs, each payload read into its row.
+/// A pass of GETs, each payload read into its row. The rows live in
+/// `cells` (by block) or `sorted` (in the pass's order, `placed[k]` the
+/// block of `sorted[k]`).
 struct Gets<'a, 'r, 'g> {
     layout: Layout<'a>,
+    cells: Vec<Option<LoadBlock<'r>>>,
+    placed: Vec<usize>,
     sorted: Vec<LoadBlock<'r>>,
     got: &'g mut [Got],
     fetched: Vec<Fetched>,
@@ -372,6 +270,18 @@ struct Gets<'a, 'r, 'g> {
 
 impl Pass for Gets<'_, '_, '_> {
     type Sent = GetsSent;
+
+    fn arrange(&mut self, order: &[usize]) {
+        for (&i, row) in self.placed.iter().zip(self.sorted.drain(..)) {
+            self.cells[i] = Some(row);
+        }
+        self.placed.clear();
+        self.placed.extend_from_slice(order);
+        let cells = &mut self.cells;
+        self.sorted
+            .extend(order.iter().filter_map(|&i| cells[i].take()));
+        order.iter().for_each(|&i| self.got[i] = Got::Pending);
+    }
 
     fn what(&self) -> &'static str {
         "GET pipeline"
@@ -396,10 +306,6 @@ impl Pass for Gets<'_, '_, '_> {
         )
     }
 
-    fn unrouted(&mut self, order: &[usize]) {
-        order.iter().for_each(|&i| self.got[i] = Got::Retry);
-    }
-
     fn late(&mut self, order: &[usize]) {
         order
             .iter()
@@ -415,13 +321,7 @@ impl Pass for Gets<'_, '_, '_> {
     fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
         for (&i, outcome) in order.iter().zip(self.fetched.drain(..)) {
             self.got[i] = match outcome {
-                Fetched::Refused(message) => match redirection(&message) {
-                    Some(how) => {
-                        trouble.redirected(how);
-                        Got::Retry
-                    }
-                    None => Got::Fetched(Fetched::Refused(message)),
-                },
+                Fetched::Refused(message) if trouble.redirected_by(i, &message) => Got::Pending,
                 outcome => Got::Fetched(outcome),
             };
         }
@@ -437,7 +337,7 @@ pub(super) enum KeyCommand {
 }
 
 impl KeyCommand {
-    pub(super) fn name(self) -> &'static str {
+    fn name(self) -> &'static str {
         match self {
             KeyCommand::Del => "DEL",
             KeyCommand::Exists => "EXISTS",
@@ -446,7 +346,7 @@ impl KeyCommand {
     }
 
     /// What a failure names.
-    pub(super) fn what(self) -> &'static str {
+    fn what(self) -> &'static str {
         match self {
             KeyCommand::Del => "DEL pipeline",
             KeyCommand::Exists => "EXISTS pipeline",
@@ -455,16 +355,18 @@ impl KeyCommand {
     }
 }
 
-/// A pass of one-key commands (DEL, EXISTS, TOUCH), best effort: `retry[i]`
-/// means to send through the crate; past the deadline, the rest go
-/// unanswered (a DEL's key stays, an EXISTS reads absent).
+/// A pass of one-key commands (DEL, EXISTS, TOUCH), best effort: past the
+/// deadline, the rest go unanswered (a DEL's key stays, an EXISTS reads
+/// absent).
 struct KeyCommands<'a, 'k, 'r> {
     command: KeyCommand,
+    /// Many keys per command (DEL, TOUCH on a single server); their counts
+    /// are not told.
+    variadic: bool,
     layout: Layout<'a>,
     keys: &'k [&'k [u8]],
     /// The keys in the routes' order: a node's keys are one slice.
     sorted: Vec<&'k [u8]>,
-    retry: &'r mut [bool],
     /// Told each answered key's count, by its index in the job.
     count: &'r mut dyn FnMut(usize, i64),
     /// The node being read: each of its keys' counts (None: refused).
@@ -472,54 +374,42 @@ struct KeyCommands<'a, 'k, 'r> {
     refused: Vec<(usize, String)>,
 }
 
-impl KeyCommands<'_, '_, '_> {
-    /// One pass over the masters of `map`, for the keys `include` selects.
-    fn run(
-        &mut self,
-        map: &SlotMap,
-        include: impl Fn(usize) -> bool,
-        deadline: Instant,
-    ) -> (Routes, Trouble) {
-        let (layout, keys) = (&self.layout, self.keys);
-        let routes = Routes::new(map, keys.len(), include, |i, name| {
-            layout.write_name(name, keys[i])
-        });
-        self.sorted.clear();
-        self.sorted.extend(routes.order.iter().map(|&i| keys[i]));
-        let trouble = run_pass(&routes, map, deadline, self);
-        (routes, trouble)
-    }
-}
-
 impl Pass for KeyCommands<'_, '_, '_> {
-    type Sent = ();
+    /// Commands sent.
+    type Sent = usize;
     const STOP_WHEN_LATE: bool = true;
+
+    fn arrange(&mut self, order: &[usize]) {
+        self.sorted.clear();
+        self.sorted.extend(order.iter().map(|&i| self.keys[i]));
+    }
 
     fn what(&self) -> &'static str {
         self.command.what()
     }
 
-    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<usize> {
         let name = self.command.name().as_bytes();
-        direct::keys_send(c, &self.layout, name, &self.sorted[range])
+        let keys = &self.sorted[range];
+        if self.variadic {
+            return direct::variadic_send(c, &self.layout, name, keys);
+        }
+        direct::keys_send(c, &self.layout, name, keys)?;
+        Ok(keys.len())
     }
 
-    fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
+    fn receive(&mut self, _: Range<usize>, c: &mut RespConn, sent: usize) -> std::io::Result<()> {
         self.refused.clear();
         self.counts.clear();
-        self.counts.resize(range.len(), None);
+        self.counts.resize(sent, None);
         let counts = &mut self.counts;
         direct::counts_receive(
             c,
-            range.len(),
+            sent,
             self.command.name(),
             &mut |k, n| counts[k] = Some(n),
             &mut self.refused,
         )
-    }
-
-    fn unrouted(&mut self, order: &[usize]) {
-        order.iter().for_each(|&i| self.retry[i] = true);
     }
 
     fn late(&mut self, _order: &[usize]) {}
@@ -527,16 +417,81 @@ impl Pass for KeyCommands<'_, '_, '_> {
     fn failed(&mut self, _order: &[usize], _e: &Error) {}
 
     fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        if self.variadic {
+            // A single server: nothing to count, nothing redirected.
+            return;
+        }
         for (k, n) in self.counts.drain(..).enumerate() {
             if let Some(n) = n {
                 (self.count)(order[k], n);
             }
         }
         for (k, message) in self.refused.drain(..) {
-            if let Some(how) = redirection(&message) {
-                trouble.redirected(how);
-                self.retry[order[k]] = true;
-            }
+            trouble.redirected_by(order[k], &message);
+        }
+    }
+}
+
+/// A pass of whole commands (each naming one key), each reply read whole.
+struct Calls<'c> {
+    commands: &'c [Vec<u8>],
+    sorted: Vec<&'c [u8]>,
+    read: Vec<Value>,
+    what: &'static str,
+    /// Each command's reply; None while it is to send (again).
+    replies: Vec<Option<Result<Value>>>,
+}
+
+impl Pass for Calls<'_> {
+    type Sent = ();
+
+    fn arrange(&mut self, order: &[usize]) {
+        self.sorted.clear();
+        self.sorted
+            .extend(order.iter().map(|&i| self.commands[i].as_slice()));
+        order.iter().for_each(|&i| self.replies[i] = None);
+    }
+
+    fn what(&self) -> &'static str {
+        self.what
+    }
+
+    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
+        c.out.clear();
+        self.sorted[range]
+            .iter()
+            .for_each(|command| c.out.extend_from_slice(command));
+        c.begin();
+        let len = c.out.len();
+        c.send_out_range(0, len)
+    }
+
+    fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
+        self.read.clear();
+        for _ in range {
+            self.read.push(c.read_value()?);
+        }
+        Ok(())
+    }
+
+    fn late(&mut self, order: &[usize]) {
+        order
+            .iter()
+            .for_each(|&i| self.replies[i] = Some(Err(out_of_time())));
+    }
+
+    fn failed(&mut self, order: &[usize], e: &Error) {
+        order
+            .iter()
+            .for_each(|&i| self.replies[i] = Some(Err(e.clone())));
+    }
+
+    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
+        for (&i, value) in order.iter().zip(self.read.drain(..)) {
+            self.replies[i] = match value {
+                Value::Error(message) if trouble.redirected_by(i, &message) => None,
+                value => Some(Ok(value)),
+            };
         }
     }
 }

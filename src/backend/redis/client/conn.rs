@@ -10,38 +10,13 @@
 
 use super::tls::SharedConfig;
 use super::transport::RespConn;
+use super::url::Endpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::{Condvar, Mutex};
-use redis::cluster::{ClusterClient, ClusterConnection};
-use redis::{Client, Connection, ConnectionAddr, ConnectionLike, RedisError};
+use std::io;
 use std::time::{Duration, Instant};
 
-/// What the pool connects to.
-pub(in crate::backend::redis) enum Target {
-    Single(Client),
-    Cluster(ClusterClient),
-}
-
-/// One connection: kvtier's own to a server over TCP or TLS (see `transport`),
-/// the crate's to a server over a Unix socket, or the crate's to a cluster
-/// (routing by slot and following MOVED/ASK redirections itself).
-pub(in crate::backend::redis) enum Conn {
-    Direct(RespConn),
-    Single(Connection),
-    // Boxed: a cluster connection is four times a single one, and the pool
-    // holds many of either.
-    Cluster(Box<ClusterConnection>),
-}
-
-impl Conn {
-    pub(in crate::backend::redis) fn like(&mut self) -> &mut dyn ConnectionLike {
-        match self {
-            Conn::Direct(c) => c,
-            Conn::Single(c) => c,
-            Conn::Cluster(c) => c.as_mut(),
-        }
-    }
-}
+type Conn = RespConn;
 
 /// Longest wait between reconnection attempts to a server that is down.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
@@ -103,7 +78,7 @@ enum Outcome {
 }
 
 pub(in crate::backend::redis) struct Pool {
-    target: Target,
+    target: Endpoint,
     max: usize,
     timeout: Duration,
     state: Mutex<PoolState>,
@@ -115,22 +90,22 @@ pub(in crate::backend::redis) struct Pool {
 }
 
 /// A Redis failure as a kvtier error: the server's or the network's words,
-/// never the URL (it may hold a password).
-pub(in crate::backend::redis) fn io_error(what: &str, e: &RedisError) -> Error {
-    Error::new(ErrorKind::Io, format!("redis: {what}: {e}"))
-}
-
-/// Whether the connection is still usable after this error (a server reply
-/// such as WRONGTYPE is; a broken socket or a timeout is not).
-fn connection_survives(e: &RedisError) -> bool {
-    !(e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_connection_refusal())
+/// never the URL (it may hold a password). A request that ran out of time
+/// is the deadline's failure (`TIER_FAIL_DEADLINE`).
+pub(in crate::backend::redis) fn io_error(what: &str, e: &io::Error) -> Error {
+    let error = Error::new(ErrorKind::Io, format!("redis: {what}: {e}"));
+    if e.kind() == io::ErrorKind::TimedOut {
+        error.late()
+    } else {
+        error
+    }
 }
 
 impl Pool {
     /// A pool of at most `max` connections to `target`; its TLS
     /// connections (if any) use the tier's configuration `tls`.
     pub(in crate::backend::redis) fn new(
-        target: Target,
+        target: Endpoint,
         max: usize,
         timeout: Duration,
         tls: SharedConfig,
@@ -151,60 +126,20 @@ impl Pool {
         }
     }
 
-    /// The deadline of every server operation (`io_timeout_ms`).
-    pub(in crate::backend::redis) fn timeout(&self) -> Duration {
-        self.timeout
-    }
-
-    pub(in crate::backend::redis) fn is_cluster(&self) -> bool {
-        matches!(self.target, Target::Cluster(_))
-    }
-
-    fn connect(&self) -> std::result::Result<Conn, RedisError> {
-        match &self.target {
-            Target::Single(client) => {
-                let info = client.get_connection_info();
-                let direct = match info.addr() {
-                    ConnectionAddr::Tcp(host, port) => Some((host, *port, None)),
-                    // A URL has no TLS parameters (certificates in memory):
-                    // those stay the crate's.
-                    ConnectionAddr::TcpTls {
-                        host,
-                        port,
-                        insecure,
-                        tls_params: None,
-                    } => Some((host, *port, Some(self.tls.get(*insecure)?))),
-                    _ => None,
-                };
-                if let Some((host, port, tls)) = direct {
-                    return Ok(Conn::Direct(RespConn::connect(
-                        host,
-                        port,
-                        tls.as_ref(),
-                        info.redis_settings(),
-                        self.timeout,
-                    )?));
-                }
-                let c = client.get_connection_with_timeout(self.timeout)?;
-                c.set_read_timeout(Some(self.timeout))?;
-                c.set_write_timeout(Some(self.timeout))?;
-                Ok(Conn::Single(c))
-            }
-            Target::Cluster(client) => Ok(Conn::Cluster(Box::new(client.get_connection()?))),
-        }
+    fn connect(&self) -> io::Result<Conn> {
+        let tls = match self.target.tls {
+            true => Some(self.tls.get()?),
+            false => None,
+        };
+        RespConn::connect(&self.target, tls.as_ref(), self.timeout)
     }
 
     /// Opens the first connection and PINGs through it, keeping it in the
-    /// pool; the server's own error on failure (so that a refused password
-    /// can be told from an unreachable server).
-    pub(in crate::backend::redis) fn ping(&self) -> std::result::Result<(), RedisError> {
+    /// pool; the failure as it happened (a refused password is of kind
+    /// `PermissionDenied`, see `connect`).
+    pub(in crate::backend::redis) fn ping(&self) -> io::Result<()> {
         let mut conn = self.connect()?;
-        // A cluster connection is made by a seed answering with the slot
-        // map; the crate's PING would go to every master and fail while one
-        // is down, whose slots fail on their own deadline instead.
-        if !self.is_cluster() {
-            redis::cmd("PING").query::<String>(conn.like())?;
-        }
+        conn.call_ok(&[b"PING"], io::ErrorKind::Other)?;
         let mut st = self.state.lock();
         st.open += 1;
         st.idle.push(conn);
@@ -298,11 +233,7 @@ impl Pool {
     /// of a silent server.
     fn give_back(&self, conn: Option<Conn>, outcome: Outcome, trial: bool) {
         let mut st = self.state.lock();
-        // The crate's cluster connection spans nodes: one node's silence is
-        // its own (see `cluster::Node`), not this pool's.
-        if !self.is_cluster() {
-            st.stall = st.stall.after(outcome, trial);
-        }
+        st.stall = st.stall.after(outcome, trial);
         match conn {
             Some(conn) => st.idle.push(conn),
             None => {
@@ -331,22 +262,12 @@ impl Pool {
         }))
     }
 
-    /// Runs `f` on a pooled connection. A connection that failed at the
-    /// socket level is dropped (the next use reconnects).
+    /// Runs `f` on a pooled connection (one request). A connection that
+    /// failed at the socket level is dropped (the next use reconnects).
     pub(in crate::backend::redis) fn with<T>(
         &self,
         what: &str,
-        f: impl FnOnce(&mut dyn ConnectionLike) -> std::result::Result<T, RedisError>,
-    ) -> Result<T> {
-        self.with_conn(what, |conn| f(conn.like()))
-    }
-
-    /// [`Pool::with`] on the connection itself (a pipeline needs to know
-    /// whether it talks to a cluster).
-    pub(in crate::backend::redis) fn with_conn<T>(
-        &self,
-        what: &str,
-        f: impl FnOnce(&mut Conn) -> std::result::Result<T, RedisError>,
+        f: impl FnOnce(&mut Conn) -> io::Result<T>,
     ) -> Result<T> {
         let mut lease = self
             .lease(true)?
@@ -354,8 +275,7 @@ impl Pool {
         let result = f(lease.conn());
         lease.ended = Some(match &result {
             Ok(_) => Outcome::Answered,
-            Err(e) if connection_survives(e) => Outcome::Answered,
-            Err(e) if e.is_timeout() => Outcome::TimedOut,
+            Err(e) if e.kind() == io::ErrorKind::TimedOut => Outcome::TimedOut,
             Err(_) => Outcome::Other,
         });
         result.map_err(|e| io_error(what, &e))
@@ -403,12 +323,12 @@ impl Drop for Lease<'_> {
     /// connection: still open, answered; broken past its request's
     /// deadline, timed out; a panic says nothing of the server.
     fn drop(&mut self) {
-        if let Some(mut conn) = self.conn.take() {
-            let open = conn.like().is_open();
+        if let Some(conn) = self.conn.take() {
+            let open = !conn.broken;
             let outcome = self.ended.unwrap_or(match &conn {
                 _ if std::thread::panicking() => Outcome::Other,
                 _ if open => Outcome::Answered,
-                Conn::Direct(c) if c.deadline_passed() => Outcome::TimedOut,
+                c if c.deadline_passed() => Outcome::TimedOut,
                 _ => Outcome::Other,
             });
             let keep = open && outcome == Outcome::Answered;
@@ -444,13 +364,8 @@ mod tests {
             .and_then(|l| l.local_addr())
             .unwrap()
             .port();
-        let client = Client::open(format!("redis://127.0.0.1:{port}")).unwrap();
-        let pool = Pool::new(
-            Target::Single(client),
-            1,
-            Duration::from_secs(1),
-            SharedConfig::default(),
-        );
+        let at = super::super::url::parse(&format!("redis://127.0.0.1:{port}")).unwrap();
+        let pool = Pool::new(at, 1, Duration::from_secs(1), SharedConfig::default());
         let refused = pool.take_or_wait(true).err().expect("nothing listens");
         assert!(refused.reached_storage(), "{refused}");
         let backoff = pool.take_or_wait(true).err().expect("in backoff");

@@ -1,11 +1,10 @@
 //! Opening a connection: the server's addresses tried in turn within the
 //! deadline, the TLS handshake (the server's certificate checked against
-//! the host), then AUTH and SELECT as the URL says (through the crate's
-//! command builders, `crate_adapter`).
+//! the host), then AUTH and SELECT as the URL says (`command`).
 
 use super::tls;
-use super::transport::{RespConn, Stream, Tls};
-use redis::{RedisConnectionInfo, RedisResult};
+use super::transport::{tls_error, RespConn, Stream, Tls};
+use super::url::Endpoint;
 use rustls::ClientConfig;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
@@ -13,16 +12,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 impl RespConn {
-    /// Connects to `host:port` within `timeout` (over TLS with `tls`, the
-    /// server's certificate checked against `host`), then authenticates and
-    /// selects the database as `settings` (from the URL) say.
+    /// Connects to `at` within `timeout` (over TLS with `tls`, the
+    /// server's certificate checked against its host), then authenticates
+    /// and selects the database as its URL says. A refused password is an
+    /// error of kind `PermissionDenied`.
     pub(in crate::backend::redis) fn connect(
-        host: &str,
-        port: u16,
+        at: &Endpoint,
         tls: Option<&Arc<ClientConfig>>,
-        settings: &RedisConnectionInfo,
         timeout: Duration,
-    ) -> RedisResult<RespConn> {
+    ) -> io::Result<RespConn> {
+        let (host, port) = (at.host.as_str(), at.port);
         let mut last = None;
         let mut stream = None;
         for addr in (host, port).to_socket_addrs()? {
@@ -36,17 +35,19 @@ impl RespConn {
         }
         let stream = match (stream, last) {
             (Some(s), _) => s,
-            (None, Some(e)) => return Err(e.into()),
+            (None, Some(e)) => return Err(e),
             (None, None) => {
-                return Err(
-                    io::Error::new(io::ErrorKind::NotFound, format!("{host}: no address")).into(),
-                )
+                return Err(io::Error::new(
+                    io::ErrorKind::NotFound,
+                    format!("{host}: no address"),
+                ))
             }
         };
         let mut conn = match tls {
             None => RespConn::over(stream, timeout)?,
             Some(config) => {
-                let tls = rustls::ClientConnection::new(config.clone(), tls::server_name(host)?)?;
+                let tls = rustls::ClientConnection::new(config.clone(), tls::server_name(host)?)
+                    .map_err(tls_error)?;
                 let mut conn = RespConn::new(
                     Stream::Tls(Box::new(Tls {
                         conn: tls,
@@ -61,18 +62,18 @@ impl RespConn {
                 conn
             }
         };
-        if let Some(password) = settings.password() {
-            let mut auth = redis::cmd("AUTH");
-            if let Some(user) = settings.username() {
-                auth.arg(user);
+        if let Some(password) = &at.password {
+            let denied = io::ErrorKind::PermissionDenied;
+            match &at.user {
+                Some(user) => {
+                    conn.call_ok(&[b"AUTH", user.as_bytes(), password.as_bytes()], denied)?
+                }
+                None => conn.call_ok(&[b"AUTH", password.as_bytes()], denied)?,
             }
-            auth.arg(password).query::<()>(&mut conn)?;
         }
-        if settings.db() != 0 {
-            redis::cmd("SELECT")
-                .arg(settings.db())
-                .query::<()>(&mut conn)?;
-            conn.db = settings.db();
+        if at.db != 0 {
+            let db = at.db.to_string();
+            conn.call_ok(&[b"SELECT", db.as_bytes()], io::ErrorKind::InvalidInput)?;
         }
         Ok(conn)
     }
@@ -110,11 +111,11 @@ mod tests {
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_no_client_auth();
         let started = Instant::now();
-        let settings = RedisConnectionInfo::default();
-        let r = RespConn::connect("127.0.0.1", port, Some(&Arc::new(config)), &settings, T);
+        let at = super::super::url::parse(&format!("rediss://127.0.0.1:{port}")).unwrap();
+        let r = RespConn::connect(&at, Some(&Arc::new(config)), T);
         let e = r.err().expect("no handshake with a silent server");
         let took = started.elapsed();
-        assert!(e.is_timeout(), "{e}");
+        assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");
         assert!(e.to_string().contains("TLS handshake"), "{e}");
         assert!(took >= T && took < T * 3, "{took:?}");
     }

@@ -53,3 +53,51 @@ impl RespConn {
         !self.broken
     }
 }
+
+/// A fake server for any number of connections, each in a thread of its
+/// own: every command (an array of bulk strings) is answered with the bytes
+/// `answer(args, previous)` returns, `previous` being the connection's last
+/// command (ASKING, say). Returns its port; it serves until the process
+/// ends.
+pub(in crate::backend::redis) fn serve_commands(
+    answer: impl Fn(&[Vec<u8>], Option<&[Vec<u8>]>) -> Vec<u8> + Send + Sync + 'static,
+) -> u16 {
+    use std::io::BufRead;
+    use std::sync::Arc;
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let answer = Arc::new(answer);
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let answer = Arc::clone(&answer);
+            std::thread::spawn(move || {
+                let mut out = stream.try_clone().unwrap();
+                let mut r = std::io::BufReader::new(stream);
+                let mut previous: Option<Vec<Vec<u8>>> = None;
+                let mut line = String::new();
+                let mut number = |r: &mut std::io::BufReader<TcpStream>| -> Option<usize> {
+                    line.clear();
+                    r.read_line(&mut line).ok().filter(|&n| n > 0)?;
+                    line[1..].trim_end().parse().ok()
+                };
+                while let Some(argc) = number(&mut r) {
+                    let mut args = Vec::with_capacity(argc);
+                    for _ in 0..argc {
+                        let len = number(&mut r).unwrap();
+                        let mut arg = vec![0u8; len + 2];
+                        r.read_exact(&mut arg).unwrap();
+                        arg.truncate(len);
+                        args.push(arg);
+                    }
+                    let reply = answer(&args, previous.as_deref());
+                    if out.write_all(&reply).is_err() {
+                        return;
+                    }
+                    previous = Some(args);
+                }
+            });
+        }
+    });
+    port
+}

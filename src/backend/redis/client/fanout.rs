@@ -5,14 +5,14 @@
 //! holds another's: a master whose connections are all in use is served in
 //! a later round, when the job holds none. What a pipeline carries (SETs,
 //! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a
-//! [`Pass`] (see `routed`).
+//! [`Pass`] (see `routed`); the passes of one job are `job`'s. A single
+//! server is a map of one node: the same pass, one group.
 
-use super::cluster::{Node, Redirection, Router, Routes, SlotMap};
-use super::conn::{io_error, Conn, Lease};
+use super::conn::{io_error, Lease};
+use super::routes::{redirection, Node, Redirection, Routes};
 use super::transport::RespConn;
 use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::Instant;
 
 pub(in crate::backend::redis) fn past(deadline: Instant) -> bool {
@@ -22,50 +22,39 @@ pub(in crate::backend::redis) fn past(deadline: Instant) -> bool {
 /// What a pass over a job's masters met besides answers.
 #[derive(Default)]
 pub(in crate::backend::redis) struct Trouble {
-    /// A node answered MOVED: the map is stale.
-    moved: bool,
+    /// Blocks (indices into the job) a node redirected, and how.
+    pub(in crate::backend::redis) redirected: Vec<(usize, Redirection)>,
     /// Groups (indices into `Routes::groups`) whose node failed.
     pub(in crate::backend::redis) failed: Vec<usize>,
+    /// Groups no master is known to serve.
+    pub(in crate::backend::redis) unrouted: Vec<usize>,
 }
 
 impl Trouble {
-    pub(in crate::backend::redis) fn redirected(&mut self, how: Redirection) {
-        self.moved |= how == Redirection::Moved;
+    /// Notes block `i`'s error reply: whether it is a redirection (the
+    /// block is then sent again on a later pass, see `job`).
+    pub(in crate::backend::redis) fn redirected_by(&mut self, i: usize, message: &str) -> bool {
+        match redirection(message) {
+            Some(how) => {
+                self.redirected.push((i, how));
+                true
+            }
+            None => false,
+        }
     }
 
-    /// After a first pass: refreshes the map when a node redirected or
-    /// failed. Returns the new map and, marked, the blocks of a failed node
-    /// that it gives to another node, if there are any (to send again).
-    pub(in crate::backend::redis) fn settle(
-        &self,
-        router: &Router,
-        map: &SlotMap,
-        routes: &Routes,
-        n: usize,
-        deadline: Instant,
-    ) -> Option<(Arc<SlotMap>, Vec<bool>)> {
-        if !self.moved && self.failed.is_empty() {
-            return None;
-        }
-        let avoid: Vec<Arc<Node>> = self
-            .failed
-            .iter()
-            .filter_map(|&g| routes.groups[g].0.map(|node| Arc::clone(map.node(node))))
-            .collect();
-        router.refresh(&avoid, deadline);
-        let now = router.map();
-        let mut again = vec![false; n];
-        let mut any = false;
-        for &g in &self.failed {
-            for &i in &routes.order[routes.groups[g].1.clone()] {
-                if now.moved_since(map, routes.slots[i]) {
-                    again[i] = true;
-                    any = true;
-                }
-            }
-        }
-        any.then_some((now, again))
+    pub(in crate::backend::redis) fn is_clear(&self) -> bool {
+        self.redirected.is_empty() && self.failed.is_empty() && self.unrouted.is_empty()
     }
+}
+
+/// Blocks of slots no master is known to serve.
+fn unserved() -> Error {
+    Error::new(
+        ErrorKind::Io,
+        "redis: no master is known to serve this block's slot",
+    )
+    .unsent()
 }
 
 /// One kind of pipeline a pass sends each master (SETs, GETs, DELs...),
@@ -74,6 +63,9 @@ impl Trouble {
 pub(in crate::backend::redis) trait Pass {
     /// What the send half hands the receive half.
     type Sent;
+    /// Puts the pass's blocks in `order` (the routes' order: a node's
+    /// blocks are one slice), before the pass is run.
+    fn arrange(&mut self, order: &[usize]);
     /// What a failure names ("SET pipeline").
     fn what(&self) -> &'static str;
     /// Whether a group found past the deadline ends the sending (a best
@@ -86,13 +78,11 @@ pub(in crate::backend::redis) trait Pass {
         c: &mut RespConn,
         sent: Self::Sent,
     ) -> std::io::Result<()>;
-    /// No master is known to serve these blocks' slots.
-    fn unrouted(&mut self, order: &[usize]);
     /// The job's deadline passed before these blocks were sent or read.
     fn late(&mut self, order: &[usize]);
     fn failed(&mut self, order: &[usize], e: &Error);
     /// The node answered (what `receive` kept): each block's outcome, a
-    /// redirection noted in `trouble`.
+    /// redirection noted in `trouble` (`Trouble::redirected_by`).
     fn answered(&mut self, order: &[usize], trouble: &mut Trouble);
 }
 
@@ -102,7 +92,6 @@ pub(in crate::backend::redis) trait Pass {
 /// were all in use while the job held another's come in a later round.
 pub(in crate::backend::redis) fn run_pass<P: Pass>(
     routes: &Routes,
-    map: &SlotMap,
     deadline: Instant,
     pass: &mut P,
 ) -> Trouble {
@@ -112,14 +101,15 @@ pub(in crate::backend::redis) fn run_pass<P: Pass>(
         let mut busy = Vec::new();
         let mut sent: Vec<Pending<P::Sent>> = Vec::with_capacity(routes.groups.len());
         for g in round {
-            let (node, range) = &routes.groups[g];
+            let group = &routes.groups[g];
+            let (range, asking) = (group.range.clone(), group.asking);
             let order = &routes.order[range.clone()];
-            let Some(node) = node else {
-                pass.unrouted(order);
+            let Some(node) = &group.node else {
+                trouble.unrouted.push(g);
+                pass.failed(order, &unserved());
                 continue;
             };
-            let node = map.node(*node);
-            match send_on(node, pass.what(), deadline, sent.is_empty(), |c| {
+            match send_on(node, pass.what(), deadline, sent.is_empty(), asking, |c| {
                 pass.send(range.clone(), c)
             }) {
                 Sending::Busy => busy.push(g),
@@ -145,7 +135,7 @@ pub(in crate::backend::redis) fn run_pass<P: Pass>(
                 lease,
                 state,
             } = sent.remove(next);
-            let range = routes.groups[g].1.clone();
+            let range = routes.groups[g].range.clone();
             let order = &routes.order[range.clone()];
             match receive_on(node, lease, pass.what(), deadline, |c| {
                 pass.receive(range, c, state)
@@ -187,14 +177,15 @@ enum Sending<'n, S> {
 }
 
 /// The first half of a node's pipeline: one of `node`'s connections
-/// (kvtier's own: a node's address is plain TCP or TLS) leased, waiting for
-/// one only if `wait`, its request ending by the job's `deadline`, and
+/// leased, waiting for one only if `wait`, its request ending by the job's
+/// `deadline`, `ASKING` first if `asking` (the group is one command), and
 /// `send` run on it.
 fn send_on<'n, S>(
     node: &'n Node,
     what: &str,
     deadline: Instant,
     wait: bool,
+    asking: bool,
     send: impl FnOnce(&mut RespConn) -> std::io::Result<S>,
 ) -> Sending<'n, S> {
     if past(deadline) {
@@ -204,14 +195,14 @@ fn send_on<'n, S>(
         let Some(mut lease) = lease else {
             return Ok(Sending::Busy);
         };
-        let Conn::Direct(c) = lease.conn() else {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!("redis: {what}: a cluster node's connection is not kvtier's own"),
-            ));
-        };
+        let c = lease.conn();
+        if asking {
+            c.cap_next(deadline);
+            c.call_ok(&[b"ASKING"], std::io::ErrorKind::Other)
+                .map_err(|e| io_error("ASKING", &e))?;
+        }
         c.cap_next(deadline);
-        let state = send(c).map_err(|e| io_error(what, &e.into()))?;
+        let state = send(c).map_err(|e| io_error(what, &e))?;
         Ok(Sending::Sent(lease, state))
     });
     sent.unwrap_or_else(|e| {
@@ -256,10 +247,7 @@ fn receive_on(
         lease.close();
         return None;
     }
-    let Conn::Direct(c) = lease.conn() else {
-        unreachable!("send_on leases kvtier's own connections only")
-    };
-    let read = receive(c).map_err(|e| io_error(what, &e.into()));
+    let read = receive(lease.conn()).map_err(|e| io_error(what, &e));
     node.answered(read.is_ok());
     Some(read)
 }
@@ -289,11 +277,7 @@ fn next_to_read<S>(sent: &mut [Pending<'_, S>], deadline: Instant) -> usize {
         &mut heap
     };
     for (k, pending) in sent.iter_mut().enumerate() {
-        let waits_on = match pending.lease.conn() {
-            Conn::Direct(c) => c.waits_on(),
-            _ => None,
-        };
-        match waits_on {
+        match pending.lease.conn().waits_on() {
             None => return k,
             Some(fd) => fds[k].fd = fd,
         }

@@ -1,28 +1,26 @@
 //! kvtier's own connection to one server, over plain TCP or TLS (rustls),
 //! speaking RESP2. This file: the connection (`RespConn`), its stream and
 //! its deadlines; opening it is `connect`, writing `send`, reading from the
-//! socket `receive`, the replies `reply`, the crate's `ConnectionLike`
-//! `crate_adapter`.
+//! socket `receive`, the replies `reply`, whole commands `command`.
 //!
 //! Why not the crate's connection: its reader parses every reply into an
 //! owned `Value` (a 2 MiB GET reply is read into one buffer and copied into a
 //! `Vec`, which kvtier then copies into the row), and its writer packs every
 //! command, payload included, into one more buffer before the socket write.
 //! Measured on loopback, that leaves the crate alone at 0.3–0.4× of
-//! redis-benchmark's rate (docs/redis.md, "Why not the crate alone"). This connection
+//! redis-benchmark's rate (docs/redis.md, "Why not the crate"). This connection
 //! gives the data path (`direct`) what it needs to do neither: vectored
 //! writes from the caller's slices, reply heads parsed from a small reusable
 //! buffer, and bulk payloads read from the socket straight into a caller's
-//! slice. It also implements the crate's `ConnectionLike`, so every other
-//! command (PING, DEL, EXISTS, TOUCH, single GET/SET) keeps using the crate's
-//! command builders and reply conversions over this socket.
+//! slice. Every other command (PING, AUTH, CLUSTER SLOTS, SCAN, a single GET)
+//! is encoded and read whole by `command` on the same socket.
 //!
 //! Deadlines: a request (one command or one pipeline) gets `timeout` from its
 //! start; every socket read and write is bounded by the time left, so a
 //! server that stops answering costs at most `timeout` (plus an eighth: the
 //! socket's timeout is re-armed only when the one set would overrun the
 //! deadline by more than that, which spares a system call per read). Any I/O or protocol
-//! error leaves the connection unusable (`is_open` false); the pool drops it.
+//! error leaves the connection unusable (`broken`); the pool drops it.
 //!
 //! TLS (`rediss://`, configured by `tls`): the same requests over rustls's
 //! buffered client connection, driven here on the same socket so that the
@@ -96,7 +94,6 @@ pub(in crate::backend::redis) struct RespConn {
     /// The socket timeouts set last (see `arm`).
     pub(super) read_armed: Option<Duration>,
     pub(super) write_armed: Option<Duration>,
-    pub(super) db: i64,
     pub(super) broken: bool,
     /// The socket's SO_RCVLOWAT as set last (see `wake_after`).
     pub(super) rcvlowat: usize,
@@ -150,7 +147,6 @@ impl RespConn {
             cap: None,
             read_armed: None,
             write_armed: None,
-            db: 0,
             broken: false,
             rcvlowat: 1,
         })
@@ -217,7 +213,6 @@ impl RespConn {
 #[cfg(test)]
 mod tests {
     use super::super::fake::serve;
-    use redis::ConnectionLike;
     use std::time::{Duration, Instant};
 
     const T: Duration = Duration::from_millis(300);
@@ -228,13 +223,10 @@ mod tests {
         let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
         let (mut c, _server) = serve(0, pieces, true, T);
         let started = Instant::now();
-        let e = redis::cmd("GET")
-            .arg("k")
-            .query::<Vec<u8>>(&mut c)
-            .unwrap_err();
+        let e = c.call(&[b"GET", b"k"]).unwrap_err();
         let took = started.elapsed();
-        assert!(e.is_timeout(), "{e}");
+        assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
         assert!(took >= T && took < T * 3, "{took:?}");
-        assert!(!c.is_open());
+        assert!(!c.is_open_for_tests());
     }
 }

@@ -41,6 +41,7 @@ fn get_window(value_len: usize) -> usize {
 /// private buffer and its payload into the block's row, then verified there.
 /// `fetched[i]` is block i's outcome; an `Err` return is the connection's
 /// failure (rows may hold anything).
+#[cfg(test)]
 pub(in crate::backend::redis) fn get_pipeline(
     conn: &mut RespConn,
     layout: &Layout,
@@ -58,7 +59,7 @@ pub(in crate::backend::redis) struct GetsSent {
     sent: usize,
 }
 
-/// The first half of [`get_pipeline`]: starts a request on `conn`, frames
+/// The first half of a pipeline (`get_pipeline` in the tests): starts a request on `conn`, frames
 /// the GETs and sends the first window of them. A cluster job sends to all
 /// its masters before reading any reply, so that they work at once.
 pub(in crate::backend::redis) fn get_send(
@@ -91,7 +92,7 @@ pub(in crate::backend::redis) fn get_send(
     Ok(GetsSent { window, sent })
 }
 
-/// The second half of [`get_pipeline`]: reads the replies of the GETs
+/// The second half of a pipeline (`get_pipeline` in the tests): reads the replies of the GETs
 /// [`get_send`] started on `conn` for `blocks`, keeping the window full.
 pub(in crate::backend::redis) fn get_receive(
     conn: &mut RespConn,

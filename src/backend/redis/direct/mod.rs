@@ -15,8 +15,8 @@ mod set;
 #[cfg(test)]
 mod test_support;
 
-pub(super) use self::get::{get_pipeline, get_receive, get_send, GetsSent};
-pub(super) use self::set::{set_pipeline, set_receive, set_send, SetsSent};
+pub(super) use self::get::{get_receive, get_send, GetsSent};
+pub(super) use self::set::{set_receive, set_send, SetsSent};
 
 use super::client::frame::{frame_bulk, frame_bulk_len, frame_command};
 use super::client::reply::Head;
@@ -85,20 +85,20 @@ const KEYS_PER_COMMAND: usize = 256;
 /// `<command> <name> <name> ...` (a variadic one: `DEL`, `TOUCH`) for
 /// `keys`, at most [`KEYS_PER_COMMAND`] names per command, as one pipeline
 /// on a single server (a cluster refuses keys of several slots in one
-/// command); the counts are dropped and a refusal ends nothing (a delete or
-/// touch is best effort). An `Err` is the connection's failure.
-pub(in crate::backend::redis) fn variadic_pipeline(
+/// command). Returns how many commands were sent (their replies are read
+/// by [`counts_receive`]). An `Err` is the connection's failure.
+pub(in crate::backend::redis) fn variadic_send(
     conn: &mut RespConn,
     layout: &Layout,
-    command: &str,
+    command: &[u8],
     keys: &[&[u8]],
-) -> io::Result<()> {
+) -> io::Result<usize> {
     conn.out.clear();
     let commands = keys.chunks(KEYS_PER_COMMAND);
     let sent = commands.len();
     for names in commands {
         frame_command(&mut conn.out, 1 + names.len());
-        frame_bulk(&mut conn.out, command.as_bytes());
+        frame_bulk(&mut conn.out, command);
         for key in names {
             frame_bulk_len(&mut conn.out, layout.name_len(key));
             layout.write_name(&mut conn.out, key);
@@ -108,7 +108,7 @@ pub(in crate::backend::redis) fn variadic_pipeline(
     conn.begin();
     let len = conn.out.len();
     conn.send_out_range(0, len)?;
-    counts_receive(conn, sent, command, &mut |_, _| {}, &mut Vec::new())
+    Ok(sent)
 }
 
 /// The first half of a pipeline of one-key commands answered by an

@@ -69,6 +69,7 @@ fn itoa_u64(mut n: u64) -> Digits {
 /// with at most [`set_window`] SETs unanswered; `replies[i]` is block i's
 /// outcome (`Err`: the server's message). An `Err` return is the
 /// connection's failure: nothing is known of any block.
+#[cfg(test)]
 pub(in crate::backend::redis) fn set_pipeline(
     conn: &mut RespConn,
     layout: &Layout,
@@ -112,7 +113,7 @@ pub(in crate::backend::redis) struct SetsSent {
     nonces: Vec<Nonce>,
 }
 
-/// The first half of [`set_pipeline`]: starts a request on `conn` and
+/// The first half of a pipeline (`set_pipeline` in the tests): starts a request on `conn` and
 /// writes the first window of SETs. A cluster job sends to all its masters
 /// before reading any reply, so that they work at once.
 pub(in crate::backend::redis) fn set_send(
@@ -218,7 +219,7 @@ fn send_sets(
     Ok(())
 }
 
-/// The second half of [`set_pipeline`]: reads the replies of the SETs
+/// The second half of a pipeline (`set_pipeline` in the tests): reads the replies of the SETs
 /// [`set_send`] started on `conn` for `blocks`, keeping the window full.
 pub(in crate::backend::redis) fn set_receive(
     conn: &mut RespConn,
