@@ -32,13 +32,12 @@ struct PoolState {
     stall: Stall,
 }
 
-/// Whether the server has stopped answering. Measured on loopback with the
-/// server frozen (SIGSTOP), 32 one-block loads on 4 workers with a 300 ms
-/// deadline: without this, each worker's next job connected (the kernel
-/// still accepts), sent, and waited out a deadline of its own, so the last
-/// job was reported after 2.55 s; with it, one job per deadline is let
-/// through to find out whether the server is back, and the others fail
-/// when they reach a worker.
+/// Whether the server has stopped answering: without this, each worker's
+/// next job against a frozen server connects (the kernel still accepts),
+/// sends, and waits out a deadline of its own; with it, one job per deadline
+/// is let through to find out whether the server is back, and the others
+/// fail when they reach a worker (tests/redis_faults.rs freezes one;
+/// figures in docs/runs/redis.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Stall {
     /// Its last request that ended was answered (or none has ended yet).

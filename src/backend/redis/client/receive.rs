@@ -10,10 +10,9 @@ use std::os::fd::AsRawFd;
 use std::time::Instant;
 
 /// Most bytes a read of a payload waits for before it is woken (see
-/// `RespConn::wake_after`). Loading 2 MiB values from one loopback
-/// redis-server (`redis_loads ... load 2048 512 5`, two alternating rounds,
-/// GB/s): woken per segment 2.37 and 2.42; at 256 KiB 2.47; 512 KiB 2.65;
-/// 1 MiB 3.04 and 3.01; 2 MiB 2.94 and 2.93; 4 MiB 2.95 and 2.85.
+/// `RespConn::wake_after`): fewer wake-ups per large value; at 1 MiB, 2 MiB
+/// values loaded fastest (`redis_loads ... load 2048 512 5`; figures in
+/// docs/runs/redis.md).
 pub(super) const WAKE_AFTER_MAX: usize = 1 << 20;
 
 /// Fewer bytes left of a payload than this are read as they come.
