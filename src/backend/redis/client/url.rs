@@ -54,6 +54,12 @@ pub(in crate::backend::redis) fn parse(url: &str) -> Result<Endpoint, String> {
     let tls = match scheme {
         "redis" => false,
         "rediss" => true,
+        "unix" | "redis+unix" => {
+            return Err(format!(
+                "scheme {scheme}://: Unix sockets are not supported (redis:// or rediss:// \
+                 only; serve a local Redis on loopback TCP)"
+            ))
+        }
         other => return Err(format!("scheme {other}:// (redis:// or rediss:// only)")),
     };
     let (rest, fragment) = match rest.split_once('#') {
@@ -168,6 +174,8 @@ mod tests {
         for (url, why) in [
             ("127.0.0.1:6379", "no scheme"),
             ("http://h", "redis:// or rediss:// only"),
+            ("unix:///run/redis.sock", "Unix sockets are not supported"),
+            ("redis+unix:///run/redis.sock", "loopback TCP"),
             ("redis://h:port", "not a port number"),
             ("redis://h:0", "not a port number"),
             ("redis://h/x", "not a number"),
