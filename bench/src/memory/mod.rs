@@ -6,6 +6,7 @@ mod bandwidth;
 mod latency;
 mod lookup;
 mod prefault;
+mod prefault_report;
 mod verify;
 
 use crate::cli::Settings;
