@@ -4,7 +4,7 @@
 
 use super::api::tier_ref;
 use super::boundary::{
-    self, as_mut_slice, as_slice, or_default, poll_into, status, this_export, OK,
+    self, as_mut_slice, as_slice, or_default, poll_into, status, this_export, Export, OK,
 };
 use super::types::*;
 use crate::job_kind::JobKind;
@@ -81,7 +81,7 @@ struct RawJob {
 
 /// The body of tier_submit_store and tier_submit_load, which differ only in
 /// the job's kind.
-unsafe fn submit(function: &str, kind: JobKind, tier: *mut tier_t, job: RawJob) -> tier_status_t {
+unsafe fn submit(function: Export, kind: JobKind, tier: *mut tier_t, job: RawJob) -> tier_status_t {
     status(function, || {
         let tier = tier_ref(tier)?;
         let keys = boundary::keys(job.keys, job.key_len, job.n)?;

@@ -8,16 +8,28 @@ use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
-/// The name of the export whose body it is written in (`"tier_new"` in
-/// tier_new), so each export's name is written once, in its `fn` item, which
-/// cbindgen reads and the linker exports; its labels in messages follow it.
+/// The export whose body it is written in (`tier_new` in tier_new), so each
+/// export's name is written once, in its `fn` item, which cbindgen reads and
+/// the linker exports; its labels in messages follow it.
 macro_rules! this_export {
     () => {{
         fn here() {}
-        $crate::ffi::boundary::export_of(::std::any::type_name_of_val(&here))
+        $crate::ffi::boundary::Export(::std::any::type_name_of_val(&here))
     }};
 }
 pub(crate) use this_export;
+
+/// An export's label, as `this_export!` takes it: the type name of a `fn`
+/// nested in it, read down to the export's name only when a message needs
+/// it (a successful call, the hot path of lookups and touches, never does).
+#[derive(Clone, Copy)]
+pub(crate) struct Export(pub(crate) &'static str);
+
+impl Export {
+    pub(crate) fn name(self) -> &'static str {
+        export_of(self.0)
+    }
+}
 
 /// The export in the type name of `this_export!`'s `here`
 /// (`kvtier::ffi::api::tier_new::here`): its last segment that is neither
@@ -37,8 +49,8 @@ fn set_last_error(message: String) {
 }
 
 /// Saves `e` as this thread's last error, as the failure of `function`.
-pub(crate) fn record_error(function: &str, e: &Error) {
-    set_last_error(format!("{function}: {}", e.message()));
+pub(crate) fn record_error(function: Export, e: &Error) {
+    set_last_error(format!("{}: {}", function.name(), e.message()));
 }
 
 /// A caller's text buffer `(buf, cap)`; None when it is NULL or empty (a
@@ -83,7 +95,7 @@ fn panic_message(payload: &(dyn Any + Send)) -> &str {
 /// Runs an export's body: `Ok` becomes `TIER_OK`, an error its code (with the
 /// message saved as this thread's last error), a panic `TIER_ERR_PANIC`.
 pub(crate) fn status(
-    function: &str,
+    function: Export,
     body: impl FnOnce() -> Result<tier_status_t>,
 ) -> tier_status_t {
     match catch_unwind(AssertUnwindSafe(body)) {
@@ -94,7 +106,8 @@ pub(crate) fn status(
         }
         Err(payload) => {
             set_last_error(format!(
-                "{function}: internal panic: {}",
+                "{}: internal panic: {}",
+                function.name(),
                 panic_message(&*payload)
             ));
             TIER_ERR_PANIC
@@ -103,12 +116,13 @@ pub(crate) fn status(
 }
 
 /// Like [`status`] for exports without a status: a panic yields `fallback`.
-pub(crate) fn or_default<T>(function: &str, fallback: T, body: impl FnOnce() -> T) -> T {
+pub(crate) fn or_default<T>(function: Export, fallback: T, body: impl FnOnce() -> T) -> T {
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(value) => value,
         Err(payload) => {
             set_last_error(format!(
-                "{function}: internal panic: {}",
+                "{}: internal panic: {}",
+                function.name(),
                 panic_message(&*payload)
             ));
             fallback
@@ -123,7 +137,7 @@ pub(crate) const OK: Result<tier_status_t> = Ok(TIER_OK);
 ///
 /// # Safety
 /// A non-NULL `handle` must come from that boxing and not be used afterwards.
-pub(crate) unsafe fn free_handle<H, T>(function: &str, handle: *mut H) {
+pub(crate) unsafe fn free_handle<H, T>(function: Export, handle: *mut H) {
     or_default(function, (), || {
         if !handle.is_null() {
             drop(Box::from_raw(handle as *mut T));
