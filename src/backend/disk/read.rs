@@ -4,7 +4,7 @@
 
 use super::format::{padded, AttrHeader, Claims, Form, Header, ATTR_LEN, ATTR_NAME, HEADER_LEN};
 use super::io::{self, FileId};
-use super::{io_error, with_scratch, DiskBackend, PIECE};
+use super::{io_error, with_scratch, DiskBackend, PIECE, STAGE_PIECE};
 use crate::aligned::AlignedBuf;
 use crate::backend::checksum::PayloadSum;
 use crate::backend::LoadJob;
@@ -15,7 +15,7 @@ use std::path::Path;
 
 thread_local! {
     /// Per-worker staging piece for loads of blocks larger than one piece
-    /// (see [`DiskBackend::stages_loads`]); apart from the scratch, which the
+    /// (see [`DiskBackend::stages_blocks`]); apart from the scratch, which the
     /// streamed read uses for an in-file header meanwhile.
     static STAGE: RefCell<Option<AlignedBuf>> = const { RefCell::new(None) };
 }
@@ -31,13 +31,13 @@ impl LoadJob for IntoRow<'_> {
 }
 
 impl DiskBackend {
-    /// Blocks larger than a piece are read through a huge-page staging
-    /// piece even without a deadline: one O_DIRECT read into an engine's
-    /// row of 4 KiB pages is split at the device's segment limit, and the
-    /// checksum then runs over the row again after the read; a staged piece
-    /// is one request and is summed while in cache (`python/bench/bench_disk_vs_fs.py`,
-    /// docs/disk-deadlines.md).
-    pub(super) fn stages_loads(&self) -> bool {
+    /// Blocks larger than a piece are read and written through huge-page
+    /// staging buffers even without a deadline: one O_DIRECT request on an
+    /// engine's row of 4 KiB pages is split at the device's segment limit,
+    /// and a load's checksum then runs over the row again after the read; a
+    /// staged piece is one request and is summed while in cache
+    /// (`python/bench/bench_disk_vs_fs.py`, docs/disk-deadlines.md).
+    pub(super) fn stages_blocks(&self) -> bool {
         self.direct && padded(self.block_bytes) > PIECE
     }
 
@@ -46,10 +46,11 @@ impl DiskBackend {
         let into = IntoRow(RefCell::new(row));
         STAGE.with(|cell| {
             let mut cell = cell.borrow_mut();
-            let piece = AlignedBuf::reuse(&mut cell, PIECE).map_err(|e| {
+            let len = STAGE_PIECE.min(padded(self.block_bytes));
+            let piece = AlignedBuf::reuse(&mut cell, len).map_err(|e| {
                 Error::new(
                     ErrorKind::Alloc,
-                    format!("no memory for a {PIECE}-byte staging piece: {e}"),
+                    format!("no memory for a {len}-byte staging piece: {e}"),
                 )
             })?;
             self.read_streamed(path, key, piece, &into).map(|_| ())
@@ -377,12 +378,12 @@ mod tests {
     use crate::config::DiskConfig;
     use crate::ErrorKind;
 
-    /// A block larger than a piece is loaded through the staging piece (no
+    /// A block larger than a piece is stored and loaded staged (no
     /// deadline): it round-trips into an aligned row and into a plain one,
     /// and damage in any piece, the last short one included, is corrupt.
     #[test]
     fn a_block_larger_than_a_piece_loads_staged_and_verified() {
-        // Two whole 1 MiB pieces and a short third one.
+        // A whole 2 MiB staging piece and a short second one.
         const BIG: usize = (2 << 20) + 12 * 1024;
         let root = std::env::temp_dir().join(format!("kvtier-staged-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
@@ -392,7 +393,10 @@ mod tests {
         };
         let disk = DiskBackend::open(&cfg, "", BIG, 8, None).unwrap();
         assert!(
-            disk.stages_loads() && disk.describe().contains("loads staged in 1 MiB pieces"),
+            disk.stages_blocks()
+                && disk
+                    .describe()
+                    .contains("loads staged in 2 MiB pieces, stores staged whole"),
             "{} (the temporary directory must allow O_DIRECT)",
             disk.describe()
         );

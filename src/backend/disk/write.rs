@@ -29,11 +29,12 @@ impl DiskBackend {
     /// `WatchedIo::store_unless`), so it is read from user space (checksum,
     /// copy, sealing) only inside `job.read_row`, after the file is created
     /// (an `open` on a hung mount is where a store waits longest) and into
-    /// this thread's scratch. Only an aligned row under O_DIRECT is written
-    /// from where it is, by the kernel, and only if the job was not reported
-    /// by the time the file was created: a write left behind by `tier_free`
-    /// gets EFAULT if the caller unmapped the row (never a fault here), and
-    /// its file is never published and is removed when the call returns.
+    /// this thread's scratch. Only an aligned row of at most 1 MiB under
+    /// O_DIRECT is written from where it is, by the kernel, and only if the
+    /// job was not reported by the time the file was created: a write left
+    /// behind by `tier_free` gets EFAULT if the caller unmapped the row
+    /// (never a fault here), and its file is never published and is removed
+    /// when the call returns.
     fn write_tmp(
         &self,
         tmp: &Path,
@@ -58,7 +59,11 @@ impl DiskBackend {
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        let in_place = self.seal.is_none() && self.aligned(row.as_ptr(), row.len());
+        // A block over a piece is staged whole in huge pages (one request)
+        // rather than written from a row of 4 KiB pages (split at the
+        // device's segment limit), as loads are.
+        let in_place =
+            self.seal.is_none() && self.aligned(row.as_ptr(), row.len()) && !self.stages_blocks();
         if self.form_for(key) == Form::Attr {
             let written = self.write_attr_form(&fd, key, row, job, in_place)?;
             return Ok((ours, written));
