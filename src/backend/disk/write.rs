@@ -80,11 +80,15 @@ impl DiskBackend {
                     Some(seal) => self.seal_into(seal, buf, key, row).map(Some),
                     None => {
                         let (h, payload) = buf.split_at_mut(HEADER_LEN);
-                        self.header(key, row).encode(h);
-                        if !in_place {
+                        // Staged, the checksum reads the copy while in cache.
+                        let written = if in_place {
+                            row
+                        } else {
                             payload[..row.len()].copy_from_slice(row);
                             payload[row.len()..].fill(0);
-                        }
+                            &payload[..row.len()]
+                        };
+                        self.header(key, written).encode(h);
                         Ok(None)
                     }
                 };
@@ -137,11 +141,16 @@ impl DiskBackend {
             }
             let mut header = None;
             let read = job.read_row(row, &mut |row| {
-                header = Some(AttrHeader::of(self.ns_fp, key, row).encode());
-                if let Some(buf) = staged.as_deref_mut() {
-                    buf[..row.len()].copy_from_slice(row);
-                    buf[row.len()..].fill(0);
-                }
+                // Staged, the checksum reads the copy while in cache.
+                let written = match staged.as_deref_mut() {
+                    Some(buf) => {
+                        buf[..row.len()].copy_from_slice(row);
+                        buf[row.len()..].fill(0);
+                        &buf[..row.len()]
+                    }
+                    None => row,
+                };
+                header = Some(AttrHeader::of(self.ns_fp, key, written).encode());
             });
             let Some(header) = header.filter(|_| read) else {
                 return Ok(false);
