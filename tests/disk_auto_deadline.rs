@@ -7,79 +7,15 @@
 
 mod common;
 mod fuse_memfs;
+mod mounts;
 
 use common::*;
 use fuse_memfs::MemFuse;
 use kvtier::TierConfig;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use mounts::{mount_ext4, mount_tmpfs};
+use std::path::Path;
 
 const BB: usize = 64 << 10;
-
-/// A file system mounted by the test at a scratch directory, unmounted and
-/// removed on drop (also when the test fails).
-struct Mounted {
-    at: PathBuf,
-    image: Option<PathBuf>,
-}
-
-impl Drop for Mounted {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(&self.at).status();
-        let _ = std::fs::remove_dir_all(&self.at);
-        if let Some(image) = &self.image {
-            let _ = std::fs::remove_file(image);
-        }
-    }
-}
-
-fn run(cmd: &mut Command) -> Result<(), String> {
-    let out = cmd
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .output()
-        .map_err(|e| format!("{cmd:?}: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{cmd:?}: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    Ok(())
-}
-
-/// A fresh ext4 on a loop device over an image file.
-fn mount_ext4() -> Result<Mounted, String> {
-    let at = scratch_dir();
-    std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
-    let image = at.with_extension("img");
-    let mounted = Mounted {
-        at: at.clone(),
-        image: Some(image.clone()),
-    };
-    std::fs::File::create(&image)
-        .and_then(|f| f.set_len(32 << 20))
-        .map_err(|e| e.to_string())?;
-    run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&image))?;
-    run(Command::new("mount")
-        .args(["-o", "loop"])
-        .arg(&image)
-        .arg(&at))?;
-    Ok(mounted)
-}
-
-fn mount_tmpfs() -> Result<Mounted, String> {
-    let at = scratch_dir();
-    std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
-    let mounted = Mounted {
-        at: at.clone(),
-        image: None,
-    };
-    run(Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=8m", "tmpfs"])
-        .arg(&at))?;
-    Ok(mounted)
-}
 
 /// A disk tier in `dir`, with `io_timeout_ms` as given (None: auto).
 fn config_in(dir: &Path, io_timeout_ms: Option<&str>) -> TierConfig {
@@ -122,7 +58,7 @@ fn check_local(dir: &Path, why: &str) {
 
 #[test]
 fn auto_gives_a_local_ext4_no_deadline_and_an_explicit_value_wins() {
-    let fs = match mount_ext4() {
+    let fs = match mount_ext4(&[]) {
         Ok(fs) => fs,
         Err(why) => {
             skip(&format!("cannot mount an ext4 image on a loop device here (needs root, mkfs.ext4 and a loop device): {why}"));

@@ -24,9 +24,11 @@ pub(crate) enum FsClass {
 
 use FsClass::*;
 
+const EXT_MAGIC: i64 = 0xef53;
+
 /// Known `f_type` values (linux/magic.h and the file systems' own sources).
 const TABLE: &[(i64, &str, FsClass)] = &[
-    (0xef53, "ext4", Local), // also ext2 and ext3, which share the magic
+    (EXT_MAGIC, "ext4", Local), // also ext2 and ext3, which share the magic
     (0x5846_5342, "xfs", Local),
     (0x9123_683e, "btrfs", Local),
     (0xf2f5_2010, "f2fs", Local),
@@ -93,6 +95,13 @@ impl FsKind {
     /// Whether calls may wait on a server or a user-space process.
     pub(crate) fn is_remote(&self) -> bool {
         self.class == Remote
+    }
+
+    /// Whether the file system spreads a directory's subdirectories over its
+    /// block groups when asked (`io::spread_subdirs`): ext2/3/4's allocator
+    /// does, and puts a new file's inode in its directory's group.
+    pub(crate) fn spreads_subdirs(&self) -> bool {
+        self.magic == Some(EXT_MAGIC)
     }
 
     /// `io_timeout_ms=auto`: the deadline (0: none) and why, as

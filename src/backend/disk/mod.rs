@@ -133,6 +133,8 @@ pub(crate) struct DiskBackend {
     /// keys that a file name spells; see `format`.
     attr_headers: bool,
     header_note: &'static str,
+    /// The fan-out directories are made in block groups of their own.
+    spread_fans: bool,
     /// The directory's file system, for `io_timeout_ms=auto`.
     fs: FsKind,
     /// The name of the directory an older kvtier (layout before `-v3`)
@@ -459,7 +461,7 @@ impl Backend for DiskBackend {
 
     fn describe(&self) -> String {
         format!(
-            "disk: {} ({}{}, {}, sync={}, shared={}{}{}){}",
+            "disk: {} ({}{}, {}{}, sync={}, shared={}{}{}){}",
             self.ns_dir.display(),
             self.direct_note,
             if self.stages_blocks() && self.seal.is_none() {
@@ -468,6 +470,11 @@ impl Backend for DiskBackend {
                 ""
             },
             self.header_note,
+            if self.spread_fans {
+                ", fan-out directories spread over block groups"
+            } else {
+                ""
+            },
             match self.sync {
                 SyncMode::None => "none",
                 SyncMode::Data => "data",

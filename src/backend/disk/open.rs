@@ -67,11 +67,18 @@ impl DiskBackend {
             Err(e) => bail!(Config, "path: cannot create {}: {e}", ns_dir.display()),
         }
         let lock = Self::lock_dir(&ns_dir, cfg.shared)?;
+        let fs = io::fs_type(&ns_dir).map(FsKind::of);
+        // A new file's inode goes in its directory's block group, and ext4
+        // without a journal steps over every inode deleted there in the
+        // last minutes before it reuses one: fan-out directories in groups
+        // of their own spread that cost, where in the group of the
+        // directory the caller chose they share it with everything there.
+        let spread_fans =
+            fs.as_ref().is_ok_and(FsKind::spreads_subdirs) && io::spread_subdirs(&ns_dir).is_ok();
         if cfg.prepare_dirs {
             Self::prepare_fan_dirs(&ns_dir)?;
         }
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
-        let fs = io::fs_type(&ns_dir).map(FsKind::of);
         let (attr_headers, header_note) =
             Self::choose_block_header(&ns_dir, cfg.block_header, &fs)?;
         Ok(DiskBackend {
@@ -82,6 +89,7 @@ impl DiskBackend {
             direct_note,
             attr_headers,
             header_note,
+            spread_fans,
             fs: fs.unwrap_or_else(|_| FsKind::unreadable()),
             legacy_dir,
             sync: cfg.sync,
