@@ -433,11 +433,13 @@ pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
 /// Marks `dir` as the top of a directory hierarchy (`chattr +T`), so that
 /// ext2/3/4 place the directories made in it in block groups of their own.
 pub(crate) fn spread_subdirs(dir: &Path) -> io::Result<()> {
-    const FS_TOPDIR_FL: libc::c_long = 0x0002_0000;
+    const FS_TOPDIR_FL: libc::c_int = 0x0002_0000;
     let fd = open(dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
-    let mut flags: libc::c_long = 0;
-    // SAFETY: a valid descriptor and the c_long the ioctl reads or writes;
-    // the results are checked.
+    // An int, as the file systems read and write it (and lsattr passes it),
+    // whatever type the ioctl's number was declared with.
+    let mut flags: libc::c_int = 0;
+    // SAFETY: a valid descriptor and the int the ioctl reads or writes; the
+    // results are checked.
     unsafe {
         if libc::ioctl(fd.as_raw_fd(), libc::FS_IOC_GETFLAGS, &mut flags) != 0 {
             return Err(io::Error::last_os_error());
