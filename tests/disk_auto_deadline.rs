@@ -12,7 +12,7 @@ mod mounts;
 use common::*;
 use fuse_memfs::MemFuse;
 use kvtier::TierConfig;
-use mounts::{mount_ext4, mount_tmpfs};
+use mounts::{ext4_or_skip, tmpfs_or_skip};
 use std::path::Path;
 
 const BB: usize = 64 << 10;
@@ -58,24 +58,16 @@ fn check_local(dir: &Path, why: &str) {
 
 #[test]
 fn auto_gives_a_local_ext4_no_deadline_and_an_explicit_value_wins() {
-    let fs = match mount_ext4(&[]) {
-        Ok(fs) => fs,
-        Err(why) => {
-            skip(&format!("cannot mount an ext4 image on a loop device here (needs root, mkfs.ext4 and a loop device): {why}"));
-            return;
-        }
+    let Some(fs) = ext4_or_skip(&[]) else {
+        return;
     };
     check_local(&fs.at, "ext4: local, no deadline");
 }
 
 #[test]
 fn auto_gives_a_tmpfs_no_deadline() {
-    let fs = match mount_tmpfs() {
-        Ok(fs) => fs,
-        Err(why) => {
-            skip(&format!("cannot mount a tmpfs here (needs root): {why}"));
-            return;
-        }
+    let Some(fs) = tmpfs_or_skip() else {
+        return;
     };
     check_local(&fs.at, "tmpfs: memory, no deadline");
 }

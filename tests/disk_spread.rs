@@ -12,7 +12,7 @@ mod common;
 mod mounts;
 
 use common::*;
-use mounts::{mount_ext4, mount_tmpfs, Mounted};
+use mounts::{ext4_or_skip, tmpfs_or_skip, Mounted};
 use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -72,12 +72,8 @@ fn groups_of_subdirs(dir: &Path, per_group: u64) -> BTreeSet<u64> {
 
 #[test]
 fn fan_out_directories_spread_over_ext4_block_groups() {
-    let fs = match mount_ext4(&["-G", "1"]) {
-        Ok(fs) => fs,
-        Err(why) => {
-            skip(&format!("cannot mount an ext4 image on a loop device here (needs root, mkfs.ext4 and a loop device): {why}"));
-            return;
-        }
+    let Some(fs) = ext4_or_skip(&["-G", "1"]) else {
+        return;
     };
     let per_group = inodes_per_group(&fs);
     let line = describe_working_tier(&fs.at.join("tier"));
@@ -111,12 +107,8 @@ fn fan_out_directories_spread_over_ext4_block_groups() {
 
 #[test]
 fn a_tmpfs_tier_is_not_spread() {
-    let fs = match mount_tmpfs() {
-        Ok(fs) => fs,
-        Err(why) => {
-            skip(&format!("cannot mount a tmpfs here (needs root): {why}"));
-            return;
-        }
+    let Some(fs) = tmpfs_or_skip() else {
+        return;
     };
     let line = describe_working_tier(&fs.at.join("tier"));
     assert!(!line.contains(NOTE), "{line}");

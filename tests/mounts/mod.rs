@@ -4,7 +4,7 @@
 
 #![allow(dead_code)] // each test binary uses its own part
 
-use super::common::scratch_dir;
+use super::common::{scratch_dir, skip};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 
@@ -25,7 +25,7 @@ impl Drop for Mounted {
     }
 }
 
-pub fn run(cmd: &mut Command) -> Result<(), String> {
+fn run(cmd: &mut Command) -> Result<(), String> {
     let out = cmd
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -40,9 +40,23 @@ pub fn run(cmd: &mut Command) -> Result<(), String> {
     Ok(())
 }
 
+/// `mount_ext4`, or None after `skip` if this machine cannot mount one.
+pub fn ext4_or_skip(mkfs_args: &[&str]) -> Option<Mounted> {
+    mount_ext4(mkfs_args)
+        .map_err(|why| skip(&format!("cannot mount an ext4 image on a loop device here (needs root, mkfs.ext4 and a loop device): {why}")))
+        .ok()
+}
+
+/// `mount_tmpfs`, or None after `skip` if this machine cannot mount one.
+pub fn tmpfs_or_skip() -> Option<Mounted> {
+    mount_tmpfs()
+        .map_err(|why| skip(&format!("cannot mount a tmpfs here (needs root): {why}")))
+        .ok()
+}
+
 /// A fresh 64 MiB ext4 on a loop device over an image file, made with
 /// `mkfs.ext4 -q -F` and `mkfs_args`.
-pub fn mount_ext4(mkfs_args: &[&str]) -> Result<Mounted, String> {
+fn mount_ext4(mkfs_args: &[&str]) -> Result<Mounted, String> {
     let at = scratch_dir();
     std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
     let image = at.with_extension("img");
@@ -64,7 +78,7 @@ pub fn mount_ext4(mkfs_args: &[&str]) -> Result<Mounted, String> {
     Ok(mounted)
 }
 
-pub fn mount_tmpfs() -> Result<Mounted, String> {
+fn mount_tmpfs() -> Result<Mounted, String> {
     let at = scratch_dir();
     std::fs::create_dir_all(&at).map_err(|e| e.to_string())?;
     let mounted = Mounted {

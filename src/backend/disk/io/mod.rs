@@ -434,7 +434,7 @@ pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
 /// ext2/3/4 place the directories made in it in block groups of their own.
 pub(crate) fn spread_subdirs(dir: &Path) -> io::Result<()> {
     const FS_TOPDIR_FL: libc::c_int = 0x0002_0000;
-    let fd = open(dir, libc::O_RDONLY | libc::O_DIRECTORY, 0)?;
+    let fd = open_dir(dir)?;
     // An int, as the file systems read and write it (and lsattr passes it),
     // whatever type the ioctl's number was declared with.
     let mut flags: libc::c_int = 0;
