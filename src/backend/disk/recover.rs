@@ -298,7 +298,12 @@ impl DiskBackend {
                             layout::is_hex_block_path(fan, name, &key)
                         } =>
                 {
-                    found.others.push(Recovered { key, modified })
+                    // Shared: a block of another clear generation (or one
+                    // stored before generations) is nobody's now; it stays
+                    // for a clear's sweep, unindexed.
+                    if !self.shared || self.unsealed_present(&fan_path.join(name)) {
+                        found.others.push(Recovered { key, modified })
+                    }
                 }
                 // Read and found misplaced or not a block header: no
                 // lookup would ever find it.
