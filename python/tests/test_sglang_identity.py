@@ -2,12 +2,20 @@
 53): the namespace changes with every field that changes what a page's bytes
 mean; on shared disk, Redis and Redis Cluster another model or geometry is a
 miss, MHA tensor-parallel ranks stay apart and MLA ranks share; MLA ranks at
-TP > 1 open a disk directory on their own."""
+TP > 1 open a disk directory on their own; ``clear()`` clears the identity's
+pages for every process, and nothing else."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
+import selectors
+import subprocess
+import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +32,8 @@ from sglang_helpers import (  # noqa: I001 (skips the module without SGLang)
 )
 
 import torch
+
+TESTS_DIR = Path(__file__).resolve().parent
 
 
 def namespace_of(pool_kwargs: dict, **backend_kwargs) -> str:
@@ -159,3 +169,90 @@ def test_mla_ranks_on_memory_are_told_what_works(caplog):
         make_backend({"backend": "memory"}, mla=True, tp_rank=1, tp_size=2).close()
     [record] = [r for r in caplog.records if "MLA" in r.getMessage()]
     assert "disk backend on a directory every rank reaches, or redis" in record.getMessage()
+
+
+READER = textwrap.dedent(
+    r'''
+    import json, sys
+    import torch
+    from sglang_helpers import attach, fill, indices, load, make_backend, make_pool, page
+
+    cfg, keys, seed = json.loads(sys.argv[1]), json.loads(sys.argv[2]), int(sys.argv[3])
+    expected = make_pool("page_first")
+    fill(expected, seed)  # the writer's pages, made again from its seed
+    backend = make_backend(cfg)
+    pool = make_pool("page_first")
+    ctrl = attach(backend, pool)
+    where = list(range(8, 8 + len(keys)))
+    for line in sys.stdin:
+        if line.strip() != "check":
+            break
+        pool.kv_buffer.zero_()
+        exists = backend.batch_exists(keys)
+        loaded = load(ctrl, keys, indices(where))
+        exact = all(torch.equal(page(pool, p), page(expected, i)) for i, p in enumerate(where[:loaded]))
+        print("RESULT " + json.dumps({"exists": exists, "loaded": loaded, "exact": exact}), flush=True)
+    backend.close()
+    '''
+)
+
+
+class Reader:
+    """Another SGLang server process of the same identity, asked on demand."""
+
+    def __init__(self, tmp_path: Path, cfg: dict, keys: list[str], seed: int) -> None:
+        script = tmp_path / "reader.py"
+        script.write_text(READER)
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS_DIR.parent), str(TESTS_DIR),
+                                                          env.get("PYTHONPATH")]))
+        self.log = tmp_path / "reader.log"
+        self.proc = subprocess.Popen(
+            [sys.executable, str(script), json.dumps(cfg), json.dumps(keys), str(seed)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log.open("w"), text=True, env=env)
+
+    def check(self, timeout: float = 180.0) -> dict:
+        self.proc.stdin.write("check\n")
+        self.proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if sel.select(timeout=1):
+                line = self.proc.stdout.readline()
+                if not line:
+                    break
+                if line.startswith("RESULT "):
+                    return json.loads(line[len("RESULT "):])
+        raise AssertionError(f"the reader process gave no answer:\n{self.log.read_text()[-4000:]}")
+
+    def close(self) -> None:
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(60)
+        finally:
+            self.proc.kill()
+
+
+def test_clear_clears_the_identity_for_every_process_and_nothing_else(tmp_path, shared_store):
+    """SGLang calls clear() from flush_cache (after update_weights, say): once
+    it returns, no server of that identity, in any process, finds a page
+    stored before it; another model's pages stay."""
+    writer = make_backend(shared_store)
+    pool = make_pool("page_first")
+    ctrl = attach(writer, pool)
+    fill(pool, seed=3)
+    keys = new_keys(4)
+    assert store(ctrl, keys, indices(range(4)))
+    other_keys, _ = stored_pages(shared_store, model="org/other-model")
+    reader = Reader(tmp_path, shared_store, keys, seed=3)
+    try:
+        assert reader.check() == {"exists": 4, "loaded": 4, "exact": True}
+        writer.clear()
+        assert reader.check() == {"exists": 0, "loaded": 0, "exact": True}
+        assert writer.batch_exists(keys) == 0
+        assert found(shared_store, keys)[:2] == (0, 0)  # a new server of the identity too
+        assert found(shared_store, other_keys, model="org/other-model")[:2] == (4, 4)
+    finally:
+        reader.close()
+        writer.close()
