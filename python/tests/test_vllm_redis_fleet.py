@@ -28,7 +28,7 @@ TESTS_DIR = Path(__file__).resolve().parent
 PYTHON_DIR = TESTS_DIR.parent
 
 try:
-    from vllm_engine import block_keys
+    from vllm_engine import ROW, block_keys
 except Exception as exc:  # ImportError, or a vLLM that fails to import
     pytest.skip(f"vLLM 0.33 is not importable ({exc!r})", allow_module_level=True)
 
@@ -55,9 +55,10 @@ ENGINE = textwrap.dedent(
                 out["got"] = [g.name for g in got]
                 out["exact"] = rows is not None and rows.tobytes() == payload(len(keys), seed=11).tobytes()
                 out["loads_ok"] = engine.tier.stats().loads_ok
-                # What an operator reads on /metrics: this tier's hits, by source.
+                # What an operator reads on /metrics (docs/sharing.md).
                 data = engine.tier.get_stats().data["data"]
                 out["hits"] = sum(data["vllm:kv_offload_kvtier_lookup_hits"].values())
+                out["loaded_bytes"] = sum(data["vllm:kv_offload_kvtier_loaded_bytes"].values())
             results[name] = out
         finally:
             engine.close()
@@ -105,9 +106,9 @@ def test_engines_of_one_model_share_a_prefix_and_another_model_gets_none(tmp_pat
         assert len(a["keys"]) == 5 and a["keys"] == b["keys"] == c["keys"], name
         assert b["namespace"] == a["namespace"] != c["namespace"], name
         assert b["got"] == ["HIT"] * 5 and b["exact"], (name, b)
-        assert b["loads_ok"] >= 1 and b["hits"] >= 5, (name, b)
+        assert b["loads_ok"] >= 1 and b["hits"] >= 5 and b["loaded_bytes"] >= 5 * ROW, (name, b)
         assert c["got"] == ["MISS"] * 5 and not c["exact"], (name, c)
-        assert c["loads_ok"] == 0 and c["hits"] == 0, (name, c)
+        assert c["loads_ok"] == 0 and c["hits"] == 0 and c["loaded_bytes"] == 0, (name, c)
 
 
 def test_block_hashes_depend_on_the_seed_only_when_one_is_set(monkeypatch):
