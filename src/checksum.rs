@@ -116,6 +116,18 @@ pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
     xxh64(namespace.as_bytes(), 0x6b76_7469_6572)
 }
 
+/// The fingerprint the blocks of one tenant (0: unsealed) of a namespace
+/// carry in shared storage during its clear `generation` (each `clear()`
+/// starts a new one): no block of another namespace, tenant or generation
+/// carries it.
+pub(crate) fn generation_fingerprint(namespace_fp: u64, tenant: u64, generation: u64) -> u64 {
+    let mut all = [0u8; 24];
+    all[..8].copy_from_slice(&namespace_fp.to_le_bytes());
+    all[8..16].copy_from_slice(&tenant.to_le_bytes());
+    all[16..].copy_from_slice(&generation.to_le_bytes());
+    xxh64(&all, 0x6b76_6765_6e)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

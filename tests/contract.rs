@@ -403,7 +403,7 @@ pub fn clear_drops_blocks_and_jobs_in_flight_still_report(cfg: Backend) {
     h.tier()
         .submit_load(3, &keys(&[1, 2]), KEY_LEN, &[4, 5])
         .unwrap();
-    h.tier().clear();
+    h.tier().clear().unwrap();
     assert_eq!(h.lookup(&[1, 2]), [Miss, Miss]);
     assert!(h.tier().run_queued_job(2));
     assert!(
@@ -652,7 +652,7 @@ pub fn clear_reports_every_readable_block_removed(cfg: Backend) {
         .submit_store(2, &keys(&[4]), KEY_LEN, &[3])
         .unwrap();
     assert_eq!(h.events(), [(STORED, 1), (STORED, 2), (STORED, 3)]);
-    h.tier().clear();
+    h.tier().clear().unwrap();
     let mut got = h.events();
     got.sort_unstable_by_key(|&(_, id)| id);
     assert_eq!(got, [(CLEARED, 1), (CLEARED, 2), (CLEARED, 3)]);
@@ -660,7 +660,7 @@ pub fn clear_reports_every_readable_block_removed(cfg: Backend) {
     assert_eq!(h.tier().poll(2).len(), 2);
     assert_eq!(h.lookup(&[4]), [Miss]);
     assert_eq!(h.events(), [], "a store completing after the clear");
-    h.tier().clear();
+    h.tier().clear().unwrap();
     assert_eq!(h.events(), [], "nothing left to remove");
 }
 
@@ -744,7 +744,7 @@ pub fn events_follow_each_key_in_order_under_concurrency(cfg: Backend) {
                             6..=7 => h.tier().submit_load(job, &keys(&ids), KEY_LEN, &rows),
                             8 => h.tier().touch(&keys(&ids), KEY_LEN),
                             _ if j % 40 == 0 => {
-                                h.tier().clear();
+                                h.tier().clear().unwrap();
                                 Ok(())
                             }
                             _ => Ok(()),

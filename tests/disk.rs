@@ -480,7 +480,7 @@ fn evictions_delete_files() {
     }
     assert_eq!(wait_for_files(&ns_dir(&dir), 4), 4);
     assert_eq!(h.present(&(0..10).collect::<Vec<_>>()), vec![6, 7, 8, 9]);
-    h.tier().clear();
+    h.tier().clear().unwrap();
     assert_eq!(wait_for_files(&ns_dir(&dir), 0), 0);
 }
 
@@ -1185,7 +1185,7 @@ fn a_full_device_fails_stores_and_recovers_when_space_returns() {
     );
     // Space returns: the tier works again.
     h.tier().simulate_full_device(false);
-    h.tier().clear();
+    h.tier().clear().unwrap();
     wait_for_files(&ns_dir(&tier_dir), 0);
     h.store_all(201, &[500, 501]);
     assert!(h.load(202, &[500, 501], &[20, 21]).is_ok() && h.row_holds(21, 501));

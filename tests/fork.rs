@@ -72,7 +72,7 @@ fn child(inherited: Tier, parent: u32, completion_fd: i32) {
     assert!(inherited.poll(16).is_empty());
     assert!(!inherited.wait(Duration::from_secs(60)));
     inherited.drain();
-    inherited.clear();
+    inherited.clear().unwrap();
     assert!(
         start.elapsed() < Duration::from_secs(30),
         "{:?}",

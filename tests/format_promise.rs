@@ -279,6 +279,7 @@ fn a_sealed_redis_value_in_a_newer_format_is_a_miss_and_is_never_deleted() {
         config
             .set("sharing", if shared { "shared" } else { "owned" })
             .unwrap();
+        config.set("namespace", "shared-test").unwrap();
         config.set("seal_key", SEAL_A).unwrap();
         let pattern = format!("{}:*", config.redis.key_prefix);
         let names = || -> Vec<String> {

@@ -424,7 +424,7 @@ fn run_one(seed: u64, steps: usize, backend: Backend) {
                 }
             }
             92..=93 => {
-                t.clear();
+                t.clear().unwrap();
                 m.clear();
             }
             94 => {

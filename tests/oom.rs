@@ -225,7 +225,7 @@ fn rust_child(role: &str) {
     let tier = Tier::new(&config(), primary).unwrap();
     // Warm up: every thread has run and allocated before the limit.
     round_trip(&tier, &mut rows, 1, 2);
-    tier.clear();
+    tier.clear().unwrap();
     fill_rows(&mut rows);
     let one = [0u8; 1];
     if role == "load-plan" {

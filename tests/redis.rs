@@ -360,6 +360,7 @@ fn a_cluster_tier_deletes_what_it_evicts_on_every_node() {
 fn a_lookup_of_many_unseen_keys_gets_each_verdict(config: TierConfig) {
     let mut config = config;
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     let writer = Harness::new(&config, 10, BB);
     let stored: Vec<u64> = (1..=150).filter(|i| i % 3 == 0).collect();
     for (job, ids) in stored.chunks(10).enumerate() {
@@ -404,6 +405,7 @@ fn a_dead_cluster_master_costs_shared_lookups_only_its_own_keys() {
     let mut config = redis_config_at(&cluster.url(), 256, BB);
     config.set("cluster", "on").unwrap();
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     config.set("io_timeout_ms", "500").unwrap();
     let writer = Harness::new(&config, 10, BB);
     let ids: Vec<u64> = (1..=60).collect();
@@ -449,6 +451,7 @@ fn a_hung_cluster_master_delays_only_its_own_keys_verdicts() {
     let mut config = redis_config_at(&cluster.url(), 256, BB);
     config.set("cluster", "on").unwrap();
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     config.set("io_timeout_ms", "4000").unwrap();
     let writer = Harness::new(&config, 30, BB);
     let ids: Vec<u64> = (1..=60).collect();
@@ -480,6 +483,7 @@ fn shared_tiers_find_each_others_blocks_and_delete_nothing() {
     let server = redis_or_skip!();
     let mut a = redis_config_at(&server.url(), 2, BB);
     a.set("sharing", "shared").unwrap();
+    a.set("namespace", "shared-test").unwrap();
     a.probe_ttl_ms = 20;
     let mut b = a.clone(); // same key prefix: one keyspace
     b.io_threads = Some(3);
@@ -537,6 +541,7 @@ fn server_eviction_under_maxmemory_gives_not_found_then_miss() {
     ]));
     let mut config = redis_config_at(&server.url(), 4096, BB);
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     let h = Harness::new(&config, 16, BB);
     for job in 0..100u64 {
         let ids: Vec<u64> = (job * 16..job * 16 + 16).collect();
@@ -880,6 +885,7 @@ fn a_stale_slot_map_costs_shared_lookups_no_verdict() {
     let mut config = redis_config_at(&cluster.url(), 1024, BB);
     config.set("cluster", "on").unwrap();
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     let writer = Harness::new(&config, 32, BB);
     let ids: Vec<u64> = (0..64).collect();
     let stored: Vec<u64> = ids.iter().copied().filter(|i| i % 2 == 0).collect();
@@ -1623,6 +1629,7 @@ fn a_hung_server_costs_shared_lookups_about_a_deadline() {
     config.set("io_timeout_ms", "300").unwrap();
     config.set("io_threads", "2").unwrap();
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     let h = Harness::new(&config, 64, BB);
     h.store_all(1, &[1]);
     server.freeze();
@@ -1650,6 +1657,7 @@ fn two_processes_share_one_keyspace() {
     let server = redis_or_skip!();
     let mut config = redis_config_at(&server.url(), 16, BB);
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     let h = Harness::new(&config, 16, BB);
     h.store_all(1, &(100..110).collect::<Vec<_>>());
     let out = test_child("child")
@@ -1692,6 +1700,7 @@ fn child() {
     };
     let mut config = redis_config_at(&url, 16, BB);
     config.set("sharing", "shared").unwrap();
+    config.set("namespace", "shared-test").unwrap();
     config.set("key_prefix", &prefix).unwrap();
     let h = Harness::new(&config, 16, BB);
     let ids: Vec<u64> = (100..110).collect();

@@ -80,6 +80,7 @@ fn a_cluster_with_a_dead_master_can_be_joined_and_recovers() {
     for sharing in ["owned", "shared"] {
         let mut c = config.clone();
         c.set("sharing", sharing).unwrap();
+        c.set("namespace", "shared-test").unwrap();
         drop(Harness::new(&c, 8, BB));
     }
     drop(early);

@@ -109,7 +109,7 @@ fn two_tenants_and_an_unsealed_tier_share_a_directory() {
     );
     assert!(b.load(70, &[3], &[4]).is_ok() && b.row_holds(4, 103));
     // Evictions and clears delete only one's own files.
-    b.tier().clear();
+    b.tier().clear().unwrap();
     b.tier().drain();
     std::thread::sleep(Duration::from_millis(100));
     assert_eq!(files(&dir, ".kvs").len(), counts.0 - 4);
@@ -220,7 +220,7 @@ fn swapped_and_replayed_blocks_are_detected() {
         let job = 10 + 10 * round;
         let f = stored_file(&h, &dir, job, 3);
         let old = std::fs::read(&f).unwrap();
-        h.tier().clear();
+        h.tier().clear().unwrap();
         h.tier().drain();
         let deadline = Instant::now() + Duration::from_secs(5);
         while f.exists() {
@@ -413,6 +413,7 @@ mod on_redis {
         c.set("key_prefix", prefix).unwrap();
         c.set("sharing", if shared { "shared" } else { "owned" })
             .unwrap();
+        c.set("namespace", "shared-test").unwrap();
         c.probe_ttl_ms = 50;
         if let Some(seal) = seal {
             c.set("seal_key", seal).unwrap();
@@ -575,7 +576,7 @@ mod on_redis {
             let job = 10 + 10 * round;
             let name = stored_name(&h, &server, "swap", job, 3);
             let old = get(&server, &name);
-            h.tier().clear();
+            h.tier().clear().unwrap();
             h.tier().drain();
             assert!(common::redis::wait_until(Duration::from_secs(5), || {
                 !names(&server, "swap").contains(&name)

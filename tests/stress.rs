@@ -117,7 +117,7 @@ fn threads_hammering_one_tier_keep_the_contract() {
                         93..=98 => mailbox.poll_into(h),
                         _ => {
                             if rng.chance(20) {
-                                h.tier().clear();
+                                h.tier().clear().unwrap();
                             }
                         }
                     }

@@ -6,6 +6,7 @@
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::primary::Row;
+use crate::seal::Sealer;
 
 /// Blocks handed over a task at a time: for a network backend, one
 /// pipeline instead of a round trip per block (Redis). The engine then
@@ -28,7 +29,37 @@ pub(crate) trait Batches {
 /// Shared storage: keys absent from the index may exist in storage (written
 /// by another process), so a lookup's unknown keys are probed (a shared disk
 /// directory, a shared Redis keyspace).
+///
+/// Shared storage also keeps its namespace's clear generation, which every
+/// process reads: `clear()` raises it, and blocks are named and checked
+/// with the generation's fingerprint, so a block stored before a clear is
+/// never read by a tier that knows the generation after it.
 pub(crate) trait Probes {
+    /// The namespace's generation as storage holds it now (0 before any
+    /// clear); worker thread or `tier_new`.
+    fn read_generation(&self) -> Result<u64>;
+
+    /// The generation this tier names and checks blocks with.
+    fn generation(&self) -> u64;
+
+    /// Names and checks blocks of `generation` from now on.
+    fn use_generation(&self, generation: u64);
+
+    /// Raises the generation in storage past both its value there and this
+    /// tier's, uses it, and returns it.
+    fn advance_generation(&self) -> Result<u64>;
+
+    /// Deletes, best effort and for every process, the blocks storage holds
+    /// of generations before `generation` (which began at `began`: storage
+    /// whose names do not tell generations apart keeps what was written
+    /// since), stopping at `deadline`; how many it deleted.
+    fn sweep_before(
+        &self,
+        generation: u64,
+        began: std::time::SystemTime,
+        deadline: std::time::Instant,
+    ) -> Result<u64>;
+
     /// Asks storage whether it holds a complete block for `key` (worker
     /// thread) and hands the answer to `record`, which enters it in the index.
     /// A backend that deletes blocks calls `record` while deletion of `key` is
@@ -49,6 +80,40 @@ pub(crate) trait Probes {
     fn probe_many(&self, keys: &[Vec<u8>], record: &mut dyn FnMut(usize, bool)) {
         for (i, key) in keys.iter().enumerate() {
             self.probe(key, &mut |found| record(i, found));
+        }
+    }
+}
+
+/// The tiers of a namespace in shared storage that keep one clear
+/// generation: every unsealed tier, or the tiers of one seal key (tenants
+/// never clear each other's blocks).
+pub(crate) struct SharedTenant {
+    /// Mixed into the generation's fingerprint (0: unsealed).
+    pub number: u64,
+    /// Appended to the name of the generation's record ("" unsealed,
+    /// `-<tag in hex>` sealed).
+    pub mark: String,
+}
+
+impl SharedTenant {
+    pub(crate) fn of(seal: Option<&Sealer>, namespace_fp: u64, block_bytes: usize) -> SharedTenant {
+        match seal {
+            None => SharedTenant {
+                number: 0,
+                mark: String::new(),
+            },
+            Some(seal) => {
+                let tag = seal.tenant_tag(namespace_fp, block_bytes);
+                let mut number = [0u8; 8];
+                number.copy_from_slice(&tag[..8]);
+                SharedTenant {
+                    number: u64::from_le_bytes(number),
+                    mark: tag.iter().fold(String::from("-"), |mut s, b| {
+                        s.push_str(&format!("{b:02x}"));
+                        s
+                    }),
+                }
+            }
         }
     }
 }

@@ -18,8 +18,8 @@ pub(crate) mod redis;
 #[cfg(feature = "test-hooks")]
 pub(crate) use self::capabilities::TestSeams;
 pub(crate) use self::capabilities::{
-    Batches, Discards, EachBlock, LoadJob, Persistence, Probes, StoreJob, Touches, Unwatched,
-    WatchedIo,
+    Batches, Discards, EachBlock, LoadJob, Persistence, Probes, SharedTenant, StoreJob, Touches,
+    Unwatched, WatchedIo,
 };
 /// The checksums live below the backends (`crate::checksum`, shared with
 /// sealing); the backends name them by this path.

@@ -124,6 +124,8 @@ impl Shared {
                 }
             }
             Work::Probe(keys) => watched(&mut || self.run_probes(&keys)),
+            // A failed read is asked again by the next lookup that holds HITs.
+            Work::Generation => watched(&mut || drop(self.check_generation())),
             Work::Touch(keys, key_len) => {
                 if let Some(touches) = self.backend.touches() {
                     watched(&mut || touches.touch(&keys, key_len));
@@ -301,6 +303,15 @@ impl Shared {
         // Blocks whose copy ran, whatever its outcome.
         let mut attempted = 0u64;
         let copied = catch_unwind(AssertUnwindSafe(|| {
+            let generation = match worker {
+                Some(w) => w.watch(Some(job), task.range.start, || self.ensure_generation()),
+                None => self.ensure_generation(),
+            };
+            if let Err(e) = generation {
+                // No block is named or checked by a generation that may be stale.
+                job.fail_items(task.range.clone(), e.kind(), FailReason::of(e.kind()));
+                return true;
+            }
             if let Some(batches) = self.backend.batches() {
                 if self.queue.is_shut_down() {
                     return false;

@@ -21,6 +21,7 @@ mod complete;
 pub(crate) mod completion;
 mod eventfd;
 mod execute;
+mod generation;
 #[cfg(feature = "test-hooks")]
 mod hooks;
 #[cfg(feature = "test-hooks")]
@@ -101,6 +102,9 @@ struct Shared {
     /// Why `io_timeout_ms=auto` chose the deadline it did, for `describe`.
     io_timeout_auto: Option<String>,
     probe_ttl: Duration,
+    /// Shared storage: how long the clear generation this tier knows is
+    /// trusted (see `generation`).
+    lease: self::generation::Lease,
     /// A key was dropped after transient load failures while its block may
     /// still be in storage: storage holds a block the index does not list.
     dropped_unreadable: AtomicBool,
@@ -199,9 +203,15 @@ impl Tier {
         if out.is_empty() {
             return Ok(());
         }
+        let mut held = 0;
         let (counts, to_probe) = {
             let mut st = self.shared.state.lock();
             let mut counts = st.index.lookup_batch(keys, key_len, out);
+            if counts.hits > 0 && self.shared.lease_ended() {
+                held = generation::hold_hits(out, counts.hits);
+                counts.hits -= held;
+                counts.pending += held;
+            }
             let to_probe = if self.shared.backend.probes().is_some() && counts.misses > 0 {
                 Shared::probe_misses(&mut st, keys, key_len, out, &mut counts)
             } else {
@@ -209,6 +219,9 @@ impl Tier {
             };
             (counts, to_probe)
         };
+        if held > 0 {
+            self.shared.queue_generation_check();
+        }
         self.shared.queue_probes(to_probe);
         let c = &self.shared.counters;
         Counters::add(&c.lookups, out.len() as u64);
@@ -390,9 +403,20 @@ impl Tier {
     /// Drops every stored block. Blocks in use by jobs in flight look up as MISS
     /// at once and are released when their jobs finish; those jobs still
     /// complete and are reported normally. In a forked child: does nothing.
-    pub fn clear(&self) {
+    ///
+    /// On shared storage (disk `shared=true`, Redis `sharing=shared`) it
+    /// clears the namespace for every process: storage's clear generation is
+    /// raised, the blocks of the old one deleted (best effort), and the call
+    /// returns two `probe_ttl_ms` after the raise, when no tier of the
+    /// namespace anywhere answers HIT for, or loads, a block stored before.
+    /// Fails with `Io` when storage could not be reached (this tier's blocks
+    /// are dropped all the same).
+    pub fn clear(&self) -> Result<()> {
         if self.inherited() {
-            return;
+            return Ok(());
+        }
+        if self.shared.backend.probes().is_some() {
+            return self.shared.clear_shared();
         }
         let released = {
             let mut st = self.shared.state.lock();
@@ -401,6 +425,7 @@ impl Tier {
             st.index.take_released()
         };
         self.shared.discard(released);
+        Ok(())
     }
 
     /// Hands up to `max` block events to `f`, oldest first; returns how many.
@@ -471,6 +496,12 @@ impl Tier {
             self.shared.backend.describe(),
             self.shared.io_threads
         );
+        if !self.shared.namespace.is_empty() {
+            line.push_str(&format!(", namespace {:?}", self.shared.namespace));
+        }
+        if let Some(probes) = self.shared.backend.probes() {
+            line.push_str(&format!(", clear generation {}", probes.generation()));
+        }
         let watched =
             (self.shared.crew.timeout()).map(|t| (t.as_millis(), self.shared.crew.limit()));
         match (&self.shared.io_timeout_auto, watched) {

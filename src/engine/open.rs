@@ -2,6 +2,7 @@
 //! index from what storage already holds (disk), and starts the workers.
 
 use super::completion::Completions;
+use super::generation::Lease;
 use super::jobs::{Crew, WorkQueue};
 use super::probes::MAX_PROBE_MEMORY;
 use super::{Shared, State, Tier};
@@ -43,6 +44,7 @@ impl Tier {
                 u32::MAX - 1
             );
         }
+        check_shared_identity(config)?;
         let sealer = config.seal.as_ref().map(Sealer::new);
         let prefault = config.resolved_prefault()?;
         let backend: Box<dyn Backend> = match config.backend {
@@ -90,6 +92,14 @@ impl Tier {
             // Before recovery: the blocks storage already holds are announced
             // like any other.
             index.enable_events(config.events_capacity)?;
+        }
+        let lease = Lease::new(Duration::from_millis(config.probe_ttl_ms as u64));
+        if let Some(probes) = backend.probes() {
+            // Storage's clear generation now: a tier that cannot read it
+            // would name and check blocks by a guess.
+            let asked = std::time::Instant::now();
+            probes.use_generation(probes.read_generation()?);
+            lease.renew(asked);
         }
         let mut evicted_at_open = 0;
         let mut victims = Vec::new();
@@ -140,6 +150,7 @@ impl Tier {
             io_threads,
             io_timeout_auto: auto.map(|(_, why)| why),
             probe_ttl: Duration::from_millis(config.probe_ttl_ms as u64),
+            lease,
             dropped_unreadable: AtomicBool::new(false),
         });
         Counters::add(&shared.counters.evictions, evicted_at_open);
@@ -155,5 +166,28 @@ impl Tier {
             Pool::start(&tier.shared, spin)?;
         }
         Ok(tier)
+    }
+}
+
+/// Shared storage serves blocks to whoever names their keys, so it must know
+/// what they mean: a namespace naming the model and its layout, which blocks
+/// of another never match (`docs/sharing.md`).
+fn check_shared_identity(config: &TierConfig) -> Result<()> {
+    let shared = match config.backend {
+        BackendKind::Disk => config.disk.shared.then_some("shared=true"),
+        BackendKind::Redis => {
+            (config.redis.sharing == crate::config::Sharing::Shared).then_some("sharing=shared")
+        }
+        BackendKind::Memory => None,
+    };
+    match shared {
+        Some(mode) if config.namespace.trim().is_empty() => bail!(
+            Config,
+            "namespace: {mode} storage needs a namespace naming what its blocks mean (model, \
+             dtype, tokens per block, parallel layout; e.g. \"llama-3-8b/bf16/t16/tp1\"), so \
+             that engines of another model never load them; the vLLM and SGLang adapters \
+             derive one from the engine's config (docs/sharing.md)"
+        ),
+        _ => Ok(()),
     }
 }

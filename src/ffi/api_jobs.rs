@@ -319,13 +319,24 @@ pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
 /// once and are released when their jobs finish; those jobs complete and are
 /// reported as usual.
 ///
+/// On shared storage (disk shared=true, redis sharing=shared) it clears the
+/// tier's namespace for every process: storage's clear generation is raised,
+/// the older generation's blocks are deleted (best effort), and the call
+/// blocks until two probe_ttl_ms have passed since the raise (2 s by
+/// default). When it returns, no tier of that namespace, in any process,
+/// answers TIER_HIT for or loads a block stored before the call. Blocks of
+/// other namespaces are untouched.
+///
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
-/// fork(), see tier_new).
+/// fork(), see tier_new); on shared storage TIER_ERR_IO (or TIER_ERR_CORRUPT)
+/// when the generation could not be raised (this tier's blocks are dropped,
+/// other processes may still read theirs) or not every old block could be
+/// deleted (none is readable any more); the message says which.
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_clear(tier: *mut tier_t) -> tier_status_t {
     status(this_export!(), || {
-        tier_ref(tier)?.clear();
+        tier_ref(tier)?.clear()?;
         OK
     })
 }

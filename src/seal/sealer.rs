@@ -136,6 +136,13 @@ impl Sealer {
         tag
     }
 
+    /// The tenant's mark on what it keeps beside its blocks in shared storage
+    /// (its clear generation): the name tag of the empty key, which no block
+    /// has, so it says nothing to whoever lacks the seal key.
+    pub(crate) fn tenant_tag(&self, namespace_fp: u64, block_bytes: usize) -> NameTag {
+        self.name_tag(namespace_fp, block_bytes, &[])
+    }
+
     /// Encrypts `payload` in place for `key` under a fresh nonce and writes
     /// the record that opens it into `out[..RECORD_LEN]`.
     pub(crate) fn seal(

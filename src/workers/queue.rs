@@ -38,6 +38,8 @@ pub(crate) enum Work<T> {
     Discard(Vec<(u32, Vec<u8>)>),
     /// Tell storage these keys were used (packed, `key_len` bytes each).
     Touch(Vec<u8>, usize),
+    /// Read shared storage's clear generation (a lookup's HITs wait for it).
+    Generation,
 }
 
 /// Which queue a piece of work waits in.
@@ -56,7 +58,7 @@ impl<T: CopyTask> Work<T> {
             Work::Copy(_) => Lane::Stores,
             // Background work a lookup or touch asked for, dropped when the
             // tier shuts down.
-            Work::Probe(_) | Work::Touch(..) => Lane::Probes,
+            Work::Probe(_) | Work::Touch(..) | Work::Generation => Lane::Probes,
             Work::Discard(_) => Lane::Discards,
         }
     }

@@ -60,6 +60,8 @@ pub fn run(p: &Params, server: &Server) -> Result<Results, String> {
     let shared = |prefix: &str| -> Result<_, String> {
         let mut c = p.config(server, prefix, capacity)?;
         c.set("sharing", "shared").map_err(|e| e.to_string())?;
+        c.set("namespace", "kvtier-bench")
+            .map_err(|e| e.to_string())?;
         Ok(c)
     };
     // The writer stores the keys; the reader, another tier on the same

@@ -48,6 +48,7 @@
 // when shared, test seams).
 mod format;
 mod fs_kind;
+mod generation;
 #[cfg(feature = "test-hooks")]
 pub(crate) mod hang;
 mod io;
@@ -125,7 +126,14 @@ fn io_error(what: &str, path: &Path, err: std::io::Error) -> Error {
 
 pub(crate) struct DiskBackend {
     ns_dir: PathBuf,
+    /// The namespace's fingerprint: the manifest's and the journal's.
     ns_fp: u64,
+    /// Shared: the clear generation this tier uses (see `generation`), and
+    /// the fingerprint its blocks' names and headers carry.
+    generation: AtomicU64,
+    generation_fp: AtomicU64,
+    /// Whose generation a shared tier keeps: unsealed tiers', or its seal key's.
+    tenant: super::SharedTenant,
     block_bytes: usize,
     direct: bool,
     direct_note: String,
@@ -245,7 +253,7 @@ impl DiskBackend {
         match &self.seal {
             Some(seal) => layout::sealed_block_path(
                 &self.ns_dir,
-                &seal.name_tag(self.ns_fp, self.block_bytes, key),
+                &seal.name_tag(self.block_fp(), self.block_bytes, key),
             ),
             None => layout::block_path(&self.ns_dir, key),
         }
@@ -256,13 +264,13 @@ impl DiskBackend {
     fn published(&self, path: &Path, key: &[u8]) -> bool {
         match &self.seal {
             Some(seal) => self.sealed_present(seal, path, key),
-            None => self.exists_complete(path),
+            None => self.unsealed_present(path),
         }
     }
 
     fn header(&self, key: &[u8], payload: &[u8]) -> Header {
         Header {
-            namespace_fp: self.ns_fp,
+            namespace_fp: self.block_fp(),
             payload_len: self.block_bytes as u64,
             key: key.to_vec(),
             payload_sum: PayloadSum::of(payload),
@@ -371,6 +379,33 @@ impl Persistence for DiskBackend {
 }
 
 impl Probes for DiskBackend {
+    fn read_generation(&self) -> Result<u64> {
+        self.read_generation_file()
+    }
+
+    fn generation(&self) -> u64 {
+        self.current_generation()
+    }
+
+    fn use_generation(&self, generation: u64) {
+        self.set_generation(generation)
+    }
+
+    fn advance_generation(&self) -> Result<u64> {
+        self.advance_generation_file()
+    }
+
+    fn sweep_before(
+        &self,
+        generation: u64,
+        began: std::time::SystemTime,
+        deadline: std::time::Instant,
+    ) -> Result<u64> {
+        // Names do not carry the generation: what was written before the
+        // new one began is the old one's.
+        self.sweep_blocks(generation, began, deadline)
+    }
+
     fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
         // Under the stripe lock, as deletion of this key is: a block seen here
         // is in the index before a deletion checks whether it is live, so a

@@ -13,6 +13,7 @@ use super::{
     RECOVERED_FROM_MANIFEST, RECOVERED_NOT_YET, STRIPES,
 };
 use crate::aligned::AlignedBuf;
+use crate::backend::SharedTenant;
 use crate::config::{BlockHeader, DirectIo, DiskConfig};
 use crate::error::{bail, Result};
 use crate::seal::{NonceLedger, Sealer};
@@ -81,8 +82,12 @@ impl DiskBackend {
         let (direct, direct_note) = Self::choose_direct_io(&ns_dir, cfg.direct_io)?;
         let (attr_headers, header_note) =
             Self::choose_block_header(&ns_dir, cfg.block_header, &fs)?;
+        let ns_fp = layout::namespace_fingerprint(namespace);
         Ok(DiskBackend {
-            ns_fp: layout::namespace_fingerprint(namespace),
+            ns_fp,
+            generation: AtomicU64::new(0),
+            generation_fp: AtomicU64::new(ns_fp),
+            tenant: SharedTenant::of(seal.as_ref(), ns_fp, block_bytes),
             ns_dir,
             block_bytes,
             direct,

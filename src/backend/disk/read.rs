@@ -131,7 +131,7 @@ impl DiskBackend {
                 Err(format!("short file ({read} of {expected_read} bytes)"))
             }
             Err(why) => Err(why),
-            Ok(h) if h.namespace_fp != self.ns_fp => Err("block of another namespace".into()),
+            Ok(h) if h.namespace_fp != self.block_fp() => Err("block of another namespace".into()),
             Ok(h) if h.payload_len != self.block_bytes as u64 => Err(format!(
                 "block of {} bytes, expected {}",
                 h.payload_len, self.block_bytes

@@ -37,7 +37,7 @@ impl DiskBackend {
         let (body, padding) = payload.split_at_mut(row.len());
         body.copy_from_slice(row);
         padding.fill(0);
-        seal.seal(self.ns_fp, key, body, header)
+        seal.seal(self.block_fp(), key, body, header)
             .map_err(|e| std::io::Error::other(e.message().to_string()))
     }
 
@@ -48,7 +48,7 @@ impl DiskBackend {
         seal: &Sealer,
         header: &[u8],
     ) -> std::result::Result<OpenedRecord, String> {
-        let opened = seal.open_record(self.ns_fp, self.block_bytes, header)?;
+        let opened = seal.open_record(self.block_fp(), self.block_bytes, header)?;
         if header[RECORD_LEN..HEADER_LEN].iter().any(|&b| b != 0) {
             return Err("sealed header has bytes past its record".into());
         }

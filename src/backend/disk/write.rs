@@ -150,7 +150,7 @@ impl DiskBackend {
                     }
                     None => row,
                 };
-                header = Some(AttrHeader::of(self.ns_fp, key, written).encode());
+                header = Some(AttrHeader::of(self.block_fp(), key, written).encode());
             });
             let Some(header) = header.filter(|_| read) else {
                 return Ok(false);

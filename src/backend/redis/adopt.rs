@@ -60,7 +60,7 @@ impl RedisBackend {
     /// The servers holding keys: the one server, or every cluster master
     /// (from `CLUSTER NODES` of the first seed that answers; a TLS
     /// cluster's nodes announce their TLS ports).
-    fn key_holders(&self) -> Result<Vec<Endpoint>> {
+    pub(super) fn key_holders(&self) -> Result<Vec<Endpoint>> {
         let seeds = self.router.seeds();
         if !self.router.is_cluster() {
             return Ok(seeds.to_vec());

@@ -40,6 +40,7 @@ mod adopt;
 mod client;
 mod direct;
 mod format;
+mod generation;
 mod open;
 mod operations;
 mod routed;
@@ -53,6 +54,8 @@ use crate::config::Sharing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
 use crate::striped::Striped;
+use crate::sync::RwLock;
+use std::sync::Arc;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
 /// holds its keys' locks for a whole network round trip, so there are many
@@ -60,12 +63,31 @@ use crate::striped::Striped;
 /// (16 x 16) / 65536 for jobs of 16 blocks, instead of most of the time.
 const STRIPES: usize = 65_536;
 
+/// Key names and the header fingerprint of one clear generation.
+#[derive(Clone)]
+pub(super) struct Naming {
+    /// Key names start with this: `<prefix>:<fingerprint>:b<block_bytes>:`.
+    prefix: Arc<str>,
+    fp: u64,
+    generation: u64,
+}
+
 pub(crate) struct RedisBackend {
     /// The slot map and a pool per node (a single server: one node).
     router: Router,
-    /// Key names start with this: `<prefix>:<fingerprint>:b<block_bytes>:`.
+    /// The configured `key_prefix`.
+    key_prefix: String,
+    /// The namespace's name prefix, the one an owned tier uses (its
+    /// adoption scan looks for it); a shared tier's is its generation's.
     name_prefix: String,
+    /// The namespace's own fingerprint (an owned tier's blocks carry it).
     namespace_fp: u64,
+    /// Whose generation a shared tier keeps: unsealed tiers', or its seal key's.
+    tenant: super::SharedTenant,
+    /// The generation a shared tier names and checks blocks with, and its
+    /// number again, read without a lock (`describe` in a forked child).
+    naming: RwLock<Naming>,
+    generation: std::sync::atomic::AtomicU64,
     block_bytes: usize,
     sharing: Sharing,
     ttl_s: u64,
@@ -80,17 +102,27 @@ pub(crate) struct RedisBackend {
 }
 
 impl RedisBackend {
+    fn naming(&self) -> Naming {
+        self.naming.read().clone()
+    }
+
+    fn set_naming(&self, naming: Naming) {
+        let generation = naming.generation;
+        *self.naming.write() = naming;
+        self.generation
+            .store(generation, std::sync::atomic::Ordering::Release);
+    }
+
     fn name(&self, key: &[u8]) -> String {
+        let naming = self.naming();
         match self.sealed() {
             Some(seal) => {
-                let tag = seal
-                    .sealer
-                    .name_tag(self.namespace_fp, self.block_bytes, key);
-                let mut name = Vec::with_capacity(sealed::name_len(&self.name_prefix));
-                sealed::write_name(&mut name, &self.name_prefix, &tag);
+                let tag = seal.sealer.name_tag(naming.fp, self.block_bytes, key);
+                let mut name = Vec::with_capacity(sealed::name_len(&naming.prefix));
+                sealed::write_name(&mut name, &naming.prefix, &tag);
                 String::from_utf8(name).expect("prefix, hex digits and braces")
             }
-            None => format::key_name(&self.name_prefix, key),
+            None => format::key_name(&naming.prefix, key),
         }
     }
 
@@ -101,10 +133,10 @@ impl RedisBackend {
         })
     }
 
-    fn layout(&self) -> Layout<'_> {
+    fn layout<'a>(&'a self, naming: &'a Naming) -> Layout<'a> {
         Layout {
-            name_prefix: &self.name_prefix,
-            namespace_fp: self.namespace_fp,
+            name_prefix: &naming.prefix,
+            namespace_fp: naming.fp,
             block_bytes: self.block_bytes,
             ttl_s: self.ttl_s,
             seal: self.sealed(),
@@ -134,12 +166,12 @@ impl RedisBackend {
             }
             // Decrypted in the private copy: only it may condemn the value.
             let (record, payload) = value.split_at_mut(RECORD_LEN);
-            seal.unseal(self.namespace_fp, self.block_bytes, key, record, payload)?;
+            seal.unseal(self.naming().fp, self.block_bytes, key, record, payload)?;
             dst.copy_from_slice(payload);
             return Ok(());
         }
         let sum =
-            format::check_header(value, value.len(), self.namespace_fp, key, self.block_bytes)?;
+            format::check_header(value, value.len(), self.naming().fp, key, self.block_bytes)?;
         let payload = &value[value.len() - self.block_bytes..];
         if !sum.matches(payload) {
             return Err("payload checksum mismatch".into());

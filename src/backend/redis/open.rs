@@ -7,13 +7,15 @@ use super::client::reply::Value;
 use super::client::tls::SharedConfig;
 use super::client::transport::RespConn;
 use super::client::url::{self, Endpoint};
-use super::{RedisBackend, STRIPES};
+use super::{Naming, RedisBackend, STRIPES};
 use crate::backend::checksum::namespace_fingerprint;
 use crate::config::{ClusterMode, RedisConfig};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
 use crate::striped::Striped;
+use crate::sync::RwLock;
 use std::io;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// `url` with any password replaced by `***`.
@@ -136,14 +138,20 @@ impl RedisBackend {
         let connections = cfg.connections.unwrap_or(io_threads);
         let router = Router::open(seeds, cluster, connections, timeout, tls)
             .map_err(|e| open_error(&shown_seeds, &e))?;
+        let namespace_fp = namespace_fingerprint(namespace);
+        let name_prefix = format!("{}:{namespace_fp:016x}:b{block_bytes}:", cfg.key_prefix);
         Ok(RedisBackend {
+            name_prefix: name_prefix.clone(),
             router,
-            name_prefix: format!(
-                "{}:{:016x}:b{block_bytes}:",
-                cfg.key_prefix,
-                namespace_fingerprint(namespace)
-            ),
-            namespace_fp: namespace_fingerprint(namespace),
+            naming: RwLock::new(Naming {
+                prefix: Arc::from(name_prefix.as_str()),
+                fp: namespace_fp,
+                generation: 0,
+            }),
+            generation: Default::default(),
+            key_prefix: cfg.key_prefix.clone(),
+            tenant: crate::backend::SharedTenant::of(seal.as_ref(), namespace_fp, block_bytes),
+            namespace_fp,
             block_bytes,
             sharing: cfg.sharing,
             ttl_s: cfg.ttl_s,

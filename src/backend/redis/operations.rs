@@ -88,6 +88,31 @@ impl Persistence for RedisBackend {
 }
 
 impl Probes for RedisBackend {
+    fn read_generation(&self) -> Result<u64> {
+        self.read_generation_key()
+    }
+
+    fn generation(&self) -> u64 {
+        self.generation.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn use_generation(&self, generation: u64) {
+        self.set_naming(self.naming_of(generation));
+    }
+
+    fn advance_generation(&self) -> Result<u64> {
+        self.advance_generation_key()
+    }
+
+    fn sweep_before(
+        &self,
+        generation: u64,
+        _began: std::time::SystemTime,
+        deadline: std::time::Instant,
+    ) -> Result<u64> {
+        self.sweep_generations(generation, deadline)
+    }
+
     fn probe(&self, key: &[u8], record: &mut dyn FnMut(bool)) {
         self.probe_many(&[key.to_vec()], &mut |_, found| record(found));
     }

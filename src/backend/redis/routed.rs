@@ -60,7 +60,8 @@ impl RedisBackend {
     /// `store_batch`: a SET pipeline per node; block i's outcome is
     /// `outcomes[i]`.
     pub(super) fn store_routed(&self, blocks: &[(u32, &[u8], &[u8])]) -> Vec<Result<()>> {
-        let layout = self.layout();
+        let naming = self.naming();
+        let layout = self.layout(&naming);
         let slots = slots_of(blocks.len(), |i, name| layout.write_name(name, blocks[i].1));
         let mut pass = Sets {
             layout,
@@ -84,7 +85,8 @@ impl RedisBackend {
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
-        let layout = self.layout();
+        let naming = self.naming();
+        let layout = self.layout(&naming);
         let slots = slots_of(blocks.len(), |i, name| layout.write_name(name, blocks[i].1));
         let mut got: Vec<Got> = (0..blocks.len()).map(|_| Got::Pending).collect();
         {
@@ -139,7 +141,8 @@ impl RedisBackend {
     /// `<command> <name>` for each key, a pipeline per node, best effort:
     /// `count(i, n)` for each key a node answered.
     fn keys_routed(&self, command: KeyCommand, keys: &[&[u8]], count: &mut dyn FnMut(usize, i64)) {
-        let layout = self.layout();
+        let naming = self.naming();
+        let layout = self.layout(&naming);
         let slots = slots_of(keys.len(), |i, name| layout.write_name(name, keys[i]));
         // A cluster refuses keys of several slots in one command.
         let variadic = !self.router.is_cluster() && !matches!(command, KeyCommand::Exists);
@@ -159,11 +162,11 @@ impl RedisBackend {
     /// Whole commands, one per key name in `names` (`args(name)` makes
     /// it), a pipeline per node: each one's reply, or why there is none
     /// (`what` names the command in errors).
-    pub(super) fn calls_routed(
+    pub(super) fn calls_routed<'a>(
         &self,
         what: &'static str,
-        names: &[&[u8]],
-        args: impl Fn(&[u8]) -> Vec<&[u8]>,
+        names: &[&'a [u8]],
+        args: impl Fn(&'a [u8]) -> Vec<&'a [u8]>,
     ) -> Vec<Result<Value>> {
         let slots: Vec<u16> = names
             .iter()

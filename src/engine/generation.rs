@@ -1,0 +1,196 @@
+//! Shared storage's clear generation, as a tier follows it (see `Probes` in
+//! `backend::capabilities`): `clear()` raises the generation in storage for
+//! every process, and a tier trusts the generation it knows for one lease
+//! (`probe_ttl_ms`, at least [`MIN_LEASE`]) after it last read it. Past the
+//! lease its lookups answer PENDING where they would answer HIT, a worker
+//! reads the generation again, and a new one empties the index (its blocks
+//! are the old generation's); a job's copies read it first. `clear()`
+//! returns two leases after it raised the generation: by then every lease
+//! granted before has ended, so no tier of the namespace, in any process,
+//! answers HIT for, or loads, a block stored before the clear.
+
+use super::jobs::Work;
+use super::Shared;
+use crate::error::{Error, ErrorKind, Result};
+use crate::workers::Lane;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime};
+
+/// Turns the first `hits` HIT answers in `out` into PENDING; how many.
+pub(super) fn hold_hits(out: &mut [u8], hits: u64) -> u64 {
+    use crate::index::LookupState;
+    let mut held = 0;
+    for state in out.iter_mut() {
+        if held == hits {
+            break;
+        }
+        if *state == LookupState::Hit as u8 {
+            *state = LookupState::Pending as u8;
+            held += 1;
+        }
+    }
+    held
+}
+
+/// The shortest lease: a `probe_ttl_ms` of 0 would make every HIT wait.
+const MIN_LEASE: Duration = Duration::from_millis(10);
+
+/// The longest a clear spends deleting the old generation's blocks beyond
+/// its two leases; what is left then is unreadable to every tier and ages
+/// out (a disk file is deleted by the first tier that reads it).
+const SWEEP_BUDGET: Duration = Duration::from_secs(10);
+
+/// How long the generation a tier knows is trusted.
+pub(super) struct Lease {
+    epoch: Instant,
+    /// Nanoseconds after `epoch` until which the generation is trusted.
+    until_ns: AtomicU64,
+    /// A read of the generation is queued or running.
+    checking: AtomicBool,
+    length: Duration,
+}
+
+impl Lease {
+    pub(super) fn new(probe_ttl: Duration) -> Lease {
+        Lease {
+            epoch: Instant::now(),
+            until_ns: AtomicU64::new(0),
+            checking: AtomicBool::new(false),
+            length: probe_ttl.max(MIN_LEASE),
+        }
+    }
+
+    fn ns(&self, at: Instant) -> u64 {
+        at.saturating_duration_since(self.epoch).as_nanos() as u64
+    }
+
+    pub(super) fn valid(&self) -> bool {
+        self.ns(Instant::now()) < self.until_ns.load(Ordering::Acquire)
+    }
+
+    /// The generation read by a request sent at `asked` is trusted for one
+    /// lease from then (not from the answer: it may have changed meanwhile).
+    pub(super) fn renew(&self, asked: Instant) {
+        let until = self.ns(asked + self.length);
+        self.until_ns.fetch_max(until, Ordering::AcqRel);
+    }
+
+    fn end(&self) {
+        self.until_ns.store(0, Ordering::Release);
+    }
+}
+
+impl Shared {
+    /// Whether a shared tier's lookup must hold its HITs (as PENDING,
+    /// [`hold_hits`]) because its lease has ended.
+    pub(super) fn lease_ended(&self) -> bool {
+        self.backend.probes().is_some() && !self.lease.valid()
+    }
+
+    /// Queues one read of the generation, unless one is queued or running
+    /// (after a lookup held its HITs; outside the index lock).
+    pub(super) fn queue_generation_check(&self) {
+        if !self.lease.checking.swap(true, Ordering::AcqRel)
+            && self
+                .queue
+                .push_all(Lane::Probes, [Work::Generation].into_iter())
+                .is_err()
+        {
+            self.lease.checking.store(false, Ordering::Release);
+        }
+    }
+
+    /// Reads the generation (worker thread) and follows it.
+    pub(super) fn check_generation(&self) -> Result<()> {
+        let result = self.read_and_follow_generation();
+        self.lease.checking.store(false, Ordering::Release);
+        result
+    }
+
+    /// Before a job's copies: the generation is read again if the lease
+    /// has ended, so no block is named or checked by a stale one.
+    pub(super) fn ensure_generation(&self) -> Result<()> {
+        if self.backend.probes().is_none() || self.lease.valid() {
+            return Ok(());
+        }
+        self.read_and_follow_generation()
+    }
+
+    fn read_and_follow_generation(&self) -> Result<()> {
+        let Some(probes) = self.backend.probes() else {
+            return Ok(());
+        };
+        let asked = Instant::now();
+        let generation = probes.read_generation()?;
+        if generation != probes.generation() {
+            self.enter_generation(generation);
+        }
+        self.lease.renew(asked);
+        Ok(())
+    }
+
+    /// Uses `generation` from now on and forgets every block the index
+    /// holds: they are an older generation's. Their storage is not
+    /// discarded here: a clearing tier deletes the old generation's blocks,
+    /// and the same names may already hold the new one's.
+    fn enter_generation(&self, generation: u64) {
+        let Some(probes) = self.backend.probes() else {
+            return;
+        };
+        probes.use_generation(generation);
+        let mut st = self.state.lock();
+        st.index.clear();
+        st.probes.clear();
+        st.load_failures.clear();
+        drop(st.index.take_released());
+    }
+
+    /// `clear()` on shared storage: a new generation for every process,
+    /// the old one's blocks deleted, and the return held until every
+    /// lease granted before the new generation has ended.
+    pub(super) fn clear_shared(&self) -> Result<()> {
+        let Some(probes) = self.backend.probes() else {
+            return Ok(());
+        };
+        let began = Instant::now();
+        let began_wall = SystemTime::now();
+        // This tier's own HITs wait for the new generation too.
+        self.lease.end();
+        let advanced = probes.advance_generation();
+        let generation = probes.generation();
+        self.enter_generation(generation);
+        // Every lease another tier was granted before the new generation
+        // was read from storage before it was raised, i.e. before now.
+        let returns_at = Instant::now() + 2 * self.lease.length;
+        let generation = match advanced {
+            Ok(generation) => generation,
+            Err(e) => {
+                return Err(Error::new(
+                    e.kind(),
+                    format!(
+                        "clear: this tier's blocks are dropped, but the namespace's generation \
+                         could not be raised, so other tiers may still read them: {}",
+                        e.message()
+                    ),
+                ))
+            }
+        };
+        self.lease.renew(began);
+        let swept =
+            probes.sweep_before(generation, began_wall, returns_at.max(began + SWEEP_BUDGET));
+        let now = Instant::now();
+        if now < returns_at {
+            std::thread::sleep(returns_at - now);
+        }
+        swept.map(drop).map_err(|e| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "clear: every tier now misses the blocks stored before it, but not all \
+                     of them were deleted: {}",
+                    e.message()
+                ),
+            )
+        })
+    }
+}
