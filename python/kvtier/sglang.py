@@ -34,8 +34,9 @@ Keys: SGLang's 64-hex page hash in ASCII, plus ``.<segment>`` when a page has
 more than one segment (the key of another form is first hashed to 64 hex).
 A page is present only when all its segments are. Ranks are kept apart by the
 kvtier ``namespace`` (which already separates directories and Redis keys):
-model, layout, dtype and, for MHA, the TP rank; MLA ranks share one namespace
-and only the writer rank stores.
+model, layout, dtype, page size, the pool's geometry and, for MHA, the TP rank
+(``kvtier.identity``); MLA ranks share one namespace, open their storage
+shared and only the writer rank stores.
 
 Every method SGLang's threads call returns a miss (``False``, ``0``, ``None``)
 instead of raising; each kind of failure is logged once with its traceback.
@@ -54,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _lib
+from . import _lib, identity
 from .tier import KVTierError, Tier
 
 try:
@@ -211,17 +212,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         self.is_writer: bool = (not self.is_mla or tp_rank == 0) if writer is None else bool(writer)
         self.backend = str(config.get("backend", "memory")).strip().lower()
         if self.is_mla and tp_size > 1:
-            # Readers must see the writer's blocks: only shared storage can.
-            if self.backend == "disk":
-                config.setdefault("shared", True)
-            elif self.backend in ("redis", "valkey"):
-                config.setdefault("sharing", "shared")
-            else:
-                logger.warning(
-                    "kvtier: MLA with tp_size=%d on the %s backend: only rank 0 stores, so the "
-                    "other ranks (and so SGLang's agreed hit count) always miss; use disk or redis",
-                    tp_size, self.backend,
-                )
+            self._share_mla_ranks(config, tp_rank, tp_size)
         self._user_namespace = str(config.pop("namespace", ""))
         _check_config(config)
         self._config = config
@@ -245,26 +236,41 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         self._closed = False
         self._logged: set[str] = set()
 
+    def _share_mla_ranks(self, config: dict[str, Any], tp_rank: int, tp_size: int) -> None:
+        """MLA ranks share one namespace and only the writer stores, so the
+        readers see its pages only through storage every rank opens shared."""
+        key, value = {"disk": ("shared", True), "redis": ("sharing", "shared"),
+                      "valkey": ("sharing", "shared")}.get(self.backend, (None, None))
+        if key is None:
+            logger.warning(
+                "kvtier: MLA with tp_size=%d on the %s backend: only the writer rank stores, so the "
+                "other ranks (and so SGLang's agreed hit count) always miss; use the disk backend "
+                "on a directory every rank reaches, or redis (the adapter opens either shared)",
+                tp_size, self.backend,
+            )
+            return
+        if key not in config:
+            config[key] = value
+            logger.info("kvtier: MLA with tp_size=%d: rank %d opens the %s storage with %s=%s, "
+                        "where the writer rank's pages reach every rank", tp_size, tp_rank,
+                        self.backend, key, value)
+            return
+        chosen = config[key]
+        if not (_parse_bool(key, chosen) if key == "shared" else str(chosen).strip().lower() == value):
+            raise ValueError(
+                f"kvtier sglang backend: MLA with tp_size={tp_size}: all ranks share one namespace "
+                f"and only the writer rank stores, so every rank must open the storage shared; "
+                f"{key}={chosen!r} would fail rank 1's open or hide the writer's pages. "
+                f"Set {key}={value!r} (or leave it out: the adapter then sets it)"
+            )
+
     # -- construction over the pool -------------------------------------------
 
     def namespace(self, pool: Any) -> str:
-        """The kvtier namespace: what must match for two tiers to share pages."""
-        c = self.storage_config
-        parts = [self._user_namespace] if self._user_namespace else []
-        parts += ["sglang", (c.model_name or "model").replace("/", "-"), pool.layout,
-                  str(pool.dtype).replace("torch.", ""), "mla" if self.is_mla else "mha"]
-        if not self.is_mla:
-            parts.append(f"tp{c.tp_rank}of{c.tp_size}")
-        dp_rank = getattr(c, "dp_rank", 0) or 0
-        if dp_rank and not self._shared():
-            # Attention-DP replicas hold the same heads, but a directory or
-            # keyspace that is not shared has one owner: one store each.
-            parts.append(f"dp{dp_rank}")
-        if getattr(c, "pp_size", 1) > 1:
-            parts.append(f"pp{c.pp_rank}of{c.pp_size}")
-        if getattr(c, "attn_cp_size", 1) > 1:
-            parts.append(f"cp{c.attn_cp_rank}of{c.attn_cp_size}")
-        return "/".join(parts)
+        """The kvtier namespace: what must match for two tiers to share pages
+        (``kvtier.identity``), then the user's ``namespace`` if set."""
+        derived = identity.sglang_namespace(self.storage_config, pool, self.is_mla, self._shared())
+        return identity.with_user(derived, self._user_namespace)
 
     def _shared(self) -> bool:
         """Whether other processes may write this tier's storage."""

@@ -61,7 +61,7 @@ import time
 from collections.abc import Collection, Iterable
 from typing import Any
 
-from . import _lib
+from . import _lib, identity
 from .tier import EventKind, KVTierError, LookupState, Tier
 from .tier import JobResult as _TierResult
 
@@ -329,6 +329,14 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
         self._mirror_hit_failed_loads = 0
         self._reported: dict[str, int] = {}
 
+        # What the blocks mean (model, dtype, layout; kvtier.identity), so
+        # that no engine of another identity ever reads them; the user's
+        # namespace is added to it, never in its place.
+        user_namespace = str(config.pop("namespace", "") or "")
+        derived = identity.vllm_namespace(offloading_spec)
+        self.namespace = identity.with_user(derived, user_namespace) if derived else user_namespace
+        if self.namespace:
+            config["namespace"] = self.namespace
         self._tier = Tier(primary_kv_view, block_bytes=self._row_bytes, **config)
 
         # job id -> (is_load, keys, req_id, mirror-HIT keys of a load)
@@ -342,10 +350,11 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
         if self._library_events:
             self._drain_events()  # blocks recovered at open (disk)
         logger.info(
-            "kvtier secondary tier '%s': %s backend, %d rows of %d bytes, lookup "
-            "mirror %s, library %s (%s)",
+            "kvtier secondary tier '%s': %s backend, namespace %r, %d rows of %d "
+            "bytes, lookup mirror %s, library %s (%s)",
             tier_type,
             self._backend,
+            self.namespace,
             self._tier.num_rows,
             self._row_bytes,
             "on" if self._mirror_enabled else "off",
@@ -805,6 +814,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             "kvtier_io_threads",
             "kvtier_shared",
             "kvtier_lookup_mirror",
+            "kvtier_namespace",
             "kvtier_version",
         )
 
@@ -821,6 +831,7 @@ class KVTierSecondaryTier(SecondaryTierManager):  # type: ignore[misc,valid-type
             "kvtier_io_threads": stats.io_threads,
             "kvtier_shared": self._shared,
             "kvtier_lookup_mirror": self._mirror_enabled,
+            "kvtier_namespace": self.namespace,
             "kvtier_version": _lib.library_version(),
         }
 

@@ -46,37 +46,100 @@ def pytest_make_collect_report(collector):
     _fail_if_skipped_in_ci(outcome.get_result())
 
 
+def _need_redis() -> None:
+    if shutil.which("redis-server") is None or shutil.which("redis-cli") is None:
+        if IN_CI:
+            pytest.fail("needs redis-server and redis-cli, which CI installs (scripts/test.sh)")
+        pytest.skip("needs redis-server and redis-cli")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_for_ping(port: int) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                s.sendall(b"PING\r\n")
+                if s.recv(16).startswith(b"+PONG"):
+                    return
+        except OSError:
+            pass
+        assert time.monotonic() < deadline, f"redis-server on port {port} did not start"
+        time.sleep(0.05)
+
+
+def _start_redis(directory: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    """A redis-server on a free loopback port, without persistence."""
+    directory.mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    server = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+         "--appendonly", "no", "--dir", str(directory), *extra],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_ping(port)
+    except BaseException:
+        server.kill()
+        server.wait()
+        raise
+    return server, port
+
+
 @pytest.fixture
 def redis_url(tmp_path):
     """A redis-server of the test's own on a free loopback port, without
     persistence, killed afterwards; skips the test if none is installed (fails
     it under CI=true)."""
-    if shutil.which("redis-server") is None:
-        if IN_CI:
-            pytest.fail("needs redis-server, which CI installs (scripts/test.sh)")
-        pytest.skip("needs redis-server")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-         "--appendonly", "no", "--dir", str(tmp_path)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    _need_redis()
+    server, port = _start_redis(tmp_path)
     try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
         yield f"redis://127.0.0.1:{port}"
     finally:
         server.kill()
         server.wait()
+
+
+def _cluster_ok(port: int) -> bool:
+    out = subprocess.run(["redis-cli", "-p", str(port), "CLUSTER", "INFO"],
+                         capture_output=True, text=True, timeout=10).stdout
+    return "cluster_state:ok" in out
+
+
+@pytest.fixture
+def redis_cluster_url(tmp_path):
+    """A Redis Cluster of three masters (no replicas) on loopback, made by
+    ``redis-cli --cluster create`` as tests/common/redis.rs makes one; its
+    URL is every node as a seed. Skips without redis-server (fails under
+    CI=true)."""
+    _need_redis()
+    servers: list[subprocess.Popen] = []
+    try:
+        ports = []
+        for i in range(3):
+            # The bus port is chosen too: the default (port + 10000) may be taken.
+            server, port = _start_redis(
+                tmp_path / f"node{i}", "--cluster-enabled", "yes", "--cluster-port", str(_free_port()),
+                "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+            servers.append(server)
+            ports.append(port)
+        subprocess.run(
+            ["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+             "--cluster-replicas", "0", "--cluster-yes"],
+            check=True, capture_output=True, timeout=60,
+        )
+        deadline = time.monotonic() + 30
+        while not all(_cluster_ok(p) for p in ports):
+            assert time.monotonic() < deadline, "the Redis Cluster never reported cluster_state:ok"
+            time.sleep(0.1)
+        yield ",".join(f"redis://127.0.0.1:{p}" for p in ports)
+    finally:
+        for server in servers:
+            server.kill()
+            server.wait()

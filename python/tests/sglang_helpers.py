@@ -33,33 +33,35 @@ LAYERS = 3
 TOKENS = 64  # device pool; the host pool holds twice as many
 
 
-def make_pool(layout: str, mla: bool = False, page_size: int = PAGE, head_dim: int = 64) -> Any:
+def make_pool(layout: str, mla: bool = False, page_size: int = PAGE, head_dim: int = 64,
+              heads: int = 2, layers: int = LAYERS, dtype: Any = None) -> Any:
     """A real SGLang host pool on CPU, built from a CPU device pool's buffer
     info as SGLang's pool assembler does."""
+    dtype = torch.bfloat16 if dtype is None else dtype
     if mla:
-        dev = MLATokenToKVPool(TOKENS, page_size, torch.bfloat16, head_dim // 2, 16, LAYERS, "cpu", False,
-                               start_layer=0, end_layer=LAYERS)
+        dev = MLATokenToKVPool(TOKENS, page_size, dtype, head_dim // 2, 16, layers, "cpu", False,
+                               start_layer=0, end_layer=layers)
         return MLATokenToKVPoolHost(
             dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, page_size, layout,
             pin_memory=False, device="cpu", override_kv_cache_dim=dev.kv_cache_dim,
-            device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS, target_layer_num=LAYERS,
+            device_capacity_tokens=dev.size, start_layer=0, end_layer=layers, target_layer_num=layers,
         )
-    dev = MHATokenToKVPool(TOKENS, page_size, torch.bfloat16, 2, head_dim, LAYERS, "cpu", False,
-                           start_layer=0, end_layer=LAYERS)
+    dev = MHATokenToKVPool(TOKENS, page_size, dtype, heads, head_dim, layers, "cpu", False,
+                           start_layer=0, end_layer=layers)
     return MHATokenToKVPoolHost(
         dev.get_device_pool_infos()[0].buffer_info, 2.0, 0, page_size, layout,
-        pin_memory=False, device="cpu", device_capacity_tokens=dev.size, start_layer=0, end_layer=LAYERS,
+        pin_memory=False, device="cpu", device_capacity_tokens=dev.size, start_layer=0, end_layer=layers,
     )
 
 
 def make_backend(kvtier_config: dict[str, Any] | None = None, *, tp_rank: int = 0, tp_size: int = 1,
                  mla: bool = False, v1: bool = True, metrics: bool = False, model: str = "org/model",
-                 dp_rank: int = 0) -> Any:
+                 dp_rank: int = 0, pp: tuple[int, int] = (0, 1), cp: tuple[int, int] = (0, 1)) -> Any:
     """The backend as SGLang's attach makes it: the factory, then the pool later."""
     extra = {"backend_name": "kvtier", "module_path": "kvtier.sglang", "class_name": "KVTierStorage",
              "interface_v1": int(v1), **(kvtier_config or {})}
     config = HiCacheStorageConfig(
-        tp_rank=tp_rank, tp_size=tp_size, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
+        tp_rank=tp_rank, tp_size=tp_size, pp_rank=pp[0], pp_size=pp[1], attn_cp_rank=cp[0], attn_cp_size=cp[1],
         is_mla_model=mla, enable_storage_metrics=metrics, is_page_first_layout=True,
         model_name=model, extra_config=extra, dp_rank=dp_rank,
     )

@@ -810,7 +810,8 @@ def test_sealed_disk_tiers_keep_tenants_apart(tmp_path):
     store = tmp_path / "store"
     buf = np.zeros((4, 4096), dtype=np.uint8)
     buf[0] = 7
-    common = dict(backend="disk", path=str(store), capacity_bytes=1 << 20, shared=True)
+    # One namespace for both tenants: only their seal keys keep them apart.
+    common = dict(backend="disk", path=str(store), capacity_bytes=1 << 20, shared=True, namespace="m")
     with Tier(buf, seal_key=key_a, **common) as a, Tier(buf, seal_key_file=key_file, **common) as b:
         a.submit_store(1, [key(1)], [0])
         assert results(a, 1)[0].ok

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -104,17 +105,24 @@ def test_sglang_056_storage_config_is_enough(tmp_path):
 def test_namespaces_keep_apart_what_must_not_mix(tmp_path):
     disk = {"backend": "disk", "path": str(tmp_path)}
     pool = make_pool("page_first")
+    d = "/[0-9a-f]{12}"  # the digest of every identity field
     cases = [
-        (dict(tp_rank=1, tp_size=2), {}, "sglang/org-model/page_first/bfloat16/mha/tp1of2"),
-        (dict(tp_rank=1, tp_size=2, mla=True), {}, "sglang/org-model/page_first/bfloat16/mla"),
-        (dict(dp_rank=1), disk, "sglang/org-model/page_first/bfloat16/mha/tp0of1/dp1"),
-        (dict(dp_rank=1), dict(disk, shared=True), "sglang/org-model/page_first/bfloat16/mha/tp0of1"),
-        (dict(), {"namespace": "prod"}, "prod/sglang/org-model/page_first/bfloat16/mha/tp0of1"),
+        (dict(tp_rank=1, tp_size=2), {}, "sglang/org-model/page_first/bfloat16/mha/p4/tp1of2" + d),
+        (dict(tp_rank=1, tp_size=2, mla=True), {}, "sglang/org-model/page_first/bfloat16/mla/p4" + d),
+        (dict(dp_rank=1), disk, "sglang/org-model/page_first/bfloat16/mha/p4/tp0of1/dp1" + d),
+        (dict(dp_rank=1), dict(disk, shared=True), "sglang/org-model/page_first/bfloat16/mha/p4/tp0of1" + d),
+        (dict(), {"namespace": "prod"}, "sglang/org-model/page_first/bfloat16/mha/p4/tp0of1" + d + "/prod"),
     ]
+    names = []
     for kwargs, cfg, want in cases:
         backend = make_backend(cfg, **kwargs)
-        assert backend.namespace(pool) == want
+        names.append(backend.namespace(pool))
+        assert re.fullmatch(want, names[-1]), (names[-1], want)
         backend.close()
+    first = make_backend(dict(disk, shared=True))
+    # Attention-DP replicas on shared storage hold the same pages: one namespace.
+    assert first.namespace(pool) == names[3]
+    first.close()
 
 
 def test_segments_map_to_rows_of_the_pool_itself():

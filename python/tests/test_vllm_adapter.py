@@ -830,9 +830,10 @@ def test_disk_backend_is_storage(make, tmp_path, name):
     assert (tier.medium, tier.cache_hit_source, tier.locality) == (
         Medium.STORAGE, CacheHitSource.DISK, Locality.LOCAL,
     )
-    shared, _ = make(backend=name, path=str(tmp_path / "kv2"), shared="True")
+    # A shared store needs a namespace (this spec has no config to derive one from).
+    shared, _ = make(backend=name, path=str(tmp_path / "kv2"), shared="True", namespace="t")
     assert shared.locality is None  # a shared directory may be remote: say it in config
-    configured, _ = make(backend=name, path=str(tmp_path / "kv3"), shared=True, locality="REMOTE")
+    configured, _ = make(backend=name, path=str(tmp_path / "kv3"), shared=True, locality="REMOTE", namespace="t")
     assert configured.locality is Locality.REMOTE
 
 
@@ -1058,8 +1059,8 @@ def test_mirrored_hit_survives_a_store_before_its_load(make):
 
 def test_shared_disk_mirror_knows_only_what_it_has_seen(make, tmp_path):
     root = str(tmp_path / "shared")
-    writer, warr = make(rows=8, backend="disk", path=root, shared=True, probe_ttl_ms=0)
-    reader, _ = make(rows=8, backend="disk", path=root, shared=True, probe_ttl_ms=0)
+    writer, warr = make(rows=8, backend="disk", path=root, shared=True, probe_ttl_ms=0, namespace="t")
+    reader, _ = make(rows=8, backend="disk", path=root, shared=True, probe_ttl_ms=0, namespace="t")
     fill(warr, [0, 1])
     ks = keys(1, 2)
     writer.submit_store(job(1, ks, [0, 1]))
@@ -1103,7 +1104,7 @@ def test_redis_backend_is_a_remote_store_with_network_backpressure(redis_url):
     tier, bp = build(backend="redis", locality="LOCAL")
     assert tier.locality is Locality.LOCAL
     assert bp == (EMA.DEFAULT_FAILURE_THRESHOLD, EMA.LOCAL_HIGH_WATER_S, EMA.LOCAL_LOW_WATER_S)
-    tier, _ = build(backend="redis", sharing="Shared")
+    tier, _ = build(backend="redis", sharing="Shared", namespace="t")
     assert tier._shared and not tier.stats_mirror()["complete"]
 
 
