@@ -666,7 +666,9 @@ class Tier:
         self._call("tier_drain", lib.tier_drain)
 
     def clear(self) -> None:
-        """Drops every stored block; jobs in flight still complete and report."""
+        """Drops every stored block; jobs in flight still complete and report.
+        On shared storage it clears the namespace for every process and
+        returns after two ``probe_ttl_ms`` (see docs/sharing.md)."""
         self._call("tier_clear", lib.tier_clear)
 
     def metrics(self) -> str:
