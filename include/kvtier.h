@@ -22,9 +22,9 @@
 
 /** The version of this header; tier_version() gives the library's. */
 #define KVTIER_VERSION_MAJOR 0
-#define KVTIER_VERSION_MINOR 1
+#define KVTIER_VERSION_MINOR 2
 #define KVTIER_VERSION_PATCH 0
-#define KVTIER_VERSION_STRING "0.1.0"
+#define KVTIER_VERSION_STRING "0.2.0"
 
 
 /**
@@ -535,7 +535,7 @@ extern "C" {
 #endif // __cplusplus
 
 /**
- * The library version, e.g. "0.1.0" (KVTIER_VERSION_STRING of the header the
+ * The library version, e.g. "0.2.0" (KVTIER_VERSION_STRING of the header the
  * library was built with).
  *
  * Returns a static NUL-terminated string; never NULL, never freed.

@@ -38,7 +38,7 @@ from .tier import (
 # TIER_OK, TIER_TIMEOUT and every TIER_ERR_*: the library's own table.
 globals().update(STATUS_CODES)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Event",

@@ -26,7 +26,7 @@ pub(super) unsafe fn tier_ref<'a>(tier: *mut tier_t) -> Result<&'a Tier> {
 
 static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 
-/// The library version, e.g. "0.1.0" (KVTIER_VERSION_STRING of the header the
+/// The library version, e.g. "0.2.0" (KVTIER_VERSION_STRING of the header the
 /// library was built with).
 ///
 /// Returns a static NUL-terminated string; never NULL, never freed.
