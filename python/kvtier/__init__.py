@@ -2,7 +2,7 @@
 
     import numpy as np, kvtier
     primary = np.zeros((64, 2 << 20), dtype=np.uint8)   # 64 rows of 2 MiB
-    with kvtier.Tier(primary, capacity_bytes="1GiB", io_threads=2) as tier:
+    with kvtier.Tier(primary, capacity_bytes="1GiB") as tier:
         tier.submit_store(1, [b"key-0001"], [0])
         tier.wait(1.0)
         [result] = tier.poll()
