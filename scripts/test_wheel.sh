@@ -12,7 +12,7 @@
 # packages (vLLM, SGLang, pytest, numpy, prometheus_client) after its own, as
 # --system-site-packages would for a system interpreter: the kvtier it
 # imports is the wheel's. Without the engines' environment (outside CI) the
-# venv gets pytest, numpy and prometheus_client from PyPI and the adapters'
+# venv gets pytest, numpy, prometheus_client and setuptools from PyPI and the adapters'
 # part is skipped. Needs PyPI, so outside CI it runs only with
 # KVTIER_TEST_PACKAGING=1.
 set -euo pipefail
@@ -57,7 +57,7 @@ if [ -n "$engines" ]; then
         >"$site_dir/kvtier-engines.pth"
 else
     python3 -m venv "$venv"
-    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client setuptools
 fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-index --no-deps "$wheel"
 
