@@ -50,7 +50,7 @@ fn tables(markdown: &str) -> Vec<Table> {
             continue;
         }
         let header = cells(line);
-        if !lines.next_if(|l| l.starts_with("|---")).is_some() {
+        if lines.next_if(|l| l.starts_with("|---")).is_none() {
             continue;
         }
         let mut rows = Vec::new();
@@ -154,7 +154,8 @@ fn check_default(key: &str, cell: &str) -> Result<(), String> {
                 .collect()
         };
         for base in bases {
-            let unset = match (key, value) {
+            // Defaults that are an absence, or depend on the machine.
+            let special = match (key, value) {
                 ("path", "required") => Some(base.disk.path.is_none()),
                 ("url", "required") => Some(base.redis.urls.is_empty()),
                 ("seal_key" | "seal_key_file", "none") => Some(base.seal.is_none()),
@@ -165,7 +166,7 @@ fn check_default(key: &str, cell: &str) -> Result<(), String> {
                 }
                 _ => None,
             };
-            let holds = match unset {
+            let holds = match special {
                 Some(holds) => holds,
                 None => {
                     let value = if value == "empty" { "" } else { value };
@@ -215,7 +216,7 @@ fn check_backend_row(page: &str, column: &str) {
         .unwrap_or_else(|| panic!("{page}: no `backend` row"));
     let text: String = row
         .iter()
-        .filter(|(column, _)| *column != "key")
+        .filter(|(header, _)| *header != "key")
         .map(|(_, cell)| cell.as_str())
         .collect::<Vec<_>>()
         .join(" | ");
