@@ -3,7 +3,7 @@
 Enable it with one entry in ``kv_connector_extra_config["secondary_tiers"]``::
 
     {"type": "KVTierSecondaryTier", "module_path": "kvtier.vllm",
-     "capacity_bytes": "64GiB", "io_threads": 8}
+     "capacity_bytes": "64GiB"}
 
 Every key other than vLLM's own (``type``, ``module_path``, ``backpressure``)
 and this adapter's (``enable_kv_events``, ``locality``, ``lookup_mirror``) is a
