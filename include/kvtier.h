@@ -606,10 +606,14 @@ struct tier_config_t *tier_config_new(void);
  * 64 MiB..1 GiB; "full": the whole capacity, from tier_new on). Other
  * backends accept only "off"; anything else fails tier_new with
  * TIER_ERR_CONFIG.
- * Disk and Redis: "namespace" (names the block layout: model, dtype,
- * geometry; blocks of other namespaces or block sizes are never loaded);
+ * Disk and Redis: "namespace" (what the blocks mean: model and revision,
+ * dtype, tokens per block, parallel layout, rank; blocks of other
+ * namespaces or block sizes are never loaded; required on shared storage,
+ * disk "shared"="true" or redis "sharing"="shared", where tier_new fails
+ * with TIER_ERR_CONFIG without one: docs/sharing.md);
  * "probe_ttl_ms" (shared storage: how long a "not stored" answer is reused,
- * 0..=3600000, default 1000).
+ * and how long the namespace's clear generation is trusted before it is
+ * read again; tier_clear returns after twice it; 0..=3600000, default 1000).
  * Disk backend: "path" (directory, created owner-only if missing, parent must
  * exist; required); "o_direct" ("auto", the default, "on", "off");
  * "block_header" ("auto", the default: each block file's header in its
