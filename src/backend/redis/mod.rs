@@ -121,8 +121,9 @@ impl RedisBackend {
     ) -> std::result::Result<(), String> {
         if let Some(seal) = self.sealed() {
             // A newer format's value may be of another length: its record
-            // says so first (a miss, never deleted).
-            if let Some(problem) = crate::seal::newer_problem(value) {
+            // says so first, once its key field proves it (a miss, never
+            // deleted).
+            if let Some(problem) = seal.sealer.newer_problem(value) {
                 return Err(problem);
             }
             if value.len() != sealed::value_len(self.block_bytes) {
