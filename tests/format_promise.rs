@@ -410,17 +410,20 @@ fn a_sealed_redis_value_in_a_newer_format_is_a_miss_and_is_never_deleted() {
         let before: Vec<String> = [one, two].iter().map(|n| server.cli(&["GET", n])).collect();
         let check = |h: &Harness, job: u64, when: &str| {
             for (id, name) in [(1u64, one), (2, two)] {
+                if shared {
+                    // Its name exists: a shared tier's probe finds it.
+                    let found = h.lookup_settled(&[id], std::time::Duration::from_secs(10));
+                    assert_eq!(found, [LookupState::Hit], "{when}, block {id}");
+                }
                 let r = h.load(job + id, &[id], &[4]);
                 assert_eq!(
                     r.error,
                     Some(ErrorKind::NotFound),
                     "shared {shared}, {when}, block {id}: {r:?}"
                 );
-                if !shared {
-                    // (A shared keyspace's probe asks only whether the name
-                    // exists: a HIT whose load misses.)
-                    assert_eq!(h.lookup(&[id]), [LookupState::Miss]);
-                }
+                // Shared too: the failed load's verdict is kept for a
+                // probe's time (a probe asks only whether the name exists).
+                assert_eq!(h.lookup(&[id]), [LookupState::Miss]);
                 assert_eq!(
                     server.cli(&["EXISTS", name]),
                     "1",
@@ -518,4 +521,33 @@ fn a_sealed_redis_value_with_a_damaged_version_byte_is_damage() {
         h.store_all(5, &[1]);
         assert!(h.load(6, &[1], &[4]).is_ok() && h.row_holds(4, 1));
     }
+}
+
+/// A shared tier that loads a block it cannot read (a newer format) keeps
+/// that verdict as a MISS for `probe_ttl_ms`: no probe in that time finds
+/// the file again and answers HIT for it (each such block once cost a
+/// failed load per lookup in a mixed-version fleet). After the TTL it is
+/// asked again: another writer may have replaced it.
+#[test]
+fn a_shared_tier_keeps_a_newer_block_a_miss_for_the_probe_ttl() {
+    let dir = scratch_dir();
+    let mut cfg = config(&dir, "file");
+    cfg.disk.shared = true;
+    cfg.probe_ttl_ms = 1000;
+    let h = Harness::new(&cfg, 8, BB);
+    h.store_all(1, &[1]);
+    let files = block_files(&dir);
+    assert_eq!(files.len(), 1, "{files:?}");
+    make_newer(&files[0]);
+    let r = h.load(2, &[1], &[4]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    let failed_at = std::time::Instant::now();
+    while failed_at.elapsed() < std::time::Duration::from_millis(500) {
+        assert_eq!(h.lookup(&[1]), [LookupState::Miss]);
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(600));
+    let settled = h.lookup_settled(&[1], std::time::Duration::from_secs(5));
+    assert_eq!(settled, [LookupState::Hit], "asked again after the TTL");
+    assert!(files[0].exists(), "the newer block is kept");
 }
