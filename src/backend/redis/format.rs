@@ -87,6 +87,15 @@ pub(super) fn key_from_name(prefix_part: &str, name: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Whether `name` is a hashed name of this prefix (`{h` and 32 hex digits):
+/// a name whose key only its value's header tells.
+pub(super) fn is_hashed_name(prefix_part: &str, name: &[u8]) -> bool {
+    name.strip_prefix(prefix_part.as_bytes())
+        .and_then(|tag| tag.strip_prefix(b"{h"))
+        .and_then(|tag| tag.strip_suffix(b"}"))
+        .is_some_and(|hex| hex.len() == 32 && hex.iter().all(u8::is_ascii_hexdigit))
+}
+
 /// Longest header (a key of MAX_KEY_LEN bytes).
 pub(super) const MAX_HEADER: usize = FIXED + MAX_KEY_LEN + 8;
 
@@ -324,6 +333,10 @@ mod tests {
         let long = key_name("p:", &[7u8; 120]);
         assert!(long.starts_with("p:{h") && long.len() < 40);
         assert_eq!(key_from_name("p:", long.as_bytes()), None);
+        assert!(is_hashed_name("p:", long.as_bytes()));
+        assert!(!is_hashed_name("p:", b"p:{h0a}"));
+        assert!(!is_hashed_name("q:", long.as_bytes()));
+        assert!(!is_hashed_name("kvtier:00ff:b4096:", name.as_bytes()));
         assert_eq!(key_from_name("q:", name.as_bytes()), None);
     }
 }
