@@ -87,7 +87,9 @@ pub(in crate::backend::redis) enum Fetched {
     Missing,
     /// The server's error for this command.
     Refused(String),
-    /// A value that is not this block (header, length): condemned.
+    /// A value that is not this block (header, length), as far as this
+    /// read can tell: read again privately, which alone may condemn it (the
+    /// connection may have been out of step).
     Bad(String),
     /// The header is right but the payload's checksum, computed over the row,
     /// is not: the row may have been written by someone else meanwhile (two
