@@ -553,7 +553,8 @@ const char *tier_version(void);
  * `*out`; pass sizeof(tier_abi_info_t) (bytes past the library's size are
  * left as they are).
  * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
- * TIER_ABI_INFO_SIZE_V1). `*out` is written only on success.
+ * TIER_ABI_INFO_SIZE_V1 or above PTRDIFF_MAX). `*out` is written only on
+ * success.
  * Threads: any thread; needs no tier.
  */
 tier_status_t tier_abi_info(struct tier_abi_info_t *out,
@@ -882,7 +883,8 @@ tier_status_t tier_submit_load(struct tier_t *tier,
  * gets exactly the fields it knows.
  * Never blocks (see tier_wait) and allocates nothing: room for every accepted
  * job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
- * TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1);
+ * TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1, or
+ * cap * result_size above PTRDIFF_MAX);
  * TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new). Outputs are
  * written only on success.
  * Ownership: `out` and `out_n` are borrowed for the call.
@@ -1000,7 +1002,8 @@ tier_status_t tier_clear(struct tier_t *tier);
  * it.
  * Never blocks on a job, allocates nothing, and holds the tier's index lock
  * for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
- * TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1);
+ * TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1, or
+ * cap * event_size above PTRDIFF_MAX);
  * TIER_ERR_CONFIG (the tier was created
  * without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
  * tier_new). Outputs are written only on success.
@@ -1066,8 +1069,8 @@ size_t tier_metrics(struct tier_t *tier,
  * header is never written past its struct, and one built against a newer
  * header finds the fields this library lacks as it left them.
  * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
- * TIER_STATS_SIZE_V1); TIER_ERR_SHUTDOWN (inherited across fork(), see
- * tier_new). `*out` is written only on success.
+ * TIER_STATS_SIZE_V1 or above PTRDIFF_MAX); TIER_ERR_SHUTDOWN (inherited
+ * across fork(), see tier_new). `*out` is written only on success.
  * Threads: any thread, concurrently with other calls.
  */
 tier_status_t tier_stats(struct tier_t *tier,

@@ -45,7 +45,8 @@ pub extern "C" fn tier_version() -> *const c_char {
 /// `*out`; pass sizeof(tier_abi_info_t) (bytes past the library's size are
 /// left as they are).
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
-/// TIER_ABI_INFO_SIZE_V1). `*out` is written only on success.
+/// TIER_ABI_INFO_SIZE_V1 or above PTRDIFF_MAX). `*out` is written only on
+/// success.
 /// Threads: any thread; needs no tier.
 #[no_mangle]
 pub unsafe extern "C" fn tier_abi_info(
