@@ -1,6 +1,6 @@
 //! The configuration keys as the documentation states them, against the
 //! library: `docs/configuration.md` lists exactly `kvtier::CONFIG_KEYS`, the
-//! header's `tier_config_set` names exactly those keys, `python/README.md`'s
+//! header's `tier_config_set` names exactly those keys, `docs/vllm.md`'s
 //! table of the vLLM entry has every key the adapter passes through, and
 //! `docs/sglang.md` every key the SGLang adapter does. Every default those
 //! tables (and the README's) state is set through `TierConfig::set` and must
@@ -267,14 +267,14 @@ fn every_key_in_the_readme_table_is_accepted() {
 fn the_documented_defaults_are_the_librarys() {
     check_defaults("docs/configuration.md", "default", &[]);
     check_defaults("README.md", "default", &[]);
-    check_defaults("python/README.md", "default", VLLM_ADAPTER_KEYS);
+    check_defaults("docs/vllm.md", "default", VLLM_ADAPTER_KEYS);
 }
 
 #[test]
 fn the_backend_rows_name_the_librarys_backends() {
     check_backend_row("docs/configuration.md", "default");
     check_backend_row("README.md", "default");
-    check_backend_row("python/README.md", "default");
+    check_backend_row("docs/vllm.md", "default");
 }
 
 /// The vLLM entry's keys that are the adapter's own or vLLM's factory's, not
@@ -290,7 +290,7 @@ const VLLM_ADAPTER_KEYS: &[&str] = &[
 
 #[test]
 fn the_vllm_entry_table_has_every_key_the_adapter_passes_through() {
-    let documented: BTreeSet<String> = rows_by_key(&read("python/README.md"), "default")
+    let documented: BTreeSet<String> = rows_by_key(&read("docs/vllm.md"), "default")
         .into_keys()
         .collect();
     // The adapter turns the library's events on itself and refuses `events`.
@@ -303,7 +303,7 @@ fn the_vllm_entry_table_has_every_key_the_adapter_passes_through() {
         .collect();
     assert!(
         missing.is_empty() && unknown.is_empty(),
-        "python/README.md's vLLM entry table: library keys missing {missing:?}, keys neither the \
+        "docs/vllm.md's vLLM entry table: library keys missing {missing:?}, keys neither the \
          library's nor the adapter's {unknown:?}"
     );
 }

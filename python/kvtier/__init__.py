@@ -21,19 +21,19 @@ from ._lib import (
     library_version,
     status_name,
 )
-from .tier import (
+from .errors import KVTierError
+from .records import (
     Event,
     EventKind,
     FailReason,
     JobKind,
     JobResult,
-    KVTierError,
     LookupState,
     RemovedReason,
     StoredReason,
-    Tier,
     TierStats,
 )
+from .tier import Tier
 
 # TIER_OK, TIER_TIMEOUT and every TIER_ERR_*: the library's own table.
 globals().update(STATUS_CODES)
