@@ -6,8 +6,9 @@
 //! returns (its slots and pins stay until it does).
 
 use super::jobs::{Job, JobKind};
-use super::probes::Probe;
-use super::{Shared, State, WaitingLoad, MAX_TRANSIENT_LOAD_FAILURES};
+use super::shared::Probe;
+use super::shared::{Shared, State, WaitingLoad};
+use super::MAX_TRANSIENT_LOAD_FAILURES;
 use crate::error::ErrorKind;
 use crate::events::RemovedReason;
 use crate::index::LoadOutcome;

@@ -3,7 +3,7 @@
 //! planned job is cut into tasks and queued.
 
 use super::jobs::{Crew, FailReason, Job, JobKind, LoadRow, Task, Work, WorkQueue, Worker};
-use super::Shared;
+use super::shared::Shared;
 use crate::backend::{Batches, WatchedIo};
 use crate::error::{Error, ErrorKind, Result};
 use crate::workers::{Executor, Lane};

@@ -1,7 +1,7 @@
 //! Shared storage's clear generation, as a tier follows it (see `Probes` in
 //! `backend::capabilities`): `clear()` raises the generation in storage for
 //! every process, and a tier trusts the generation it knows for one lease
-//! (`probe_ttl_ms`, at least [`MIN_LEASE`]) after it last read it. Past the
+//! (`probe_ttl_ms`, at least `shared::MIN_LEASE`) after it last read it. Past the
 //! lease its lookups answer PENDING where they would answer HIT, a worker
 //! reads the generation again, and a new one empties the index (its blocks
 //! are the old generation's); a job's copies read it first. `clear()`
@@ -10,10 +10,10 @@
 //! answers HIT for, or loads, a block stored before the clear.
 
 use super::jobs::Work;
-use super::Shared;
+use super::shared::Shared;
 use crate::error::{Error, ErrorKind, Result};
 use crate::workers::Lane;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant, SystemTime};
 
 /// Turns the first `hits` HIT answers in `out` into PENDING; how many.
@@ -32,53 +32,10 @@ pub(super) fn hold_hits(out: &mut [u8], hits: u64) -> u64 {
     held
 }
 
-/// The shortest lease: a `probe_ttl_ms` of 0 would make every HIT wait.
-const MIN_LEASE: Duration = Duration::from_millis(10);
-
 /// The longest a clear spends deleting the old generation's blocks beyond
 /// its two leases; what is left then is unreadable to every tier and ages
 /// out (a disk file is deleted by the first tier that reads it).
 const SWEEP_BUDGET: Duration = Duration::from_secs(10);
-
-/// How long the generation a tier knows is trusted.
-pub(super) struct Lease {
-    epoch: Instant,
-    /// Nanoseconds after `epoch` until which the generation is trusted.
-    until_ns: AtomicU64,
-    /// A read of the generation is queued or running.
-    checking: AtomicBool,
-    length: Duration,
-}
-
-impl Lease {
-    pub(super) fn new(probe_ttl: Duration) -> Lease {
-        Lease {
-            epoch: Instant::now(),
-            until_ns: AtomicU64::new(0),
-            checking: AtomicBool::new(false),
-            length: probe_ttl.max(MIN_LEASE),
-        }
-    }
-
-    fn ns(&self, at: Instant) -> u64 {
-        at.saturating_duration_since(self.epoch).as_nanos() as u64
-    }
-
-    pub(super) fn valid(&self) -> bool {
-        self.ns(Instant::now()) < self.until_ns.load(Ordering::Acquire)
-    }
-
-    /// The generation read by a request sent at `asked` is trusted for one
-    /// lease from then (not from the answer: it may have changed meanwhile).
-    pub(super) fn renew(&self, asked: Instant) {
-        let until = self.ns(asked + self.length);
-        self.until_ns.fetch_max(until, Ordering::AcqRel);
-    }
-
-    fn end(&self) {
-        self.until_ns.store(0, Ordering::Release);
-    }
-}
 
 impl Shared {
     /// Whether a shared tier's lookup must hold its HITs (as PENDING,

@@ -7,15 +7,16 @@
 //! backend, no lock held) → `complete` (index update, unpin, waiting loads
 //! woken) → `completion` (results queued, polled exactly once).
 //!
-//! Files: `open` (building a tier: validation, backend, recovery, threads),
+//! Files: this one (the public API), `shared` (the state every stage reads),
+//! `open` (building a tier: validation, backend, recovery, threads),
 //! `plan`, `execute`, `complete`, `probes` (shared storage: keys another
-//! process may have stored), `inherited` (a tier seen from a forked child),
-//! `jobs` and `completion` (job records and the results queue), `hooks`
-//! (test-only stepping, behind the `test-hooks` feature).
+//! process may have stored), `generation` (shared storage's clear
+//! generation), `inherited` (a tier seen from a forked child), `jobs` and
+//! `completion` (job records and the results queue), `hooks` (test-only
+//! stepping, behind the `test-hooks` feature).
 //!
 //! Locks: `state` (index and load dependencies) and the completion queue are
-//! never held together, and no byte is copied under either. The types every
-//! part shares are defined here, so that each part reads their fields.
+//! never held together, and no byte is copied under either.
 
 mod complete;
 pub(crate) mod completion;
@@ -31,25 +32,20 @@ pub(crate) mod jobs;
 mod open;
 mod plan;
 mod probes;
+mod results;
+mod shared;
 
-use self::completion::Completions;
-use self::jobs::{Crew, Job, JobKind, JobResult, WorkQueue};
+use self::jobs::{Job, JobKind, JobResult};
 use self::plan::check_distinct_rows;
-use self::probes::Probe;
-use crate::backend::Backend;
+use self::shared::Shared;
 use crate::config::TierConfig;
 use crate::error::{bail, try_vec, Result};
 use crate::events::Event;
-use crate::index::{Index, LookupState};
+use crate::index::LookupState;
 use crate::key::{check_keys, count_keys};
-use crate::metrics::JobMetrics;
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
-use crate::sync::Mutex;
-use hashlink::LruCache;
-use std::collections::HashMap;
 use std::os::fd::BorrowedFd;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,79 +58,6 @@ use std::time::Duration;
 /// no connection free) proves nothing about the block, and an engine that
 /// retries through an outage keeps its keys.
 pub const MAX_TRANSIENT_LOAD_FAILURES: u32 = 3;
-
-/// A load waiting for stores in flight of some of its keys.
-struct WaitingLoad {
-    job: Arc<Job>,
-    /// Storing slots it still waits for (with multiplicity).
-    deps: usize,
-}
-
-struct State {
-    index: Index,
-    waiting: HashMap<u64, WaitingLoad>,
-    /// Storing slot → waiting loads (wait id, key position in that load).
-    waiters: HashMap<u32, Vec<(u64, u32)>>,
-    next_wait_id: u64,
-    /// Shared disk tiers: keys being or recently probed, the least recently
-    /// asked forgotten first.
-    probes: LruCache<Vec<u8>, Probe>,
-    /// Keys whose latest loads failed transiently, and how many times in a
-    /// row (almost always empty).
-    load_failures: HashMap<Vec<u8>, u32>,
-    victims: Vec<u32>,
-}
-
-struct Shared {
-    primary: PrimaryBuffer,
-    backend: Box<dyn Backend>,
-    state: Mutex<State>,
-    queue: WorkQueue,
-    /// The worker threads' accounting and the deadline of storage calls.
-    crew: Crew,
-    done: Completions,
-    counters: Counters,
-    metrics: JobMetrics,
-    /// The `backend` and `namespace` labels of the tier's metrics.
-    backend_name: &'static str,
-    namespace: String,
-    io_threads: usize,
-    /// Why `io_timeout_ms=auto` chose the deadline it did, for `describe`.
-    io_timeout_auto: Option<String>,
-    probe_ttl: Duration,
-    /// Shared storage: how long the clear generation this tier knows is
-    /// trusted (see `generation`).
-    lease: self::generation::Lease,
-    /// A key was dropped after transient load failures while its block may
-    /// still be in storage: storage holds a block the index does not list.
-    dropped_unreadable: AtomicBool,
-}
-
-impl Shared {
-    /// At a clean close (every thread joined, discards run): lets the
-    /// backend record the index for the next open (see
-    /// `Persistence::save_on_close`), unless storage may hold something the
-    /// index does not say: a job left unfinished, a storage call that
-    /// missed its deadline (its outcome was set aside; a hung device is not
-    /// trusted either), a block dropped but kept in storage.
-    fn save_on_close(&self) {
-        if self.done.running() > 0
-            || self.crew.expired_total() > 0
-            || self.crew.stuck() > 0
-            || self.dropped_unreadable.load(Ordering::Relaxed)
-        {
-            return;
-        }
-        let st = self.state.lock();
-        // Nothing being stored, nothing unlinked but still held.
-        if st.index.allocated() != st.index.ready() {
-            return;
-        }
-        if let Some(storage) = self.backend.persistence() {
-            storage.save_on_close(&mut |f| st.index.for_each_lru(f));
-        }
-    }
-}
 
 /// A secondary tier over a caller's primary buffer.
 ///

@@ -2,10 +2,11 @@
 //! index from what storage already holds (disk), and starts the workers.
 
 use super::completion::Completions;
-use super::generation::Lease;
 use super::jobs::{Crew, WorkQueue};
 use super::probes::MAX_PROBE_MEMORY;
-use super::{Shared, State, Tier};
+use super::shared::Lease;
+use super::shared::{Shared, State};
+use super::Tier;
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{bail, Result};

@@ -4,7 +4,8 @@
 //! is rejected and leaves no trace.
 
 use super::jobs::Job;
-use super::{Shared, State, Tier, WaitingLoad};
+use super::shared::{Shared, State, WaitingLoad};
+use super::Tier;
 use crate::error::{alloc_error, bail, try_vec, ErrorKind, Result};
 use crate::key::PackedKeys;
 use crate::stats::Counters;

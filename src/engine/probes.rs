@@ -5,7 +5,7 @@
 //! bounded LRU map, the least recently asked forgotten first.
 
 use super::jobs::Work;
-use super::{Shared, State};
+use super::shared::{Probe, Shared, State};
 use crate::events::StoredReason;
 use crate::index::{Admitted, LookupCounts, LookupState};
 use crate::stats::Counters;
@@ -21,14 +21,6 @@ pub(super) const MAX_PROBE_MEMORY: usize = 65_536;
 /// in one round trip: a lookup of a long prefix, all PENDING, gets its
 /// verdicts in one round trip per batch instead of one per key per worker.
 const PROBE_BATCH: usize = 64;
-
-/// What is known about a key absent from the index but maybe in storage.
-pub(super) enum Probe {
-    /// A worker is asking storage.
-    InFlight,
-    /// Storage did not have it; ask again after this instant.
-    Missing(Instant),
-}
 
 impl Shared {
     /// Turns the MISS answers of a lookup in a shared tier into PENDING for
