@@ -38,6 +38,7 @@ library; it still reads the events for an owner that publishes them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any
 
@@ -74,6 +75,7 @@ class PresenceMirror:
         enabled: bool,
         shared: bool,
         answers: Sequence[Any],
+        lease_s: float = 1.0,
         failed_keys: dict[str, set[bytes]],
         on_error: Callable[[str, BaseException], None],
         emit: Callable[[bool, list[bytes]], None] | None = None,
@@ -102,6 +104,13 @@ class PresenceMirror:
         self._promised: dict[bytes, None] = {}
         # Shared storage: a probe may be running (it can evict on a worker).
         self._probes_maybe_running = False
+        # Shared storage: the library trusts the clear generation it knows
+        # for `lease_s` after reading it, and another process's clear()
+        # returns two leases after raising it. So a mirror HIT is given only
+        # within one lease of a library answer that was not PENDING; then no
+        # HIT outlives a clear() anywhere (docs/sharing.md).
+        self._lease_s = lease_s
+        self._trusted_until = 0.0
         self._lost_warned = False
         self.misses = 0
         self.hits = 0
@@ -125,6 +134,8 @@ class PresenceMirror:
                     return self._miss
             if key in self.present:
                 if not self._probes_maybe_running and key not in self._unsettled:
+                    if self.shared and time.monotonic() >= self._trusted_until:
+                        return self._ask_library(key)
                     self.hits += 1
                     self._promised[key] = None
                     return self._hit
@@ -141,12 +152,19 @@ class PresenceMirror:
             # A probe's admission may have evicted it: bring the mirror up to
             # date before answering from it.
             self.drain_events()
-            if key in self.present and key not in self._unsettled:
+            if (
+                key in self.present
+                and key not in self._unsettled
+                and time.monotonic() < self._trusted_until
+            ):
                 self.hits += 1
                 self._promised[key] = None
                 return self._hit
+        asked = time.monotonic()
         state = self._tier.lookup_one(key)
         self.library_lookups += 1
+        if self.shared and state is not _STATE_PENDING:
+            self._trusted_until = asked + self._lease_s
         if state is _STATE_HIT:
             self.library_hits += 1
             if self.enabled:

@@ -21,7 +21,7 @@ try:
     from kvtier.vllm import KVTierSecondaryTier
     from vllm.v1.kv_offload.file_mapper import FileMapper
 
-    from vllm_engine import HIT, MISS, Engine, block_keys, kvtier_entry, offloading_config, payload
+    from vllm_engine import HIT, MISS, ROW, Engine, block_keys, kvtier_entry, offloading_config, payload
 except Exception as exc:  # ImportError, or a vLLM that fails to import
     pytest.skip(f"vLLM 0.33 is not importable ({exc!r})", allow_module_level=True)
 
@@ -219,3 +219,41 @@ def test_only_an_engine_of_the_same_identity_gets_the_blocks(shared_store):
         assert same.tier.stats().loads_ok >= 1
     finally:
         same.close()
+
+
+def test_no_mirror_hit_outlives_another_processs_clear(shared_store):
+    """The adapter answers lookups from its presence mirror, which only the
+    library's events change. On shared storage a mirror HIT is given only
+    within one lease of a library answer, so once another tier of the
+    namespace has cleared it (clear() returns two leases after raising the
+    generation) this engine's next lookup is no HIT, and it settles MISS."""
+    from vllm.v1.kv_offload.base import ReqContext
+
+    entry = dict(shared_store, probe_ttl_ms=100)
+    engine = Engine(entry)
+    clearer_config = {k: v for k, v in entry.items() if k not in ("type", "module_path", "locality")}
+    clearer_config["namespace"] = engine.tier.namespace
+    rows = np.zeros((2, ROW), dtype=np.uint8)
+    try:
+        with kvtier.Tier(rows, **clearer_config) as clearer:
+            [key] = block_keys(TOKENS[:16])
+            clearer.submit_store(1, [key], [0])
+            clearer.drain()
+            assert clearer.poll()[0].ok
+            ctx = ReqContext("r")
+            deadline = time.monotonic() + 10
+            while engine.tier.lookup(key, ctx) is not HIT:
+                assert time.monotonic() < deadline
+                engine.tier.get_finished_jobs()
+                time.sleep(0.01)
+            # Answered by the mirror from now on, without asking the library.
+            assert engine.tier.lookup(key, ctx) is HIT
+            clearer.clear()
+            assert engine.tier.lookup(key, ctx) is not HIT
+            deadline = time.monotonic() + 10
+            while (answer := engine.tier.lookup(key, ctx)) is not MISS:
+                assert answer is not HIT and time.monotonic() < deadline
+                engine.tier.get_finished_jobs()
+                time.sleep(0.01)
+    finally:
+        engine.close()
