@@ -4,7 +4,7 @@
 //! killed or restarted, finds every block that was completely stored.
 //!
 //! - `file.rs`: the file (one per namespace), its lock, its identity header.
-//! - `record.rs`: each slot's record and the commit protocol; the copies.
+//! - `record.rs`: each slot's record and the commit protocol.
 //! - here: the backend. A store copies the row into its slot and publishes
 //!   the record; a load copies the slot out, and checksums it the first
 //!   time it reads a block of the file's previous life (blocks stored by
@@ -22,9 +22,10 @@ mod file;
 mod record;
 
 use self::file::{ArenaFile, Opened, CLOCK_AT};
-use self::record::{copy_then_sum, sum_then_copy, Found, Record, RECORD_BYTES};
+use self::record::{Found, Record, RECORD_BYTES};
 use super::prefault::{ahead_window, allocate, ArenaProgress, Backing, Populator, Target};
 use super::{Backend, Discards, EachBlock, Persistence};
+use crate::checksum_copy::copy_with_xxh3;
 use crate::config::Prefault;
 use crate::error::{bail, Result};
 use crate::sync::Mutex;
@@ -191,7 +192,7 @@ impl Backend for PersistentArena {
         // SAFETY: the slot's block inside the mapping, allocated in the file,
         // written by this store alone (see the Sync note); `block` is the
         // caller's row, a distinct mapping.
-        let sum = unsafe { copy_then_sum(block.as_ptr(), self.block_ptr(p), block.len()) };
+        let sum = unsafe { copy_with_xxh3(block.as_ptr(), self.block_ptr(p), block.len()) };
         rec.publish(key, sum, self.tick());
         self.trusted[p as usize].store(true, Ordering::Relaxed);
         let end = (p as usize + 1) * self.block_bytes;
@@ -210,7 +211,7 @@ impl Backend for PersistentArena {
             unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
         } else {
             // SAFETY: as above.
-            let sum = unsafe { sum_then_copy(src, dst.as_mut_ptr(), dst.len()) };
+            let sum = unsafe { copy_with_xxh3(src, dst.as_mut_ptr(), dst.len()) };
             if sum != rec.sum() {
                 // Never found again, by this tier or the next.
                 rec.withdraw(rec.stamp());

@@ -16,7 +16,7 @@
 //! atomics, so that a release (`Discards`) may read a record a store is
 //! rewriting without a data race.
 
-use crate::checksum::{xxh64, Xxh3Pieces};
+use crate::checksum::xxh64;
 use crate::key::MAX_KEY_LEN;
 use std::sync::atomic::{fence, AtomicU64, Ordering};
 
@@ -185,51 +185,9 @@ impl Record {
     }
 }
 
-/// Bytes copied (and checksummed) at a time: small enough to stay in the
-/// L2 cache between the copy and the checksum, large enough that the
-/// checksum's per-call cost is noise.
-pub(super) const PIECE: usize = 64 << 10;
-
-/// A store's copy: each piece of `src` is copied to `dst` and checksummed
-/// there, still in cache; the checksum (XXH3-64) of what `dst` holds.
-///
-/// # Safety
-/// `src` is readable and `dst` writable for `len` bytes, they do not
-/// overlap, and nothing else writes `dst` meanwhile.
-pub(super) unsafe fn copy_then_sum(src: *const u8, dst: *mut u8, len: usize) -> u64 {
-    let mut sum = Xxh3Pieces::new();
-    let mut at = 0;
-    while at < len {
-        let n = PIECE.min(len - at);
-        std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n);
-        sum.write(std::slice::from_raw_parts(dst.add(at), n));
-        at += n;
-    }
-    sum.finish()
-}
-
-/// A verifying load's copy: each piece of `src` (the arena) is checksummed,
-/// then copied to `dst` from cache. The checksum is of the stored bytes,
-/// never of `dst`, which the engine may be writing.
-///
-/// # Safety
-/// As [`copy_then_sum`], with nothing writing `src` meanwhile.
-pub(super) unsafe fn sum_then_copy(src: *const u8, dst: *mut u8, len: usize) -> u64 {
-    let mut sum = Xxh3Pieces::new();
-    let mut at = 0;
-    while at < len {
-        let n = PIECE.min(len - at);
-        sum.write(std::slice::from_raw_parts(src.add(at), n));
-        std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n);
-        at += n;
-    }
-    sum.finish()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checksum::PayloadSum;
 
     fn record() -> Box<Record> {
         // SAFETY: every field is an atomic integer, for which zero is valid.
@@ -282,18 +240,5 @@ mod tests {
         assert!(!r.withdraw(5), "a stale stamp withdraws nothing");
         assert!(r.withdraw(6));
         assert!(matches!(r.read(), Found::Nothing));
-    }
-
-    #[test]
-    fn both_copies_move_every_byte_and_checksum_it() {
-        let src: Vec<u8> = (0..3 * PIECE + 999).map(|i| (i * 7 / 3) as u8).collect();
-        let want = PayloadSum::of(&src);
-        for copy in [copy_then_sum, sum_then_copy] {
-            let mut dst = vec![0u8; src.len()];
-            // SAFETY: two distinct vectors of the same length.
-            let sum = unsafe { copy(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
-            assert_eq!(PayloadSum::Xxh3(sum), want);
-            assert_eq!(dst, src);
-        }
     }
 }
