@@ -445,7 +445,8 @@ typedef struct tier_stats_t {
      * Bytes of the memory backend's arena that are resident: made so by
      * `prefault` or written by a store (0 for disk and Redis). Counted from
      * the populator's progress and the highest slot stored, not asked of
-     * the kernel.
+     * the kernel; with `persist_path`, the bytes the arena's file holds in
+     * memory (its allocated pages, from fstat).
      */
     uint64_t resident_bytes;
     /**
