@@ -61,6 +61,7 @@ fn open(c: &TierConfig, rows: usize, block_bytes: usize) -> Harness {
 
 fn config_error(c: &TierConfig) -> String {
     let buffer = Buffer::new(BB);
+    // SAFETY: the buffer outlives the tier, which tier_new refuses anyway.
     let primary = unsafe { kvtier::PrimaryBuffer::new(buffer.ptr(), BB, BB) }.unwrap();
     match Tier::new(c, primary) {
         Ok(_) => panic!("tier_new succeeded"),

@@ -220,8 +220,9 @@ fn memory_fs(dir: &Path) -> Result<(&'static str, usize)> {
     let Ok(cpath) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
         bail!(Config, "persist_path: {} holds a NUL byte", dir.display());
     };
-    // SAFETY: statfs fills the zeroed struct; the path is NUL-terminated.
+    // SAFETY: a plain C struct of integers, for which zero is valid.
     let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statfs fills `st`; the path is NUL-terminated.
     if unsafe { libc::statfs(cpath.as_ptr(), &mut st) } != 0 {
         let e = std::io::Error::last_os_error();
         bail!(Config, "persist_path: cannot statfs {}: {e}", dir.display());
