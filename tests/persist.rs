@@ -309,6 +309,14 @@ fn persist_path_is_the_memory_backends_on_a_memory_file_system() {
     assert_eq!(err.kind(), ErrorKind::Config);
 }
 
+#[test]
+fn a_forked_child_does_not_keep_the_arena_locked() {
+    let dir = ShmDir::new();
+    let out = spawn_child("fork", &dir.0, 0).wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("reopened"), "{text}");
+}
+
 // ---- several processes ----
 
 /// Runs this test binary's `child` test in a new process with `role`.
@@ -419,6 +427,42 @@ fn child() {
                 h.tier().drain();
                 h.tier().poll(16);
             }
+        }
+        // A tier inherited by a forked child lets go of the lock when the
+        // child frees it: the parent then frees its own and opens the arena
+        // again while the child still lives.
+        "fork" => {
+            let c = config(&dir, 4, BB);
+            let mut h = open(&c, 4, BB);
+            h.store_all(1, &[7]);
+            let mut ends = [0; 2];
+            // SAFETY: a pipe into a two-element array.
+            assert_eq!(unsafe { libc::pipe(ends.as_mut_ptr()) }, 0);
+            // SAFETY: the child calls only the tier's fork-safe release and
+            // libc, then leaves with _exit.
+            let pid = unsafe { libc::fork() };
+            assert!(pid >= 0);
+            if pid == 0 {
+                drop(h.tier.take());
+                // SAFETY: plain libc calls on our own descriptor.
+                unsafe {
+                    libc::write(ends[1], b"x".as_ptr() as *const libc::c_void, 1);
+                    libc::sleep(30);
+                    libc::_exit(0);
+                }
+            }
+            let mut byte = 0u8;
+            // SAFETY: one byte into `byte`.
+            assert_eq!(
+                unsafe { libc::read(ends[0], &mut byte as *mut u8 as *mut libc::c_void, 1) },
+                1
+            );
+            drop(h);
+            let h = open(&c, 4, BB);
+            assert_eq!(h.present(&[7]), [7]);
+            // SAFETY: our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+            println!("reopened");
         }
         other => panic!("unknown role {other}"),
     }
