@@ -445,7 +445,8 @@ typedef struct tier_stats_t {
      * Bytes of the memory backend's arena that are resident: made so by
      * `prefault` or written by a store (0 for disk and Redis). Counted from
      * the populator's progress and the highest slot stored, not asked of
-     * the kernel.
+     * the kernel; with `persist_path`, the bytes the arena's file holds in
+     * memory (its allocated pages, from fstat).
      */
     uint64_t resident_bytes;
     /**
@@ -606,7 +607,14 @@ struct tier_config_t *tier_config_new(void);
  * arena ahead of the stored slots resident, an eighth of the capacity within
  * 64 MiB..1 GiB; "full": the whole capacity, from tier_new on). Other
  * backends accept only "off"; anything else fails tier_new with
- * TIER_ERR_CONFIG.
+ * TIER_ERR_CONFIG. "persist_path" (a directory on tmpfs or hugetlbfs,
+ * created owner-only if missing: the arena and its index live there in a
+ * file per namespace, mapped shared, so that the next tier_new over the
+ * same directory and namespace, after a crash or a restart, finds every
+ * block that was completely stored; one process at a time; not with
+ * "shared"; default none: the arena dies with the process; a file of
+ * another namespace or format is refused with TIER_ERR_CONFIG, one of
+ * another geometry is made anew: docs/memory.md).
  * Disk and Redis: "namespace" (what the blocks mean: model and revision,
  * dtype, tokens per block, parallel layout, rank; blocks of other
  * namespaces or block sizes are never loaded; required on shared storage,

@@ -110,6 +110,29 @@ impl PayloadHasher {
     }
 }
 
+/// XXH3-64 (the payload checksum written today) of a payload fed a piece
+/// at a time, for a block that is copied a piece at a time and checksummed
+/// while each piece is still in cache.
+pub(crate) struct Xxh3Pieces(Xxh3Streaming);
+
+impl Xxh3Pieces {
+    pub(crate) fn new() -> Xxh3Pieces {
+        Xxh3Pieces(twox_hash::xxhash3_64::RawHasher::new(
+            twox_hash::xxhash3_64::SecretBuffer::default(),
+        ))
+    }
+
+    /// Feeds the next bytes of the payload.
+    pub(crate) fn write(&mut self, piece: &[u8]) {
+        std::hash::Hasher::write(&mut self.0, piece);
+    }
+
+    /// The checksum of every byte fed, as [`PayloadSum::of`] gives it.
+    pub(crate) fn finish(&self) -> u64 {
+        std::hash::Hasher::finish(&self.0)
+    }
+}
+
 /// The fingerprint of a namespace name, written into every stored block so
 /// that blocks of different namespaces never mix.
 pub(crate) fn namespace_fingerprint(namespace: &str) -> u64 {
@@ -145,6 +168,11 @@ mod tests {
             let mut h = sum.hasher();
             h.write(&payload[1..]);
             assert!(!h.matches(), "{sum:?} of other bytes");
+        }
+        for piece in [1, 4096, 65536, 300_000] {
+            let mut h = Xxh3Pieces::new();
+            payload.chunks(piece).for_each(|p| h.write(p));
+            assert_eq!(PayloadSum::Xxh3(h.finish()), PayloadSum::of(&payload));
         }
     }
 

@@ -33,6 +33,7 @@
 mod aligned;
 mod backend;
 mod checksum;
+mod checksum_copy;
 mod config;
 mod engine;
 mod error;

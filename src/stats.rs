@@ -57,7 +57,8 @@ pub struct Stats {
     /// Bytes of the memory backend's arena that are resident: made so by
     /// `prefault` or written by a store (0 for disk and Redis). Counted from
     /// the populator's progress and the highest slot stored, not asked of
-    /// the kernel.
+    /// the kernel; with `persist_path`, the bytes the arena's file holds in
+    /// memory (its allocated pages, from fstat).
     pub resident_bytes: u64,
     /// Storage calls that missed their deadline (`io_timeout_ms`); each
     /// failed its job with TIER_ERR_IO on time.

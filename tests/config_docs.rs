@@ -159,6 +159,7 @@ fn check_default(key: &str, cell: &str) -> Result<(), String> {
                 ("path", "required") => Some(base.disk.path.is_none()),
                 ("url", "required") => Some(base.redis.urls.is_empty()),
                 ("seal_key" | "seal_key_file", "none") => Some(base.seal.is_none()),
+                ("persist_path", "none") => Some(base.persist_path.is_none()),
                 ("connections", "one per I/O thread") => Some(base.redis.connections.is_none()),
                 ("io_threads", "min(cores, 4)") => {
                     let cores = std::thread::available_parallelism().map_or(2, |n| n.get());

@@ -851,6 +851,7 @@ contract_suite!(
     memory_prefault_off,
     crate::common::memory_no_prefault_config
 );
+contract_suite!(memory_persist, crate::common::memory_persist_config);
 contract_suite!(disk, crate::common::disk_config);
 contract_suite!(disk_sealed, crate::common::sealed_disk_config);
 contract_suite!(redis, crate::common::redis::standalone_config, || {

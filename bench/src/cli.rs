@@ -38,6 +38,16 @@ struct Cli {
     /// dir); its contents are deleted
     #[arg(long, value_name = "PATH")]
     dir: Option<PathBuf>,
+    /// memory: run the bandwidth phase on a persistent arena (the tier's
+    /// persist_path) in a new directory under DIR (tmpfs or hugetlbfs), then
+    /// the reopen phase; the first-fill phase (anonymous memory's page
+    /// policies) is skipped. The directory is deleted at the end.
+    #[arg(long, value_name = "DIR")]
+    persist_path: Option<PathBuf>,
+    /// memory with --persist-path: the reopen phase's arena, filled, freed
+    /// and reopened --repeat times, in GiB [default: 4; --quick 0.25]
+    #[arg(long, value_name = "X", value_parser = positive)]
+    reopen_gib: Option<f64>,
     /// redis: a single server to use, redis://127.0.0.1:PORT (default: start
     /// redis-server on a free loopback port in a temp dir, stopped at the end)
     #[arg(long, value_name = "URL")]
@@ -160,6 +170,10 @@ fn block_size(value: &str) -> Result<usize, String> {
 pub struct Settings {
     pub backend: Backend,
     pub dir: Option<PathBuf>,
+    pub persist_path: Option<PathBuf>,
+    pub reopen_bytes: u64,
+    /// Whether --reopen-gib was given.
+    pub reopen_given: bool,
     pub url: Option<String>,
     pub connections: Option<usize>,
     pub recovery_blocks: usize,
@@ -228,6 +242,18 @@ impl Settings {
             b.to_possible_value()
                 .map_or_else(String::new, |v| v.get_name().to_owned())
         };
+        if self.persist_path.is_some() && self.backend != Memory {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--persist-path applies to --backend memory only",
+            ));
+        }
+        if self.reopen_given && self.persist_path.is_none() {
+            return Err(Cli::command().error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--reopen-gib needs --persist-path",
+            ));
+        }
         match skips
             .iter()
             .find(|(_, given, backends)| *given && !backends.contains(&self.backend))
@@ -260,6 +286,10 @@ impl From<Cli> for Settings {
         Settings {
             backend: c.backend,
             dir: c.dir,
+            persist_path: c.persist_path,
+            reopen_bytes: (c.reopen_gib.unwrap_or(if quick { 0.25 } else { 4.0 })
+                * (1u64 << 30) as f64) as u64,
+            reopen_given: c.reopen_gib.is_some(),
             url: c.url,
             connections: c.connections,
             recovery_blocks: pick(c.recovery_blocks, 2_000, 100_000),
@@ -362,6 +392,8 @@ mod tests {
             &["--skip-small-blocks"],
             &["--backend", "disk", "--skip-bandwidth"],
             &["--backend", "disk", "--skip-small-blocks"],
+            &["--backend", "disk", "--persist-path", "/dev/shm"],
+            &["--reopen-gib", "1"],
         ] {
             assert!(Settings::try_parse(bad).is_err(), "{bad:?}");
         }
@@ -388,6 +420,9 @@ mod tests {
         .unwrap();
         assert!(redis.skip_bandwidth && redis.skip_small_blocks);
         assert!(redis.skip_latency && redis.skip_lookup);
+        let persist =
+            Settings::try_parse(&["--persist-path", "/dev/shm", "--reopen-gib", "0.5"]).unwrap();
+        assert_eq!(persist.reopen_bytes, 512 << 20);
         let memory = Settings::try_parse(&["--skip-first-fill", "--skip-lookup"]).unwrap();
         assert!(memory.skip_first_fill && memory.skip_lookup);
         let e = Settings::try_parse(&["--backend", "disk", "--skip-latency"]).unwrap_err();

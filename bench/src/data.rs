@@ -10,6 +10,7 @@ pub const NS_LATENCY_PREFAULT: u64 = 2;
 pub const NS_LATENCY: u64 = 3;
 pub const NS_LOOKUP: u64 = 4;
 pub const NS_LOOKUP_MISS: u64 = 5;
+pub const NS_REOPEN: u64 = 6;
 
 const ROW_SEED: u64 = 0x6b76_7469_6572_2d62;
 

@@ -137,9 +137,9 @@ pub(crate) trait Discards {
     fn discard(&self, released: &[(u32, Vec<u8>)], is_live: &dyn Fn(&[u8]) -> bool);
 }
 
-/// Walks a tier's readable keys, least recently used first, calling its
-/// argument with each (see [`Persistence::save_on_close`]).
-pub(crate) type EachBlock<'a> = dyn FnMut(&mut dyn FnMut(&[u8])) + 'a;
+/// Walks a tier's readable blocks, least recently used first, calling its
+/// argument with each one's slot and key (see [`Persistence::save_on_close`]).
+pub(crate) type EachBlock<'a> = dyn FnMut(&mut dyn FnMut(u32, &[u8])) + 'a;
 
 /// Storage that outlives the tier: a new tier over it starts with the
 /// blocks it holds (disk, an owned Redis keyspace).
@@ -147,10 +147,17 @@ pub(crate) trait Persistence {
     /// Keys of blocks already in storage when the tier opens, oldest first.
     fn recover(&self) -> Result<Vec<Vec<u8>>>;
 
+    /// The block of the `i`-th key [`Persistence::recover`] returned is in
+    /// the index now, in `slot`: a backend that keeps blocks by slot (the
+    /// persistent memory arena) serves that slot from where the block is.
+    /// Called at open, before any store or load, for each key admitted.
+    fn recovered_at(&self, _i: usize, _slot: u32) {}
+
     /// The tier is being freed cleanly: every worker joined, no job left
     /// unfinished, no storage call past its deadline, and the index lists
     /// exactly the blocks this tier stored or found. `each_block(f)` calls
-    /// `f` with every readable key, least recently used first. A backend
+    /// `f` with every readable block's slot and key, least recently used
+    /// first. A backend
     /// that can record them for [`Persistence::recover`] does so (disk: the
     /// manifest); a failure is not reported.
     fn save_on_close(&self, _each_block: &mut EachBlock<'_>) {}

@@ -89,7 +89,7 @@ impl MemoryBackend {
             // populator (stopping and joining it) before unmapping. On
             // failure here `backend` is dropped, unmapping the arena.
             let populator =
-                unsafe { Populator::start(ptr as *mut u8, mapped_len, target, progress)? };
+                unsafe { Populator::start(ptr as *mut u8, mapped_len, target, progress, None)? };
             backend.populator = Some(populator);
         }
         Ok(backend)

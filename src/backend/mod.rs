@@ -11,6 +11,7 @@
 mod capabilities;
 pub(crate) mod disk;
 pub(crate) mod memory;
+pub(crate) mod persist;
 mod prefault;
 #[cfg(feature = "redis-backend")]
 pub(crate) mod redis;
@@ -170,6 +171,30 @@ mod tests {
         assert_eq!(capabilities(&memory), [false; 6]);
         #[cfg(feature = "test-hooks")]
         assert!(memory.test_seams().is_none());
+    }
+
+    #[test]
+    fn persistent_arena_round_trips_and_finds_its_blocks_again() {
+        use super::persist::PersistentArena;
+        let dir = std::path::Path::new("/dev/shm")
+            .join(format!("kvtier-backend-persist-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let open =
+            || PersistentArena::open(&dir, "ns", BB, 4, crate::config::Prefault::Off).unwrap();
+        let arena = open();
+        assert_eq!(
+            capabilities(&arena),
+            [false, false, false, true, true, false]
+        );
+        assert!(arena.recover().unwrap().is_empty());
+        round_trip(&arena);
+        drop(arena);
+        let arena = open();
+        let mut found = arena.recover().unwrap();
+        found.sort();
+        assert_eq!(found, [b"alpha".to_vec(), vec![0xffu8; 120]]);
+        drop(arena);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -29,6 +29,11 @@
 //! host that could starve it indefinitely while holding the arena's memory
 //! map lock for reading in the middle of a fault.
 //!
+//! A persistent arena (`persist_path`) is a shared mapping of a file on
+//! tmpfs or hugetlbfs: there each chunk is allocated in the file
+//! (`fallocate`) before it is populated, so that a full file system stops the
+//! populator with an error rather than a later store with SIGBUS.
+//!
 //! Fork: a child has no populator thread and never joins it (an inherited
 //! tier is abandoned, not dropped: see `Tier::abandon_in_forked_child`).
 
@@ -115,6 +120,14 @@ impl ArenaProgress {
     }
 }
 
+/// The file behind a persistent arena: the descriptor chunks are allocated
+/// through, and where the arena starts in it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Backing {
+    pub fd: std::os::fd::RawFd,
+    pub offset: u64,
+}
+
 /// How much of the arena to keep resident.
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Target {
@@ -135,13 +148,15 @@ impl Populator {
     /// Starts populating `len` bytes at `arena` towards `target`.
     ///
     /// # Safety
-    /// `arena..arena + len` stays mapped (read-write, private anonymous)
-    /// until this populator is dropped.
+    /// `arena..arena + len` stays mapped read-write (private anonymous, or
+    /// shared over `backing`'s file, whose descriptor stays open) until this
+    /// populator is dropped.
     pub(crate) unsafe fn start(
         arena: *mut u8,
         len: usize,
         target: Target,
         progress: Arc<ArenaProgress>,
+        backing: Option<Backing>,
     ) -> Result<Populator> {
         let arena = arena as usize;
         let shared = Arc::clone(&progress);
@@ -149,7 +164,7 @@ impl Populator {
         // `crate::thread`.
         let spawned = crate::thread::spawn_running(
             std::thread::Builder::new().name("kvtier-prefault".into()),
-            move || populate_arena(arena, len, target, &shared),
+            move || populate_arena(arena, len, target, backing, &shared),
         );
         let handle = match spawned {
             Ok(handle) => handle,
@@ -180,7 +195,13 @@ impl Drop for Populator {
 }
 
 /// The populator thread's body.
-fn populate_arena(arena: usize, len: usize, target: Target, p: &ArenaProgress) {
+fn populate_arena(
+    arena: usize,
+    len: usize,
+    target: Target,
+    backing: Option<Backing>,
+    p: &ArenaProgress,
+) {
     lower_own_priority();
     while !p.stop.load(Ordering::SeqCst) {
         let stored = p.stored_end.load(Ordering::SeqCst);
@@ -208,8 +229,15 @@ fn populate_arena(arena: usize, len: usize, target: Target, p: &ArenaProgress) {
         // Page-aligned start: `stored` ends on a slot boundary, which need
         // not be a page boundary.
         let start = from / PAGE * PAGE;
+        if let Some(file) = backing {
+            if let Err(errno) = allocate(file, start, end - start) {
+                p.gave_up_errno.store(errno, Ordering::Relaxed);
+                return;
+            }
+        }
         // SAFETY: `start..end` lies inside the arena, which the owner keeps
-        // mapped until it has joined this thread.
+        // mapped until it has joined this thread (and allocated in its file,
+        // if it has one).
         if let Err(errno) = unsafe { populate((arena + start) as *mut u8, end - start) } {
             p.gave_up_errno.store(errno, Ordering::Relaxed);
             return;
@@ -220,11 +248,32 @@ fn populate_arena(arena: usize, len: usize, target: Target, p: &ArenaProgress) {
 
 const PAGE: usize = 4096;
 
+/// Allocates `len` bytes of the arena from byte `at` in its file (pages it
+/// holds already stay as they are); the errno on failure (ENOSPC).
+pub(crate) fn allocate(file: Backing, at: usize, len: usize) -> std::result::Result<(), i32> {
+    // SAFETY: a plain system call on a descriptor the arena's owner keeps open.
+    let rc = unsafe {
+        libc::fallocate(
+            file.fd,
+            0,
+            (file.offset + at as u64) as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0))
+    }
+}
+
 /// Makes `len` bytes at `ptr` resident and writable without changing them;
 /// the errno on failure (out of memory, a signal).
 ///
 /// # Safety
-/// The range is inside a private anonymous read-write mapping.
+/// The range is inside a read-write mapping: private anonymous, or shared
+/// over a file whose pages in the range are allocated (a store into a hole
+/// of a full tmpfs is SIGBUS, which the fallback's writes would meet).
 unsafe fn populate(ptr: *mut u8, len: usize) -> std::result::Result<(), i32> {
     if libc::madvise(ptr as *mut libc::c_void, len, libc::MADV_POPULATE_WRITE) == 0 {
         return Ok(());

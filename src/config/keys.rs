@@ -27,4 +27,5 @@ pub const CONFIG_KEYS: &[&str] = &[
     "seal_key",
     "seal_key_file",
     "prefault",
+    "persist_path",
 ];

@@ -249,6 +249,11 @@ pub struct TierConfig {
     /// Memory backend: when its arena becomes resident; `None` picks the
     /// default ([`TierConfig::resolved_prefault`]).
     pub prefault: Option<Prefault>,
+    /// Memory backend: a directory on tmpfs or hugetlbfs where the arena and
+    /// its index live in a file per namespace, so that the next tier over the
+    /// same directory and namespace (after a crash or a restart) finds the
+    /// blocks; `None`: an anonymous arena that dies with the process.
+    pub persist_path: Option<PathBuf>,
 }
 
 impl Default for TierConfig {
@@ -267,6 +272,7 @@ impl Default for TierConfig {
             events_capacity: DEFAULT_EVENTS_CAPACITY,
             seal: None,
             prefault: None,
+            persist_path: None,
         }
     }
 }

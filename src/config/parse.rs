@@ -184,6 +184,12 @@ impl TierConfig {
                     ),
                 })
             }
+            "persist_path" => {
+                if value.is_empty() {
+                    bail!(Config, "persist_path: empty");
+                }
+                self.persist_path = Some(PathBuf::from(value));
+            }
             _ => bail!(
                 Config,
                 "unknown configuration key {key:?} (known keys: {})",

@@ -7,7 +7,7 @@ use super::probes::MAX_PROBE_MEMORY;
 use super::shared::Lease;
 use super::shared::{Shared, State};
 use super::Tier;
-use crate::backend::{disk::DiskBackend, memory::MemoryBackend, Backend};
+use crate::backend::{disk::DiskBackend, memory::MemoryBackend, persist::PersistentArena, Backend};
 use crate::config::{BackendKind, TierConfig};
 use crate::error::{bail, Result};
 use crate::events::StoredReason;
@@ -46,6 +46,7 @@ impl Tier {
             );
         }
         check_shared_identity(config)?;
+        check_persist_path(config)?;
         let sealer = config.seal.as_ref().map(Sealer::new);
         let prefault = config.resolved_prefault()?;
         let backend: Box<dyn Backend> = match config.backend {
@@ -55,9 +56,16 @@ impl Tier {
                 "seal_key: the memory backend keeps blocks inside this process; \
                  sealing is for shared storage (disk, redis)"
             ),
-            BackendKind::Memory => {
-                Box::new(MemoryBackend::new(block_bytes, blocks as usize, prefault)?)
-            }
+            BackendKind::Memory => match &config.persist_path {
+                Some(dir) => Box::new(PersistentArena::open(
+                    dir,
+                    &config.namespace,
+                    block_bytes,
+                    blocks as usize,
+                    prefault,
+                )?),
+                None => Box::new(MemoryBackend::new(block_bytes, blocks as usize, prefault)?),
+            },
             BackendKind::Disk => Box::new(DiskBackend::open(
                 &config.disk,
                 &config.namespace,
@@ -109,13 +117,16 @@ impl Tier {
             Some(storage) => storage.recover()?,
             None => Vec::new(),
         };
-        for key in recovered {
+        for (i, key) in recovered.iter().enumerate() {
             // Oldest first, so when storage holds more than the capacity the
             // oldest blocks are the ones evicted again.
-            if index.admit_found(&key, &mut victims, StoredReason::Recovered)
-                == (Admitted::Added { evicted: true })
+            if let Admitted::Added { evicted, slot } =
+                index.admit_found(key, &mut victims, StoredReason::Recovered)
             {
-                evicted_at_open += 1;
+                evicted_at_open += u64::from(evicted);
+                if let Some(storage) = backend.persistence() {
+                    storage.recovered_at(i, slot);
+                }
             }
         }
         let released_at_open = index.take_released();
@@ -169,6 +180,32 @@ impl Tier {
         }
         Ok(tier)
     }
+}
+
+/// `persist_path` is the memory backend's, and keeps one process's arena:
+/// its slots are handed out by that process's index, so a second writer
+/// would overwrite blocks the first one's index still lists.
+fn check_persist_path(config: &TierConfig) -> Result<()> {
+    if config.persist_path.is_none() {
+        return Ok(());
+    }
+    if config.backend != BackendKind::Memory {
+        bail!(
+            Config,
+            "persist_path: keeps the memory backend's arena in a file; backend {} keeps \
+             its blocks elsewhere (disk: \"path\")",
+            config.backend.name()
+        );
+    }
+    if config.disk.shared {
+        bail!(
+            Config,
+            "shared: a persistent memory arena is written by one process at a time (its \
+             slots are handed out by that process's index); to share blocks between \
+             processes use backend=disk with shared=true on a tmpfs directory"
+        );
+    }
+    Ok(())
 }
 
 /// Shared storage serves blocks to whoever names their keys, so it must know

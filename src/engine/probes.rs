@@ -156,7 +156,7 @@ impl Shared {
                 Admitted::NoRoom
             };
             match admitted {
-                Admitted::Added { evicted } => {
+                Admitted::Added { evicted, .. } => {
                     Counters::add(&self.counters.evictions, evicted as u64);
                 }
                 Admitted::Present => {}

@@ -47,8 +47,9 @@ pub(crate) enum LoadOutcome {
 /// What [`Index::admit_found`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Admitted {
-    /// Added as most recent; `evicted` says whether a block made room.
-    Added { evicted: bool },
+    /// Added as most recent in `slot`; `evicted` says whether a block made
+    /// room.
+    Added { evicted: bool, slot: u32 },
     /// The key was in the index already.
     Present,
     /// Full, and every block is pinned or in flight.
@@ -270,8 +271,8 @@ impl Index {
             }
             self.evict(victims[0]);
         }
-        self.insert_ready(key, hash, reason);
-        Admitted::Added { evicted }
+        let slot = self.insert_ready(key, hash, reason);
+        Admitted::Added { evicted, slot }
     }
 
     /// Whether `key` is in the index (stored or being stored).

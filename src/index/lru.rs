@@ -51,17 +51,18 @@ impl Index {
     #[cfg(test)]
     pub(crate) fn lru_order(&self) -> Vec<Vec<u8>> {
         let mut out = Vec::new();
-        self.for_each_lru(&mut |key| out.push(key.to_vec()));
+        self.for_each_lru(&mut |_, key| out.push(key.to_vec()));
         out
     }
 
-    /// Calls `f` with every readable key, least recently used first.
-    pub(crate) fn for_each_lru(&self, f: &mut dyn FnMut(&[u8])) {
+    /// Calls `f` with every readable block's slot and key, least recently
+    /// used first.
+    pub(crate) fn for_each_lru(&self, f: &mut dyn FnMut(u32, &[u8])) {
         let mut s = self.lru_head;
         let mut buf = [0u8; MAX_KEY_LEN];
         while s != NIL {
             let len = self.key_of(s, &mut buf);
-            f(&buf[..len]);
+            f(s, &buf[..len]);
             s = self.links[s as usize].next;
         }
     }

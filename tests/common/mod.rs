@@ -170,7 +170,12 @@ impl Harness {
             Tier::new(config, primary)
         }
         .unwrap();
-        let scratch_dir = config.disk.path.clone().filter(|p| is_scratch(p));
+        let scratch_dir = config
+            .disk
+            .path
+            .clone()
+            .or_else(|| config.persist_path.clone())
+            .filter(|p| is_scratch(p));
         Harness {
             tier: Some(tier),
             buffer,
@@ -412,6 +417,23 @@ pub fn scratch_dir() -> std::path::PathBuf {
     let dir = std::env::temp_dir().join(format!("kvtier-test-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     dir
+}
+
+/// A fresh, empty directory on /dev/shm (tmpfs: a persistent memory arena's
+/// `persist_path` must be in memory), unique per call.
+pub fn shm_scratch_dir() -> std::path::PathBuf {
+    let dir = std::path::Path::new("/dev/shm").join(scratch_dir().file_name().unwrap());
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+/// A memory tier whose arena persists in a fresh directory on /dev/shm.
+pub fn memory_persist_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    TierConfig {
+        persist_path: Some(shm_scratch_dir()),
+        namespace: "contract".into(),
+        ..memory_config(capacity_blocks, block_bytes)
+    }
 }
 
 /// A disk tier configuration in a fresh scratch directory.

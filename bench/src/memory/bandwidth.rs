@@ -13,6 +13,7 @@ use crate::progress::Progress;
 use crate::report::{gib, mib, num, size, Cmp, Report};
 use crate::stats::{dist, max, median, min, percentiles};
 use serde_json::json;
+use std::path::Path;
 
 pub struct Results {
     pub io_threads: usize,
@@ -36,12 +37,19 @@ pub struct Results {
     pub load_job_ns: Vec<u64>,
     pub verified_bytes: u64,
     pub verify_passes: usize,
-    /// The first-fill phase (None with --skip-first-fill).
+    /// The first-fill phase (None with --skip-first-fill or --persist-path).
     pub first_fill: Option<prefault::Results>,
+    /// The persistent arena's `tier_describe` (None: an anonymous arena).
+    pub arena: Option<String>,
 }
 
-/// `helper_threads` fill and verify rows (untimed).
-pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
+/// `helper_threads` fill and verify rows (untimed). With `arena_dir`, the
+/// tier's arena persists there (`persist_path`).
+pub fn run(
+    p: &Settings,
+    helper_threads: usize,
+    arena_dir: Option<&Path>,
+) -> Result<Results, String> {
     let block = p.block_bytes;
     let n = (p.data_bytes.div_ceil(block as u64) as usize).max(1);
     let pass_bytes = (n * block) as u64;
@@ -58,7 +66,14 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
         cfg.set("io_threads", &t.to_string())
             .map_err(|e| e.to_string())?;
     }
+    if let Some(dir) = arena_dir {
+        cfg.set("persist_path", &dir.to_string_lossy())
+            .map_err(|e| e.to_string())?;
+        cfg.set("namespace", "kvtier-bench/bandwidth")
+            .map_err(|e| e.to_string())?;
+    }
     let tier = Tier::new(&cfg, &buf, block).map_err(|e| e.to_string())?;
+    let arena = arena_dir.map(|_| tier.describe());
     let stats = tier.stats().map_err(|e| e.to_string())?;
     let io_threads = stats.io_threads as usize;
     let window = p.window.unwrap_or(2 * io_threads).max(1);
@@ -139,6 +154,7 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
         verified_bytes: 0,
         verify_passes: 0,
         first_fill: None,
+        arena,
     };
     for _ in 0..p.repeat {
         let secs = memcpy_pass(&buf, n, block, io_threads);
@@ -162,7 +178,7 @@ pub fn run(p: &Settings, helper_threads: usize) -> Result<Results, String> {
     r.verified_bytes = verified_bytes;
     r.verify_passes = verify_passes;
     let after = tier.stats().map_err(|e| e.to_string())?;
-    if !p.skip_first_fill {
+    if !p.skip_first_fill && arena_dir.is_none() {
         // Not beside a resident 2 GiB arena it has no use for.
         drop(tier);
         let setup = prefault::Setup {
@@ -228,6 +244,9 @@ impl Results {
                 self.store.len()
             ),
         );
+        if let Some(arena) = &self.arena {
+            out.line("arena", format!("persistent (--persist-path): {arena}"));
+        }
         out.row(
             format!("memcpy, {} threads (baseline)", self.io_threads),
             memcpy,
@@ -251,7 +270,11 @@ impl Results {
             ),
         );
         out.row(
-            "store, first pass (cold arena, prefault=off)",
+            if self.arena.is_some() {
+                "store, first pass (new arena file: each slot allocated, prefault=off)"
+            } else {
+                "store, first pass (cold arena, prefault=off)"
+            },
             self.store_cold,
             "GB/s",
             format!(
@@ -262,6 +285,8 @@ impl Results {
                 mib(self.cold_huge_added as f64)
             ),
         );
+        // The persistent arena's target is the (56): 0.9x memcpy.
+        let bound = if self.arena.is_some() { 0.9 } else { 0.85 };
         for (name, v) in [("store", &self.store), ("load", &self.load)] {
             let m = median(v);
             out.row(
@@ -276,10 +301,10 @@ impl Results {
                 ),
             )
             .target(
-                format!("{name} >= 0.85x memcpy (same thread count)"),
+                format!("{name} >= {bound}x memcpy (same thread count)"),
                 m / memcpy,
                 Cmp::AtLeast,
-                0.85,
+                bound,
             );
         }
         for (name, v) in [("store", &self.store_job_ns), ("load", &self.load_job_ns)] {
@@ -329,6 +354,7 @@ impl Results {
                 "store_job_latency_ns": percentiles(&self.store_job_ns),
                 "load_job_latency_ns": percentiles(&self.load_job_ns),
                 "verified_bytes": self.verified_bytes,
+                "persistent_arena": self.arena,
             }),
         );
         out.verified(format!(

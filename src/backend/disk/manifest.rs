@@ -278,7 +278,7 @@ impl DiskBackend {
             out.put(&self.fan_stamps()?)?;
             let mut count = 0u64;
             let mut failed = None;
-            each_block(&mut |key| {
+            each_block(&mut |_, key| {
                 if failed.is_some() {
                     return;
                 }
