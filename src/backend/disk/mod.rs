@@ -167,6 +167,9 @@ pub(crate) struct DiskBackend {
     /// (one the scan could not read, one a deletion failed to remove): a
     /// manifest would hide it from every later open, so none is written.
     unindexed: AtomicBool,
+    /// Loads stamp their file's access time (see `read::stamp_use`); off
+    /// once the file system refused this process (not the files' owner).
+    stamps_use: AtomicBool,
     /// How the index was rebuilt at open (`RECOVERED_*`), for `describe`.
     recovered_by: AtomicU8,
     /// The tier's capacity in blocks: a journal generation's length.

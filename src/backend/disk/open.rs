@@ -108,6 +108,7 @@ impl DiskBackend {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             unindexed: AtomicBool::new(false),
+            stamps_use: AtomicBool::new(true),
             recovered_by: AtomicU8::new(RECOVERED_NOT_YET),
             capacity_blocks,
             journal: std::sync::OnceLock::new(),
