@@ -125,7 +125,7 @@ pub(crate) fn generation_fingerprint(namespace_fp: u64, tenant: u64, generation:
     all[..8].copy_from_slice(&namespace_fp.to_le_bytes());
     all[8..16].copy_from_slice(&tenant.to_le_bytes());
     all[16..].copy_from_slice(&generation.to_le_bytes());
-    xxh64(&all, 0x6b76_6765_6e)
+    xxh64(&all, 0x006b_7667_656e)
 }
 
 #[cfg(test)]

@@ -443,6 +443,28 @@ pub(crate) fn stamp_access(fd: &OwnedFd) -> io::Result<()> {
     Ok(())
 }
 
+/// `rename(2)` that fails with EEXIST instead of replacing `to`.
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    with_cpath(from, |from| {
+        with_cpath(to, |to| {
+            // SAFETY: two valid NUL-terminated paths, relative to nothing.
+            let r = unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::RENAME_NOREPLACE,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    })
+}
+
 /// Creates one directory with owner-only permissions.
 pub(crate) fn mkdir(path: &Path) -> io::Result<()> {
     with_cpath(path, |c| {
