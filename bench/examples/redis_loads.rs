@@ -137,7 +137,7 @@ fn main() {
     let mut rates = Vec::new();
     while t0.elapsed().as_secs_f64() < secs {
         if store && !steady {
-            tier.clear();
+            tier.clear().expect("clear the tier");
             tier.drain();
             // A first fill faults fresh memory in: not the memory the
             // clear's DELs just freed, which jemalloc keeps for ~10 s.
@@ -174,6 +174,6 @@ fn main() {
         (own.0 - own0.0) / gb,
         (own.1 - own0.1) / gb,
     );
-    tier.clear();
+    tier.clear().expect("clear the tier");
     tier.drain();
 }

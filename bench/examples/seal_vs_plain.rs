@@ -104,7 +104,7 @@ fn compare(name: &str, config: &TierConfig, mib: usize, reps: usize, rows: &Rows
             rates[mode][1].push(common::pass(
                 &tier, false, first_key, blocks, JOB_BLOCKS, WINDOW, nrows, BLOCK,
             ));
-            tier.clear();
+            tier.clear().expect("clear the tier");
             tier.drain();
             drop(tier);
         }
