@@ -64,6 +64,10 @@ static void test_abi_info_sizes_too_small_or_larger(void) {
     CHECK_ERROR(tier_abi_info((tier_abi_info_t *)(void *)buf, TIER_ABI_INFO_SIZE_V1 - 1),
                 TIER_ERR_INVALID_ARG, "tier_abi_info", "size");
     CHECK(all_guard(buf, sizeof buf));
+    /* A size no object can have (above PTRDIFF_MAX) is refused too. */
+    CHECK_ERROR(tier_abi_info((tier_abi_info_t *)(void *)buf, (size_t)PTRDIFF_MAX + 1),
+                TIER_ERR_INVALID_ARG, "tier_abi_info", "address space");
+    CHECK(all_guard(buf, sizeof buf));
     CHECK_ERROR(tier_abi_info(NULL, sizeof info), TIER_ERR_NULL_ARG, "tier_abi_info", "out");
     CHECK_OK(tier_abi_info((tier_abi_info_t *)(void *)buf, sizeof buf));
     memcpy(&info, buf, sizeof info);
@@ -85,6 +89,8 @@ static void test_stats_sizes_too_small_exact_and_larger(void) {
                 TIER_ERR_INVALID_ARG, "tier_stats", "size");
     CHECK_ERROR(tier_stats(tier, (tier_stats_t *)(void *)buf, 0), TIER_ERR_INVALID_ARG, "tier_stats",
                 "size");
+    CHECK_ERROR(tier_stats(tier, (tier_stats_t *)(void *)buf, SIZE_MAX), TIER_ERR_INVALID_ARG,
+                "tier_stats", "address space");
     CHECK(all_guard(buf, sizeof buf));
 
     memset(&exact, 0, sizeof exact);

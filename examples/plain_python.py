@@ -17,7 +17,7 @@ primary[:8] = rng.integers(0, 256, size=(8, ROW_BYTES), dtype=np.uint8)
 # Keys are bytes of one length (vLLM uses a 32-byte hash + 4-byte group index).
 keys = [f"block-{i:04d}".encode() for i in range(8)]
 
-with kvtier.Tier(primary, capacity_bytes="256MiB", io_threads=2) as tier:
+with kvtier.Tier(primary, capacity_bytes="256MiB") as tier:
     print(f"kvtier {kvtier.library_version()} from {kvtier.library_path}")
     print(tier)
 

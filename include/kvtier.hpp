@@ -34,7 +34,7 @@
  *
  * Example (with exceptions):
  *
- *     kvtier::Tier tier(kvtier::Config().set("capacity_bytes", "8GiB").set("io_threads", 4),
+ *     kvtier::Tier tier(kvtier::Config().set("capacity_bytes", "8GiB").set("events", true),
  *                       primary, primary_len, block_bytes);
  *     tier.submit_store(job_id, {keys, 36, n}, {rows, n});  // or containers
  *     tier.wait(std::chrono::milliseconds(10));
@@ -322,7 +322,7 @@ inline void check_rows(const char *method, const Keys &keys, std::size_t rows) {
  * Owns a configuration builder (tier_config_new / tier_config_free).
  *
  *     kvtier::Config cfg;
- *     cfg.set("backend", "disk").set("path", dir).set("io_threads", 8).set("shared", true);
+ *     cfg.set("backend", "disk").set("path", dir).set("shared", true);   // io_threads: the disk's 32
  *
  * set() throws kvtier::Error (TIER_ERR_CONFIG for an unknown key or a bad
  * value; the configuration is then unchanged). Not for concurrent use.
@@ -364,7 +364,7 @@ class Config {
         return *this;
     }
 
-    /** Sets an option from an integer ("io_threads", 4). */
+    /** Sets an option from an integer ("events_capacity", 4096). */
     template <class Int, std::enable_if_t<std::is_integral<Int>::value && !std::is_same<Int, bool>::value, int> = 0>
     Config &set(detail::CString key, Int value) & {
         char text[24];

@@ -37,11 +37,12 @@ elif py="$(bash "$repo/scripts/engine_env.sh" --check)"; then
 else
     venv="$repo/build/pyenv"
     py="$venv/bin/python"
-    # prometheus_client: its text parser reads Tier.metrics() in test_observe.py.
-    if ! "$py" -c "import pytest, numpy, prometheus_client" 2>/dev/null; then
+    # prometheus_client: its text parser reads Tier.metrics() in test_observe.py;
+    # setuptools: the packaging tests load python/setup.py (venvs of Python 3.12 lack it).
+    if ! "$py" -c "import pytest, numpy, prometheus_client, setuptools" 2>/dev/null; then
         echo "run_tests.sh: setting up $venv" >&2
         python3 -m venv "$venv"
-        "$py" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client
+        "$py" -m pip install --quiet --disable-pip-version-check pytest numpy prometheus_client setuptools
     fi
 fi
 

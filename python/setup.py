@@ -1,8 +1,12 @@
 """Builds the kvtier wheel with libkvtier.so inside the package.
 
-The library comes from $KVTIER_LIBRARY if set; otherwise `cargo build --release`
-runs in the repository this directory belongs to (python/..) and its
-target/release/libkvtier.so is used. Everything else is in pyproject.toml.
+The library is the one CMake links (from libkvtier.a with abi/kvtier.map, so
+its exports carry the KVTIER_<abi> symbol versions; cargo's own cdylib has
+none). It comes from $KVTIER_LIBRARY if set (scripts/build_wheel.sh sets it);
+otherwise CMake builds it from the repository this directory belongs to
+(python/..), which needs cmake, cargo and a C compiler. Any failure stops the
+build: an older library is never packaged in its place. Everything else is in
+pyproject.toml.
 """
 
 import os
@@ -17,42 +21,73 @@ from setuptools.dist import Distribution
 try:
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # setuptools < 70.1
-    from wheel.bdist_wheel import bdist_wheel
+    try:
+        from wheel.bdist_wheel import bdist_wheel
+    except ImportError:  # no wheel support: build_py and the like still run
+        bdist_wheel = None
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LIBRARY = "libkvtier.so"
 
 
-def library() -> Path:
-    env = os.environ.get("KVTIER_LIBRARY")
-    if env:
-        path = Path(env)
-        if not path.is_file():
-            raise SystemExit(f"KVTIER_LIBRARY={env} does not exist")
-        return path
-    if not (REPO / "Cargo.toml").is_file():
-        raise SystemExit(
-            "kvtier: no repository at {REPO} to build libkvtier.so from; set "
-            "KVTIER_LIBRARY to a built library".format(REPO=REPO)
+def fail(message: str):
+    raise SystemExit(f"kvtier: {message}")
+
+
+def checked(path: Path) -> Path:
+    """`path`, if it is a library CMake linked (it names a KVTIER_ version node)."""
+    if not path.is_file():
+        fail(f"{path} does not exist")
+    if b"\0KVTIER_" not in path.read_bytes():
+        fail(
+            f"{path} has no KVTIER_ symbol versions: it is not the library CMake links "
+            "(cargo's target/release/libkvtier.so is not shipped); build it with "
+            "`cmake -S . -B build && cmake --build build` and use build/lib/libkvtier.so.1"
         )
-    built = REPO / "target" / "release" / LIBRARY
-    cargo = shutil.which("cargo") or str(Path.home() / ".cargo" / "bin" / "cargo")
-    try:
-        subprocess.run([cargo, "build", "--release", "--lib"], cwd=REPO, check=True)
-    except (OSError, subprocess.CalledProcessError) as exc:
-        if not built.is_file():
-            raise SystemExit(f"kvtier: `cargo build --release` failed: {exc}") from exc
-        print(f"kvtier: cargo failed ({exc}); packaging the existing {built}")
-    return built
+    return path
+
+
+def cmake_built_library(build_dir: Path) -> Path:
+    """Configures and builds the library alone (no tests) in `build_dir`."""
+    if not (REPO / "CMakeLists.txt").is_file():
+        fail(
+            f"no kvtier repository at {REPO} to build libkvtier.so from; set "
+            "KVTIER_LIBRARY to a library CMake built, or install a wheel "
+            "(scripts/build_wheel.sh)"
+        )
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        fail(
+            "building from source needs cmake (and cargo and a C compiler); install "
+            "them, or install a prebuilt wheel (scripts/build_wheel.sh)"
+        )
+    steps = [
+        [cmake, "-S", str(REPO), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
+         "-DKVTIER_BUILD_TESTS=OFF"],
+        [cmake, "--build", str(build_dir)],
+    ]
+    for step in steps:
+        try:
+            subprocess.run(step, check=True)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            fail(f"`{' '.join(step)}` failed ({exc}); nothing was packaged")
+    return checked((build_dir / "lib" / f"{LIBRARY}.1").resolve())
 
 
 class BuildPyWithLibrary(build_py):
     def run(self):
         super().run()
+        env = os.environ.get("KVTIER_LIBRARY")
+        if env:
+            library = checked(Path(env))
+        else:
+            build_temp = Path(self.get_finalized_command("build").build_temp)
+            library = cmake_built_library(build_temp.resolve() / "cmake")
         dest = Path(self.build_lib) / "kvtier" / LIBRARY
         dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(library(), dest)
+        shutil.copyfile(library, dest)
+        dest.chmod(0o755)
 
 
 class BinaryDistribution(Distribution):
@@ -62,15 +97,19 @@ class BinaryDistribution(Distribution):
         return True
 
 
-class PlatformWheel(bdist_wheel):
-    """No Python extension inside: any Python 3, one platform."""
+commands = {"build_py": BuildPyWithLibrary}
+if bdist_wheel is not None:
 
-    def get_tag(self):
-        _, _, plat = super().get_tag()
-        return "py3", "none", plat
+    class PlatformWheel(bdist_wheel):
+        """No Python extension inside: any Python 3, one platform (auditwheel
+        then gives it its manylinux tag)."""
 
+        def get_tag(self):
+            _, _, plat = super().get_tag()
+            return "py3", "none", plat
 
-setup(
-    distclass=BinaryDistribution,
-    cmdclass={"build_py": BuildPyWithLibrary, "bdist_wheel": PlatformWheel},
-)
+    commands["bdist_wheel"] = PlatformWheel
+
+# setuptools runs this file as __main__; the tests load it to call the functions above.
+if __name__ == "__main__":
+    setup(distclass=BinaryDistribution, cmdclass=commands)

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test (C/C++ through the real library, ASan/UBSan, valgrind, the
 # C++ wrapper, header checks, install and consumer builds, the Rust tests, the
-# benchmark smoke tests, the Python binding and the vLLM adapter) on a fresh
-# machine that has cargo, a C/C++ compiler and python3. Installs cmake,
+# benchmark smoke tests, the Python binding, the vLLM and SGLang adapters, and
+# the wheel installed where there is no cargo) on a fresh machine that has
+# cargo, a C/C++ compiler and python3 (README.md, "Requirements"). Installs cmake,
 # pkg-config, redis-server, abigail-tools (abidw, abidiff: the ABI check),
 # valgrind and mount if they are missing, and makes /dev/fuse if it can.
 #

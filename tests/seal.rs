@@ -147,9 +147,10 @@ fn a_foreign_key_is_left_alone_in_an_unshared_directory() {
 }
 
 /// Record offsets (see src/seal/record.rs) and a spread of header, ciphertext
-/// and padding-free payload bytes. The version is lowered (8: 1 becomes 0): a
-/// raised one reads as a newer format, a miss left in place
-/// (tests/format_promise.rs).
+/// and padding-free payload bytes. The version is lowered (8: 1 becomes 0);
+/// a version raised by damage is damage too, and only a record whose key
+/// field opens over its raised version is a newer format, a miss left in
+/// place (tests/format_promise.rs).
 const FLIPS: &[usize] = &[
     0,
     8,
@@ -522,8 +523,8 @@ mod on_redis {
     #[test]
     fn tampered_swapped_and_replayed_values_are_detected() {
         let server = redis_or_skip!();
-        // The version is lowered (a raised one reads as a newer format,
-        // tests/format_promise.rs).
+        // The version is lowered (a raised one is damage too unless its key
+        // field opens over it, tests/format_promise.rs).
         let flips = [
             0,
             8,

@@ -13,7 +13,7 @@
 #                          kvtier registers no tests there
 #   consumer_pkgconfig     `pkg-config --cflags --libs kvtier`, C++ through kvtier.hpp
 #   consumer_pkgconfig_c   the same for a C program
-#   package_dlopen         a plugin host: dlopen(libkvtier.so.MAJOR) from the
+#   package_dlopen         a plugin host: dlopen(libkvtier.so.<ABI>) from the
 #                          installed tree, every function of kvtier.h resolved
 #                          with dlsym (the list is generated from the header),
 #                          version against the header's macros, round trip,

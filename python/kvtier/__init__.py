@@ -2,7 +2,7 @@
 
     import numpy as np, kvtier
     primary = np.zeros((64, 2 << 20), dtype=np.uint8)   # 64 rows of 2 MiB
-    with kvtier.Tier(primary, capacity_bytes="1GiB", io_threads=2) as tier:
+    with kvtier.Tier(primary, capacity_bytes="1GiB") as tier:
         tier.submit_store(1, [b"key-0001"], [0])
         tier.wait(1.0)
         [result] = tier.poll()
@@ -21,24 +21,24 @@ from ._lib import (
     library_version,
     status_name,
 )
-from .tier import (
+from .errors import KVTierError
+from .records import (
     Event,
     EventKind,
     FailReason,
     JobKind,
     JobResult,
-    KVTierError,
     LookupState,
     RemovedReason,
     StoredReason,
-    Tier,
     TierStats,
 )
+from .tier import Tier
 
 # TIER_OK, TIER_TIMEOUT and every TIER_ERR_*: the library's own table.
 globals().update(STATUS_CODES)
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
     "Event",

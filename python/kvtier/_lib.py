@@ -10,16 +10,20 @@ from ctypes import (
     c_char_p,
     c_int32,
     c_size_t,
+    c_uint8,
     c_uint32,
     c_uint64,
-    c_uint8,
     c_void_p,
 )
 from pathlib import Path
+from typing import Any
 
 LIBRARY_NAME = "libkvtier.so"
 ENV_LIBRARY = "KVTIER_LIBRARY"
 
+# The header's codes the library cannot be asked for (the status codes it
+# can are read from it below); tests/test_header_constants.py holds every
+# #define TIER_ of include/kvtier.h equal to these.
 TIER_MISS = 0
 TIER_HIT = 1
 TIER_PENDING = 2
@@ -144,7 +148,7 @@ class AbiMismatchError(ImportError):
     """The library found speaks another ABI than this binding."""
 
 
-def check_abi(lib, path) -> None:
+def check_abi(lib: Any, path: object) -> None:
     """Refuse a library whose ABI version or struct sizes differ from this
     binding's: the binding and the library must come from one kvtier build."""
     advice = (
@@ -272,6 +276,7 @@ TIER_OK: int = STATUS_CODES["TIER_OK"]
 TIER_TIMEOUT: int = STATUS_CODES["TIER_TIMEOUT"]
 TIER_ERR_INVALID_ARG: int = STATUS_CODES["TIER_ERR_INVALID_ARG"]
 TIER_ERR_OUT_OF_RANGE: int = STATUS_CODES["TIER_ERR_OUT_OF_RANGE"]
+TIER_ERR_DUPLICATE_JOB: int = STATUS_CODES["TIER_ERR_DUPLICATE_JOB"]
 TIER_ERR_CONFIG: int = STATUS_CODES["TIER_ERR_CONFIG"]
 TIER_ERR_SHUTDOWN: int = STATUS_CODES["TIER_ERR_SHUTDOWN"]
 TIER_ERR_ALLOC: int = STATUS_CODES["TIER_ERR_ALLOC"]

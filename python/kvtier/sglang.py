@@ -45,7 +45,6 @@ The hybrid-model v2 calls raise ``NotImplementedError`` (SGLang's default).
 
 from __future__ import annotations
 
-import ctypes
 import hashlib
 import itertools
 import logging
@@ -56,7 +55,9 @@ from typing import Any
 import numpy as np
 
 from . import _lib, identity
-from .tier import KVTierError, Tier
+from ._adapter import FailureLog, backend_of, check_config, is_shared, parse_bool
+from .errors import KVTierError
+from .tier import Tier
 
 try:
     import torch
@@ -65,13 +66,13 @@ try:
     _SGLANG_IMPORT_ERROR: BaseException | None = None
 except Exception as exc:  # ImportError, or an SGLang install that fails to import
     _SGLANG_IMPORT_ERROR = exc
-    HiCacheStorage = object  # type: ignore[assignment,misc]
+    HiCacheStorage = object
 
 StorageMetrics: Any = None
 if _SGLANG_IMPORT_ERROR is None:
     for _where in ("sglang.srt.observability.metrics_collector", "sglang.srt.metrics.collector"):
         try:  # the first is 0.5.23's module, the second older releases'
-            StorageMetrics = getattr(__import__(_where, fromlist=["StorageMetrics"]), "StorageMetrics")
+            StorageMetrics = __import__(_where, fromlist=["StorageMetrics"]).StorageMetrics
             break
         except Exception:
             continue
@@ -81,38 +82,12 @@ logger = logging.getLogger(__name__)
 # Extra-config keys that are SGLang's (the factory's and the controller's).
 _SGLANG_KEYS = ("backend_name", "module_path", "class_name", "interface_v1", "tp_lcm_size")
 _HASH_LEN = 64  # SGLang's page keys: SHA-256 in hex
-_HIT = 1
-_PENDING = 2
+_HIT = bytes([_lib.TIER_HIT])
+_PENDING = _lib.TIER_PENDING
 # Legacy (non-v1) calls copy through a private buffer of at most this many
 # bytes (and at least one page): SGLang's legacy values are separate tensors.
 _BOUNCE_BYTES = 64 << 20
-_TRUE = frozenset({"true", "1", "on", "yes"})
-_FALSE = frozenset({"false", "0", "off", "no"})
-
-
-def _parse_bool(name: str, value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    raise ValueError(f"kvtier sglang backend: {name} must be true or false, got {value!r}")
-
-
-def _check_config(config: dict[str, Any]) -> None:
-    """Fails now, at SGLang's attach, on a kvtier key or value the library
-    rejects, rather than later at pool registration."""
-    lib = _lib.lib
-    cfg = lib.tier_config_new()
-    try:
-        for key, value in config.items():
-            text = "true" if value is True else "false" if value is False else str(value)
-            st = lib.tier_config_set(cfg, key.encode(), text.encode())
-            if st != _lib.TIER_OK:
-                raise KVTierError(st, _lib.last_error(), "tier_config_set")
-    finally:
-        lib.tier_config_free(cfg)
+_OWNER = "kvtier sglang backend"
 
 
 class _Geometry:
@@ -191,7 +166,7 @@ class _Geometry:
         return self.seg_bytes, offsets // self.seg_bytes
 
 
-class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
+class KVTierStorage(HiCacheStorage):
     """An SGLang ``HiCacheStorage`` backed by libkvtier (see the module docs)."""
 
     def __init__(self, storage_config: Any, kwargs: Any = None) -> None:
@@ -201,7 +176,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                 f"{_SGLANG_IMPORT_ERROR!r}"
             ) from _SGLANG_IMPORT_ERROR
         extra = dict(storage_config.extra_config or {})
-        self.interface_v1 = _parse_bool("interface_v1", extra.get("interface_v1", 0))
+        self.interface_v1 = parse_bool(_OWNER, "interface_v1", extra.get("interface_v1", 0))
         self.pending_wait_s = float(extra.pop("pending_wait_ms", 1000)) / 1000.0
         config = {k: v for k, v in extra.items() if k not in _SGLANG_KEYS and v is not None}
         self.storage_config = storage_config
@@ -210,11 +185,11 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         writer = getattr(storage_config, "is_storage_writer", None)
         # Older SGLang has no is_storage_writer: MLA's writer is rank 0.
         self.is_writer: bool = (not self.is_mla or tp_rank == 0) if writer is None else bool(writer)
-        self.backend = str(config.get("backend", "memory")).strip().lower()
+        self.backend = backend_of(config)
         if self.is_mla and tp_size > 1:
             self._share_mla_ranks(config, tp_rank, tp_size)
         self._user_namespace = str(config.pop("namespace", ""))
-        _check_config(config)
+        check_config(config)
         self._config = config
         # SGLang 0.5.6's config has no metrics, pipeline nor context-parallel fields.
         self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
@@ -234,13 +209,12 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         self._done: dict[int, Any] = {}
         self._polling = False
         self._closed = False
-        self._logged: set[str] = set()
+        self._log = FailureLog(logger, "kvtier", None)
 
     def _share_mla_ranks(self, config: dict[str, Any], tp_rank: int, tp_size: int) -> None:
         """MLA ranks share one namespace and only the writer stores, so the
         readers see its pages only through storage every rank opens shared."""
-        key, value = {"disk": ("shared", True), "redis": ("sharing", "shared"),
-                      "valkey": ("sharing", "shared")}.get(self.backend, (None, None))
+        key, value = {"disk": ("shared", True), "redis": ("sharing", "shared")}.get(self.backend, (None, None))
         if key is None:
             logger.warning(
                 "kvtier: MLA with tp_size=%d on the %s backend: only the writer rank stores, so the "
@@ -256,9 +230,9 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                         self.backend, key, value)
             return
         chosen = config[key]
-        if not (_parse_bool(key, chosen) if key == "shared" else str(chosen).strip().lower() == value):
+        if not is_shared(config):  # a value the library refuses is left to it
             raise ValueError(
-                f"kvtier sglang backend: MLA with tp_size={tp_size}: all ranks share one namespace "
+                f"{_OWNER}: MLA with tp_size={tp_size}: all ranks share one namespace "
                 f"and only the writer rank stores, so every rank must open the storage shared; "
                 f"{key}={chosen!r} would fail rank 1's open or hide the writer's pages. "
                 f"Set {key}={value!r} (or leave it out: the adapter then sets it)"
@@ -274,9 +248,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
 
     def _shared(self) -> bool:
         """Whether other processes may write this tier's storage."""
-        if self.backend == "disk":
-            return _parse_bool("shared", self._config.get("shared", False))
-        return self.backend in ("redis", "valkey") and str(self._config.get("sharing", "owned")).lower() == "shared"
+        return is_shared(self._config)
 
     def register_mem_pool_host(self, mem_pool_host: Any) -> None:
         # Raising here fails SGLang's attach, which is what a pool this
@@ -306,14 +278,6 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
 
     # -- helpers --------------------------------------------------------------
 
-    def _log(self, what: str, exc: BaseException) -> None:
-        kind = f"{what}:{type(exc).__name__}:{getattr(exc, 'status', '')}"
-        if kind in self._logged:
-            logger.debug("kvtier %s failed: %r", what, exc)
-            return
-        self._logged.add(kind)
-        logger.warning("kvtier %s failed (a miss; logged once): %r", what, exc, exc_info=exc)
-
     def _pack(self, keys: list[str]) -> tuple[bytes, int, int]:
         """Packed kvtier keys of n pages' segments, page-major: (packed, key_len, count)."""
         n = len(keys)
@@ -339,22 +303,19 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
         out[:, :, _HASH_LEN:] = tags
         return out.tobytes(), _HASH_LEN + 4, n * m
 
-    def _lookup(self, packed: bytes, key_len: int, count: int) -> bytes:
-        out = ctypes.create_string_buffer(count)
-        self._tier._call("tier_lookup", _lib.lib.tier_lookup, packed, key_len, count, out)  # type: ignore[union-attr]
-        return out.raw
-
-    def _run(self, store: bool, packed: bytes, key_len: int, count: int, rows: np.ndarray) -> Any:
+    def _run(self, store: bool, packed: bytes, key_len: int, rows: np.ndarray) -> Any:
         """Submits one job and waits for its result. Threads share the polling:
         whoever polls hands the others their results."""
         tier = self._tier
+        assert tier is not None  # callers check _ready()
         job_id = next(self._ids)
-        fn, name = (
-            (_lib.lib.tier_submit_store, "tier_submit_store") if store
-            else (_lib.lib.tier_submit_load, "tier_submit_load")
-        )
-        ids = rows.astype(np.int64, copy=False).tobytes()
-        tier._call(name, fn, job_id, packed, key_len, ids, count)  # type: ignore[union-attr]
+        rows = rows.astype(np.int64, copy=False)
+        if store:
+            name = "tier_submit_store"
+            tier.submit_store_packed(job_id, packed, key_len, rows)
+        else:
+            name = "tier_submit_load"
+            tier.submit_load_packed(job_id, packed, key_len, rows)
         with self._cond:
             while job_id not in self._done:
                 if self._closed:
@@ -365,8 +326,8 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                 self._polling = True
                 self._cond.release()
                 try:
-                    tier.wait(0.1)  # type: ignore[union-attr]
-                    results = tier.poll(1024)  # type: ignore[union-attr]
+                    tier.wait(0.1)
+                    results = tier.poll(1024)
                 finally:
                     self._cond.acquire()
                     self._polling = False
@@ -393,8 +354,8 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             done = 0  # leading keys found HIT
             deadline = None
             while True:
-                states = self._lookup(packed[done * key_len:], key_len, count - done)
-                hits = len(states) - len(states.lstrip(b"\x01"))  # leading HITs, in C
+                states = self._tier.lookup_packed(packed[done * key_len:], key_len)  # type: ignore[union-attr]
+                hits = len(states) - len(states.lstrip(_HIT))  # leading HITs, in C
                 done += hits
                 if done == count or states[hits] != _PENDING:
                     return done // m
@@ -404,7 +365,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                     return done // m
                 time.sleep(0.0002)
         except Exception as exc:
-            self._log("batch_exists", exc)
+            self._log.failed("batch_exists", exc)
             return 0
 
     def batch_get_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
@@ -418,13 +379,13 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             geo = self._geo
             rows = geo.rows(self.mem_pool_host, host_indices, n)  # type: ignore[union-attr]
             packed, key_len, count = self._pack(keys)
-            r = self._run(False, packed, key_len, count, rows)
+            r = self._run(False, packed, key_len, rows)
             ok = n if r.status == _lib.TIER_OK else min(r.num_done, count) // geo.segments  # type: ignore[union-attr]
             if self._metrics:
                 self._record(self._prefetch_pgs, self._prefetch_bw, ok, start)
             return [True] * ok + [False] * (n - ok)
         except Exception as exc:
-            self._log("batch_get_v1", exc)
+            self._log.failed("batch_get_v1", exc)
             return [False] * n
 
     def batch_set_v1(self, keys: list[str], host_indices: Any, extra_info: Any = None) -> list[bool]:
@@ -439,14 +400,14 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             start = time.perf_counter()
             rows = self._geo.rows(self.mem_pool_host, host_indices, n)  # type: ignore[union-attr]
             packed, key_len, count = self._pack(keys)
-            r = self._run(True, packed, key_len, count, rows)
+            r = self._run(True, packed, key_len, rows)
             if r.status != _lib.TIER_OK:
                 raise KVTierError(r.status, f"store of {n} pages failed", "batch_set_v1")
             if self._metrics:
                 self._record(self._backup_pgs, self._backup_bw, n, start)
             return [True] * n
         except Exception as exc:
-            self._log("batch_set_v1", exc)
+            self._log.failed("batch_set_v1", exc)
             return [False] * n
 
     def _record(self, pages: list[int], bandwidth: list[float], n: int, start: float) -> None:
@@ -459,48 +420,54 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
     def exists(self, key: str) -> bool:
         return self.batch_exists([key]) == 1
 
-    def _legacy_ready(self, what: str) -> _Geometry:
-        if not self._ready() or self._bounce is None or self._geo.flat_order is None:  # type: ignore[union-attr]
+    def _legacy_ready(self, what: str) -> tuple[_Geometry, np.ndarray, np.ndarray]:
+        """The geometry, the flat page's segment order and the private buffer."""
+        geo, bounce = self._geo, self._bounce
+        if not self._ready() or geo is None or bounce is None or geo.flat_order is None:
             raise RuntimeError(
                 f"{what}: legacy data calls need interface_v1=0 (the tier is then over a private "
                 "buffer) and a layout whose flat page is whole segments"
             )
-        return self._geo  # type: ignore[return-value]
+        return geo, geo.flat_order, bounce
 
     def batch_get(self, keys: list[str], target_locations: Any = None, target_sizes: Any = None) -> list[Any]:
         n = len(keys)
         out: list[Any] = [None] * n
         try:
-            geo = self._legacy_ready("batch_get")
+            geo, order, bounce = self._legacy_ready("batch_get")
             with self._bounce_lock:
                 for first in range(0, n, self._bounce_pages):
                     chunk = keys[first:first + self._bounce_pages]
                     packed, key_len, count = self._pack(list(chunk))
-                    r = self._run(False, packed, key_len, count, np.arange(count, dtype=np.int64))
+                    r = self._run(False, packed, key_len, np.arange(count, dtype=np.int64))
                     ok = len(chunk) if r.status == _lib.TIER_OK else min(r.num_done, count) // geo.segments
                     for i in range(ok):
                         dst = target_locations[first + i] if target_locations else None
                         if dst is None:
                             dst = self.mem_pool_host.get_dummy_flat_data_page()
                         if dst.numel() * dst.element_size() != geo.page_bytes:
-                            raise ValueError(f"a target of {dst.numel() * dst.element_size()} bytes, pages are {geo.page_bytes}")
+                            raise ValueError(
+                                f"a target of {dst.numel() * dst.element_size()} bytes, pages are {geo.page_bytes}"
+                            )
                         flat = dst.view(torch.uint8).numpy().reshape(geo.segments, geo.seg_bytes)
-                        flat[:] = self._bounce[i * geo.segments + geo.flat_order]  # type: ignore[index]
+                        flat[:] = bounce[i * geo.segments + order]
                         out[first + i] = dst
                     if ok < len(chunk):
                         break
         except Exception as exc:
-            self._log("batch_get", exc)
+            self._log.failed("batch_get", exc)
         return out
 
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         return self.batch_get([key], [target_location] if target_location is not None else None)[0]
 
-    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None) -> bool:
+    def batch_set(
+        self, keys: list[str], values: Any = None, target_locations: Any = None, target_sizes: Any = None
+    ) -> bool:
         if not self.is_writer:
             return True
         try:
-            geo = self._legacy_ready("batch_set")
+            geo, order, bounce = self._legacy_ready("batch_set")
             if values is None or len(values) != len(keys):
                 raise ValueError("batch_set needs one value per key")
             with self._bounce_lock:
@@ -510,14 +477,14 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
                         src = value.contiguous().reshape(-1).view(torch.uint8).numpy()
                         if src.nbytes != geo.page_bytes:
                             raise ValueError(f"a page of {src.nbytes} bytes, pages are {geo.page_bytes}")
-                        self._bounce[i * geo.segments + geo.flat_order] = src.reshape(geo.segments, -1)  # type: ignore[index]
+                        bounce[i * geo.segments + order] = src.reshape(geo.segments, -1)
                     packed, key_len, count = self._pack(list(chunk))
-                    r = self._run(True, packed, key_len, count, np.arange(count, dtype=np.int64))
+                    r = self._run(True, packed, key_len, np.arange(count, dtype=np.int64))
                     if r.status != _lib.TIER_OK:
                         raise KVTierError(r.status, f"store of {len(chunk)} pages failed", "batch_set")
             return True
         except Exception as exc:
-            self._log("batch_set", exc)
+            self._log.failed("batch_set", exc)
             return False
 
     def set(self, key: str, value: Any = None, target_location: Any = None, target_sizes: Any = None) -> bool:
@@ -551,7 +518,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             if self._ready():
                 self._tier.clear()  # type: ignore[union-attr]
         except Exception as exc:
-            self._log("clear", exc)
+            self._log.failed("clear", exc)
 
     def close(self) -> None:
         # tier_free abandons queued jobs: waiters are told the backend closed.
@@ -563,7 +530,7 @@ class KVTierStorage(HiCacheStorage):  # type: ignore[misc,valid-type]
             try:
                 tier.close()
             except Exception as exc:
-                self._log("close", exc)
+                self._log.failed("close", exc)
 
 
 __all__ = ["KVTierStorage"]

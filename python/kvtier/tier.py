@@ -2,39 +2,55 @@
 
 from __future__ import annotations
 
-import array
 import ctypes
-import dataclasses
-import enum
 import operator
 import os
-import struct
 import time
 from collections.abc import Iterable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 from . import _lib
+from ._args import config_text, count_packed, pack_block_ids, pack_keys
 from ._lib import (
-    TIER_ERR_CONFIG,
     TIER_ERR_INVALID_ARG,
-    TIER_ERR_OUT_OF_RANGE,
     TIER_ERR_SHUTDOWN,
-    TIER_JOB_LOAD,
-    TIER_JOB_STORE,
     TIER_OK,
     TIER_TIMEOUT,
     lib,
 )
+from .errors import KVTierError, fail
+from .records import (
+    EVENT_STRUCT,
+    LOOKUP_STATES,
+    RESULT_STRUCT,
+    Event,
+    EventKind,
+    FailReason,
+    JobKind,
+    JobResult,
+    LookupState,
+    RemovedReason,
+    StoredReason,
+    TierStats,
+    make_event,
+    make_result,
+    stats_from,
+)
 
-try:  # numpy is optional; with it, block-id arrays pass without Python loops.
-    import numpy as _np
-
-    _ndarray: Any = _np.ndarray
-    _INT64 = _np.dtype(_np.int64)
-except ImportError:  # pragma: no cover - exercised only without numpy
-    _np = None
-    _ndarray = ()
-    _INT64 = None
+# The records were defined here before records.py: their old names stay.
+__all__ = [
+    "Event",
+    "EventKind",
+    "FailReason",
+    "JobKind",
+    "JobResult",
+    "KVTierError",
+    "LookupState",
+    "RemovedReason",
+    "StoredReason",
+    "Tier",
+    "TierStats",
+]
 
 _U64_LIMIT = 1 << 64
 
@@ -49,278 +65,14 @@ _ONE = _SIZES[1]
 _c_uint8 = ctypes.c_uint8
 _byref = ctypes.byref
 
-# tier_job_result_t: job_id u64, status i32, kind u32, num_blocks u32,
-# num_done u32, bytes u64, elapsed_ns u64, io_ns u64, reason u32,
-# reserved u32 (56 bytes, no padding).
-_RESULT_STRUCT = struct.Struct("=QiIIIQQQI4x")
-_RESULT_SIZE = ctypes.c_size_t(_RESULT_STRUCT.size)
-_RESULT_WORDS = _RESULT_STRUCT.size // 8
+_RESULT_SIZE = ctypes.c_size_t(RESULT_STRUCT.size)
+_RESULT_WORDS = RESULT_STRUCT.size // 8
 _POLL_CHUNK = 256
-assert _RESULT_STRUCT.size == ctypes.sizeof(_lib.tier_job_result_t)
+_EVENT_SIZE = ctypes.c_size_t(EVENT_STRUCT.size)
+_EVENT_WORDS = EVENT_STRUCT.size // 8
+_EVENT_CHUNK = 256
 # The longest single tier_wait; keeps close() from waiting long behind a wait().
 _WAIT_SLICE_S = 0.05
-
-
-class KVTierError(Exception):
-    """A kvtier call failed.
-
-    Attributes:
-        status: the library's status code (negative ``TIER_ERR_*``).
-        status_name: its name, e.g. ``"TIER_ERR_OUT_OF_RANGE"``.
-        message: ``tier_last_error``'s text (or the binding's own, for
-            argument problems found before calling the library).
-        function: the C function (or Python method) that failed.
-
-    """
-
-    def __init__(self, status: int, message: str, function: str = "") -> None:
-        self.status = status
-        self.status_name = _lib.status_name(status)
-        self.message = message
-        self.function = function
-        # Library messages already start with the function's name.
-        if function and not message.startswith(function):
-            message = f"{function}: {message}"
-        super().__init__(f"{self.status_name} ({status}): {message}")
-
-    def __reduce__(self):  # picklable, e.g. across multiprocessing
-        return (KVTierError, (self.status, self.message, self.function))
-
-
-def _fail(status: int, function: str) -> KVTierError:
-    return KVTierError(status, _lib.last_error(), function)
-
-
-class LookupState(enum.IntEnum):
-    MISS = _lib.TIER_MISS
-    HIT = _lib.TIER_HIT
-    PENDING = _lib.TIER_PENDING
-
-
-_STATES = (LookupState.MISS, LookupState.HIT, LookupState.PENDING)
-
-
-class JobKind(enum.IntEnum):
-    STORE = TIER_JOB_STORE
-    LOAD = TIER_JOB_LOAD
-
-
-class JobResult(NamedTuple):
-    """One finished job, as reported exactly once by :meth:`Tier.poll`."""
-
-    job_id: int
-    status: int
-    kind: int
-    num_blocks: int
-    num_done: int
-    bytes: int
-    #: Nanoseconds from submit to completion.
-    elapsed_ns: int
-    #: Nanoseconds the job's blocks spent in backend I/O and copies on the
-    #: tier's threads (its active transfer time): from a worker starting the
-    #: job's first copy to its last copy ending, without the time queued
-    #: before; 0 if no block was copied. See ``tier_job_result_t.io_ns``.
-    io_ns: int
-    #: Why the job failed, finer than ``status``: a :class:`FailReason`
-    #: (``NONE`` on success; ``DEADLINE``, a hung device, and
-    #: ``UNAVAILABLE`` both come with ``TIER_ERR_IO``).
-    reason: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == TIER_OK
-
-    @property
-    def status_name(self) -> str:
-        return _lib.status_name(self.status)
-
-    @property
-    def is_store(self) -> bool:
-        return self.kind == TIER_JOB_STORE
-
-    @property
-    def is_load(self) -> bool:
-        return self.kind == TIER_JOB_LOAD
-
-
-class FailReason(enum.IntEnum):
-    """Why a job failed (``JobResult.reason``, the C ``TIER_FAIL_*``)."""
-
-    NONE = _lib.TIER_FAIL_NONE
-    NO_SPACE = _lib.TIER_FAIL_NO_SPACE
-    NOT_FOUND = _lib.TIER_FAIL_NOT_FOUND
-    CORRUPT = _lib.TIER_FAIL_CORRUPT
-    IO_ERROR = _lib.TIER_FAIL_IO_ERROR
-    DEADLINE = _lib.TIER_FAIL_DEADLINE
-    UNAVAILABLE = _lib.TIER_FAIL_UNAVAILABLE
-    SHUTDOWN = _lib.TIER_FAIL_SHUTDOWN
-    ALLOC = _lib.TIER_FAIL_ALLOC
-    PANIC = _lib.TIER_FAIL_PANIC
-
-
-_make_result = JobResult._make
-
-
-class EventKind(enum.IntEnum):
-    STORED = _lib.TIER_EVENT_STORED
-    REMOVED = _lib.TIER_EVENT_REMOVED
-    LOST = _lib.TIER_EVENT_LOST
-
-
-class StoredReason(enum.IntEnum):
-    """How a block became readable (``Event.reason`` of a STORED event)."""
-
-    WRITTEN = _lib.TIER_STORED_WRITTEN  # a store job of this tier
-    RECOVERED = _lib.TIER_STORED_RECOVERED  # storage held it at open
-    FOUND = _lib.TIER_STORED_FOUND  # shared storage: another writer's, found by a lookup
-
-
-class RemovedReason(enum.IntEnum):
-    """Why a block stopped being readable (``Event.reason`` of a REMOVED event)."""
-
-    EVICTED = _lib.TIER_REMOVED_EVICTED
-    CLEARED = _lib.TIER_REMOVED_CLEARED
-    CORRUPT = _lib.TIER_REMOVED_CORRUPT
-    VANISHED = _lib.TIER_REMOVED_VANISHED  # storage no longer holds it
-    UNREADABLE = _lib.TIER_REMOVED_UNREADABLE  # transient load failures, given up on
-
-
-class Event(NamedTuple):
-    """One block event, as :meth:`Tier.poll_events` hands it out once.
-
-    ``kind`` is STORED (the key's block became readable: lookups answer HIT),
-    REMOVED (it stopped being readable) or LOST (``dropped`` events were
-    dropped here because the ring was full: a mirror of the tier's contents
-    is stale and must be rebuilt). ``reason`` is a :class:`StoredReason` or a
-    :class:`RemovedReason` (0 for LOST); ``key`` is empty for LOST. ``seq``
-    numbers events in the order recorded, dropped ones included.
-    """
-
-    seq: int
-    kind: EventKind
-    reason: int
-    key: bytes
-    dropped: int = 0
-
-
-_EVENT_REASONS = {
-    EventKind.STORED: StoredReason,
-    EventKind.REMOVED: RemovedReason,
-}
-# tier_event_t: seq u64, dropped u64, kind u32, reason u32, key_len u32,
-# key[128], reserved u32 (160 bytes).
-_EVENT_STRUCT = struct.Struct("=QQIII128s4x")
-_EVENT_SIZE = ctypes.c_size_t(_EVENT_STRUCT.size)
-_EVENT_WORDS = _EVENT_STRUCT.size // 8
-_EVENT_CHUNK = 256
-assert _EVENT_STRUCT.size == ctypes.sizeof(_lib.tier_event_t)
-
-
-def _make_event(seq: int, dropped: int, kind: int, reason: int, key_len: int, key: bytes) -> Event:
-    kind = EventKind(kind)
-    reasons = _EVENT_REASONS.get(kind)
-    return Event(seq, kind, reasons(reason) if reasons else reason, key[:key_len], dropped)
-
-
-def _stats_as_dict(self: Any) -> dict[str, int]:
-    return dataclasses.asdict(self)
-
-
-# Built from the one table of field names (_lib.STATS_FIELDS, in header order).
-TierStats = dataclasses.make_dataclass(
-    "TierStats",
-    [(name, int) for name in _lib.STATS_FIELDS],
-    namespace={
-        "__doc__": "A snapshot of ``tier_stats_t`` (same field names and order).",
-        "as_dict": _stats_as_dict,
-    },
-    frozen=True,
-)
-TierStats.__module__ = __name__  # for repr and pickling (make_dataclass's
-# own `module=` needs Python 3.12)
-
-
-def _config_text(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if key == "seal_key" and isinstance(value, (bytes, bytearray)):
-        # 32 raw bytes, as a key store hands them out; the library checks the
-        # length (and never repeats the value in its message).
-        return bytes(value).hex()
-    text = str(value)
-    if "\0" in text or "\0" in key:
-        raise KVTierError(TIER_ERR_CONFIG, f"config {key!r}: NUL byte in key or value", "Tier")
-    return text
-
-
-def _pack_keys(keys: Any, function: str) -> tuple[bytes | None, int, int]:
-    """Packs equal-length keys back to back: (packed, key_len, n)."""
-    if isinstance(keys, (bytes, bytearray, memoryview, str)):
-        raise KVTierError(
-            TIER_ERR_INVALID_ARG,
-            "keys must be a sequence of bytes keys, not a single key",
-            function,
-        )
-    if type(keys) is not list and type(keys) is not tuple:
-        keys = list(keys)  # sets, dict views, generators: any Collection
-    n = len(keys)
-    if n == 0:
-        # key_len must be valid even for an empty call; NULL is legal at n = 0.
-        return None, 1, 0
-    first = keys[0]
-    try:
-        key_len = len(first)
-        if n == 1:
-            packed = first if type(first) is bytes else bytes(first)
-        else:
-            packed = b"".join(keys)
-    except TypeError:
-        raise KVTierError(
-            TIER_ERR_INVALID_ARG, "keys must be bytes-like objects", function
-        ) from None
-    if len(packed) != key_len * n or (n > 1 and len(set(map(len, keys))) != 1):
-        lengths = sorted(set(map(len, keys)))
-        raise KVTierError(
-            TIER_ERR_INVALID_ARG,
-            f"keys must all have the same length; got lengths {lengths}",
-            function,
-        )
-    return packed, key_len, n
-
-
-def _pack_block_ids(block_ids: Any, function: str) -> tuple[Any, int]:
-    """Block ids packed as native int64 bytes (passed as ``const int64_t *``),
-    and their count."""
-    if type(block_ids) is _ndarray or isinstance(block_ids, _ndarray):
-        if block_ids.ndim != 1:
-            raise KVTierError(
-                TIER_ERR_INVALID_ARG,
-                f"block_ids must be one-dimensional, got shape {block_ids.shape}",
-                function,
-            )
-        if block_ids.dtype is not _INT64:
-            if block_ids.dtype.kind not in "iu":
-                raise KVTierError(
-                    TIER_ERR_INVALID_ARG,
-                    f"block_ids must be integers, got dtype {block_ids.dtype}",
-                    function,
-                )
-            # uint64 ids >= 2**63 wrap negative, which the library rejects.
-            block_ids = block_ids.astype(_INT64)
-        # tobytes() is one memcpy; a bytes payload is 8-aligned in CPython, and
-        # the library checks alignment anyway (INVALID_ARG, never a crash).
-        return block_ids.tobytes(), block_ids.shape[0]
-    try:
-        arr = array.array("q", block_ids)
-    except OverflowError:
-        raise KVTierError(
-            TIER_ERR_OUT_OF_RANGE, "a block id does not fit in int64", function
-        ) from None
-    except TypeError:
-        raise KVTierError(
-            TIER_ERR_INVALID_ARG, "block_ids must be a sequence of integers", function
-        ) from None
-    return arr.tobytes(), len(arr)
 
 
 class Tier:
@@ -382,7 +134,8 @@ class Tier:
         if view.nbytes == 0:
             raise KVTierError(TIER_ERR_INVALID_ARG, "buffer is empty", "Tier")
         if block_bytes is None:
-            block_bytes = view.strides[0] if view.ndim else view.nbytes
+            strides = view.strides
+            block_bytes = strides[0] if strides else view.nbytes
         # Holding a ctypes object built from the view keeps a buffer export
         # (and so the memory) alive until close().
         anchor = ctypes.c_char.from_buffer(view)
@@ -411,10 +164,10 @@ class Tier:
                 if value is None:
                     continue
                 st = lib.tier_config_set(
-                    cfg, key.encode(), _config_text(key, value).encode()
+                    cfg, key.encode(), config_text(key, value).encode()
                 )
                 if st != TIER_OK:
-                    raise _fail(st, "tier_config_set")
+                    raise fail(st, "tier_config_set")
             out = ctypes.c_void_p()
             if not isinstance(block_bytes, int) or block_bytes < 0:
                 raise KVTierError(
@@ -424,10 +177,12 @@ class Tier:
                 )
             st = lib.tier_new(cfg, address, nbytes, block_bytes, ctypes.byref(out))
             if st != TIER_OK:
-                raise _fail(st, "tier_new")
+                raise fail(st, "tier_new")
         finally:
             lib.tier_config_free(cfg)
-        return out.value
+        handle = out.value
+        assert handle, "tier_new succeeded without a handle"
+        return handle
 
     # -- lifetime -----------------------------------------------------------
 
@@ -445,7 +200,7 @@ class Tier:
         finally:
             calls.pop()
         if st != TIER_OK and not (timeout_ok and st == TIER_TIMEOUT):
-            raise _fail(st, name)
+            raise fail(st, name)
         return st
 
     @property
@@ -503,12 +258,12 @@ class Tier:
 
     def lookup(self, keys: Iterable[bytes]) -> list[LookupState]:
         """One LookupState per key, in input order. Never waits for a copy."""
-        packed, key_len, n = _pack_keys(keys, "tier_lookup")
+        packed, key_len, n = pack_keys(keys, "tier_lookup")
         out = ctypes.create_string_buffer(n) if n else None
         self._call("tier_lookup", lib.tier_lookup, packed, key_len, n, out)
-        if not n:
+        if out is None:
             return []
-        states = _STATES
+        states = LOOKUP_STATES
         return [states[s] for s in out.raw]
 
     def lookup_one(self, key: bytes) -> LookupState:
@@ -530,15 +285,19 @@ class Tier:
         finally:
             calls.pop()
         if st:
-            raise _fail(st, "tier_lookup")
-        return _STATES[out.value]
+            raise fail(st, "tier_lookup")
+        return LOOKUP_STATES[out.value]
 
     def touch(self, keys: Iterable[bytes]) -> None:
         """Makes stored keys most recent, the first key most recent of all."""
-        packed, key_len, n = _pack_keys(keys, "tier_touch")
+        packed, key_len, n = pack_keys(keys, "tier_touch")
         self._call("tier_touch", lib.tier_touch, packed, key_len, n)
 
-    def _submit(self, fn: Any, name: str, job_id: int, keys: Any, block_ids: Any) -> None:
+    def _submit(
+        self, fn: Any, name: str, job_id: int, keys: Any, block_ids: Any, key_len: int | None = None
+    ) -> None:
+        """Submits a job of ``keys``: a sequence of keys, or with ``key_len``
+        keys already packed back to back."""
         if type(job_id) is not int:
             try:
                 job_id = operator.index(job_id)
@@ -550,13 +309,16 @@ class Tier:
             raise KVTierError(
                 TIER_ERR_INVALID_ARG, f"job_id {job_id} is outside uint64", name
             )
-        packed, key_len, n = _pack_keys(keys, name)
-        ids, n_ids = _pack_block_ids(block_ids, name)
+        if key_len is None:
+            packed, key_len, n = pack_keys(keys, name)
+        else:
+            packed, n = count_packed(keys, key_len, name)
+        ids, n_ids = pack_block_ids(block_ids, name)
         if n_ids != n:
             raise KVTierError(
                 TIER_ERR_INVALID_ARG, f"{n} keys but {n_ids} block ids", name
             )
-        self._call(name, fn, job_id, packed, key_len, ids if n else None, n)
+        self._call(name, fn, job_id, packed if n else None, key_len, ids if n else None, n)
 
     def submit_store(
         self, job_id: int, keys: Sequence[bytes], block_ids: Sequence[int] | Any
@@ -575,6 +337,26 @@ class Tier:
         the rows until the job is polled. A read is a use: the blocks copied
         become most recently used, the first key most of all."""
         self._submit(lib.tier_submit_load, "tier_submit_load", job_id, keys, block_ids)
+
+    # -- packed keys: for engines that hold a batch's keys in one buffer -----
+
+    def lookup_packed(self, packed: bytes, key_len: int) -> bytes:
+        """The states of keys packed back to back (``len(packed) // key_len``
+        keys of ``key_len`` bytes, as the C API takes them), in input order,
+        one byte per key: a :class:`LookupState` value (``TIER_MISS``,
+        ``TIER_HIT``, ``TIER_PENDING``). Never waits for a copy."""
+        packed, n = count_packed(packed, key_len, "tier_lookup")
+        out = ctypes.create_string_buffer(n)
+        self._call("tier_lookup", lib.tier_lookup, packed if n else None, key_len, n, out)
+        return out.raw
+
+    def submit_store_packed(self, job_id: int, packed: bytes, key_len: int, block_ids: Any) -> None:
+        """:meth:`submit_store` of keys packed back to back, ``key_len`` bytes each."""
+        self._submit(lib.tier_submit_store, "tier_submit_store", job_id, packed, block_ids, key_len)
+
+    def submit_load_packed(self, job_id: int, packed: bytes, key_len: int, block_ids: Any) -> None:
+        """:meth:`submit_load` of keys packed back to back, ``key_len`` bytes each."""
+        self._submit(lib.tier_submit_load, "tier_submit_load", job_id, packed, block_ids, key_len)
 
     def poll(self, max: int = 1024) -> list[JobResult]:
         """Finished jobs, oldest first, at most ``max``; never blocks."""
@@ -600,7 +382,7 @@ class Tier:
                 n = got.value
                 if n:
                     results.extend(
-                        map(_make_result, _RESULT_STRUCT.iter_unpack(view[: n * _RESULT_STRUCT.size]))
+                        map(make_result, RESULT_STRUCT.iter_unpack(view[: n * RESULT_STRUCT.size]))
                     )
                 if n < want or len(results) >= max:
                     return results
@@ -636,8 +418,8 @@ class Tier:
                 )
                 n = got.value
                 if n:
-                    chunk = view[: n * _EVENT_STRUCT.size]
-                    events.extend(_make_event(*e) for e in _EVENT_STRUCT.iter_unpack(chunk))
+                    chunk = view[: n * EVENT_STRUCT.size]
+                    events.extend(make_event(*e) for e in EVENT_STRUCT.iter_unpack(chunk))
                 if n < want or len(events) >= max:
                     return events
         finally:
@@ -666,7 +448,9 @@ class Tier:
         self._call("tier_drain", lib.tier_drain)
 
     def clear(self) -> None:
-        """Drops every stored block; jobs in flight still complete and report."""
+        """Drops every stored block; jobs in flight still complete and report.
+        On shared storage it clears the namespace for every process and
+        returns after two ``probe_ttl_ms`` (see docs/sharing.md)."""
         self._call("tier_clear", lib.tier_clear)
 
     def metrics(self) -> str:
@@ -674,24 +458,24 @@ class Tier:
         ``/metrics`` endpoint serves): the stats as ``kvtier_*`` counters and
         gauges, and histograms of job latency and per-block I/O time by job
         kind, every sample labelled ``backend=...``. See ``tier_metrics``."""
-        need = self._call_text(lambda h: lib.tier_metrics(h, None, 0))
+        need = self._metrics_text(None, 0)
         while True:
             # Room to spare: counters may grow between the two calls.
             buf = ctypes.create_string_buffer(need + 1024)
-            got = self._call_text(lambda h: lib.tier_metrics(h, buf, len(buf)))
+            got = self._metrics_text(buf, len(buf))
             if got < len(buf):
                 return buf.raw[:got].decode()
             need = got
 
-    def _call_text(self, fn: Any) -> int:
-        """Runs a text-out call (which returns 0 only on failure)."""
+    def _metrics_text(self, buf: Any, cap: int) -> int:
+        """Runs tier_metrics (which returns 0 only on failure)."""
         calls = self._calls
         calls.append(None)
         try:
             handle = self._handle
             if handle is None:
                 raise KVTierError(TIER_ERR_SHUTDOWN, "the tier is closed", "tier_metrics")
-            n = fn(handle)
+            n = lib.tier_metrics(handle, buf, cap)
         finally:
             calls.pop()
         if n == 0:
@@ -715,10 +499,10 @@ class Tier:
         finally:
             calls.pop()
         if fd < 0:
-            raise _fail(fd, "tier_completion_fd")
+            raise fail(fd, "tier_completion_fd")
         return fd
 
     def stats(self) -> TierStats:
         out = _lib.tier_stats_t()
         self._call("tier_stats", lib.tier_stats, ctypes.byref(out), ctypes.sizeof(out))
-        return TierStats(*(getattr(out, name) for name in _lib.STATS_FIELDS))
+        return stats_from(out)

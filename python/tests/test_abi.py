@@ -3,18 +3,16 @@ the library reports through tier_abi_info, and the reason code of a failed
 job."""
 
 import ctypes
-import os
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from child import child_env
 
 import kvtier
 from kvtier import _lib
-
-PYTHON_DIR = Path(__file__).resolve().parent.parent
 
 
 class FakeLibrary:
@@ -75,7 +73,7 @@ def _loaded_libc() -> Path:
 def test_import_refuses_a_library_without_tier_abi_info():
     # A shared library without tier_abi_info stands for one older than ABI 1.
     older = _loaded_libc()
-    env = dict(os.environ, KVTIER_LIBRARY=str(older), PYTHONPATH=str(PYTHON_DIR))
+    env = child_env(KVTIER_LIBRARY=str(older))
     proc = subprocess.run(
         [sys.executable, "-c", "import kvtier"], env=env, capture_output=True, text=True
     )

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from child import child_env
 
 import kvtier
 from kvtier import KVTierError, LookupState, Tier
@@ -80,7 +81,7 @@ def test_library_loaded_and_versioned():
 
 
 def test_missing_library_is_a_clear_import_error(tmp_path):
-    env = dict(os.environ, KVTIER_LIBRARY=str(tmp_path / "nope.so"), PYTHONPATH=str(PYTHON_DIR))
+    env = child_env(KVTIER_LIBRARY=str(tmp_path / "nope.so"))
     proc = subprocess.run(
         [sys.executable, "-c", "import kvtier"], env=env, capture_output=True, text=True
     )
@@ -743,7 +744,7 @@ with kvtier.Tier(buf, block_bytes=1024, capacity_bytes=8192) as t:
 assert buf[2048:3072] == b"\x11" * 1024
 print("ok")
 """
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"

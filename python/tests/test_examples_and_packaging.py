@@ -1,5 +1,6 @@
-"""The examples run, the library is found where the setup says, and (opt-in,
-KVTIER_TEST_PACKAGING=1) `pip install ./python` into a fresh venv works."""
+"""The examples run, the library is found where the setup says, setup.py
+refuses to package what it must not, and (opt-in, KVTIER_TEST_PACKAGING=1)
+`pip install ./python` into a fresh venv works."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from child import child_env
 
 import kvtier
 
@@ -29,7 +31,7 @@ def test_library_found_where_expected():
 
 
 def test_plain_python_example_runs():
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    env = child_env()
     proc = subprocess.run(
         [sys.executable, str(EXAMPLES / "plain_python.py")],
         env=env,
@@ -57,6 +59,36 @@ def test_vllm_config_example_names_this_tier():
     assert SecondaryTierFactory.get_tier_class(tier) is KVTierSecondaryTier
 
 
+def setup_py_call(function: str, path: Path, env: dict) -> subprocess.CompletedProcess:
+    """Calls `function(path)` of python/setup.py, loaded without building, in
+    a child process."""
+    code = (
+        "import runpy; from pathlib import Path;"
+        f"runpy.run_path({str(PYTHON_DIR / 'setup.py')!r}, run_name='kvtier_setup')"
+        f"[{function!r}](Path({str(path)!r}))"
+    )
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+
+
+def test_setup_refuses_a_library_without_symbol_versions(tmp_path):
+    # cargo's own libkvtier.so has no KVTIER_1 version node; CMake's has.
+    plain = tmp_path / "libkvtier.so"
+    plain.write_bytes(b"\x7fELF" + bytes(4096))
+    proc = setup_py_call("checked", plain, dict(os.environ))
+    assert proc.returncode != 0
+    assert "has no KVTIER_ symbol versions" in proc.stderr, proc.stderr
+
+
+def test_setup_without_cmake_fails_and_names_what_is_missing(tmp_path):
+    # Nothing else is tried: an older build in target/release is never packaged.
+    (tmp_path / "empty-bin").mkdir()
+    env = dict(os.environ, PATH=str(tmp_path / "empty-bin"))
+    proc = setup_py_call("cmake_built_library", tmp_path / "build", env)
+    assert proc.returncode != 0
+    assert "building from source needs cmake" in proc.stderr, proc.stderr
+    assert not (tmp_path / "build").exists()
+
+
 @pytest.mark.skipif(
     os.environ.get("KVTIER_TEST_PACKAGING") != "1",
     reason="packaging test is opt-in: KVTIER_TEST_PACKAGING=1 (creates a venv, needs PyPI)",
@@ -72,6 +104,7 @@ def test_pip_install_into_fresh_venv(tmp_path):
     code = (
         "import kvtier, pathlib;"
         "assert kvtier.library_path.parent == pathlib.Path(kvtier.__file__).parent, kvtier.library_path;"
+        "assert b'\\0KVTIER_1\\0' in kvtier.library_path.read_bytes(), 'not the CMake-linked library';"
         "t = kvtier.Tier(bytearray(8192), block_bytes=4096, capacity_bytes=8192);"
         "t.submit_store(1, [b'k'], [0]); t.drain(); assert t.poll()[0].ok; t.close();"
         "import kvtier.vllm; print('ok')"

@@ -256,3 +256,16 @@ def test_clear_clears_the_identity_for_every_process_and_nothing_else(tmp_path, 
     finally:
         reader.close()
         writer.close()
+
+
+@pytest.mark.parametrize("sharing", [" shared", "Shared ", "SHARED"])
+def test_sharing_is_read_as_the_library_and_the_vllm_adapter_read_it(sharing):
+    """" shared" is shared storage to the library (which trims), and so to
+    both adapters: the namespace leaves out the DP rank as for "shared"."""
+    cfg = {"backend": "valkey", "url": "redis://127.0.0.1:1", "sharing": sharing}
+    backend = make_backend(cfg, dp_rank=1)
+    try:
+        assert backend._shared()
+        assert "/dp1/" not in backend.namespace(make_pool("page_first"))
+    finally:
+        backend.close()

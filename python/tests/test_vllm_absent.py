@@ -3,12 +3,10 @@
 Runs in a subprocess that hides vLLM, so it also runs where vLLM is installed.
 """
 
-import os
 import subprocess
 import sys
-from pathlib import Path
 
-PYTHON_DIR = Path(__file__).resolve().parent.parent
+from child import child_env
 
 CODE = r"""
 import sys
@@ -26,7 +24,7 @@ else:
 
 
 def test_imports_without_vllm_and_refuses_clearly():
-    env = dict(os.environ, PYTHONPATH=str(PYTHON_DIR))
+    env = child_env()
     proc = subprocess.run([sys.executable, "-c", CODE], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "refused: kvtier.vllm.KVTierSecondaryTier needs vLLM" in proc.stdout

@@ -38,7 +38,7 @@ except Exception as exc:  # ImportError, or a vLLM that fails to import
     )
 
 import kvtier
-import kvtier.vllm as kv_vllm
+import kvtier._vllm_compat as vllm_compat
 from kvtier.vllm import KVTierSecondaryTier
 
 ROW = 4096
@@ -461,8 +461,8 @@ def test_older_names_and_result_fields(make, monkeypatch):
         job_id: int
         success: bool
 
-    monkeypatch.setattr(kv_vllm, "JobResult", OldJobResult)
-    monkeypatch.setattr(kv_vllm, "_RESULT_FIELDS", frozenset({"job_id", "success"}))
+    monkeypatch.setattr(vllm_compat, "VllmJobResult", OldJobResult)
+    monkeypatch.setattr(vllm_compat, "_RESULT_FIELDS", frozenset({"job_id", "success"}))
     tier, arr = make()
     old_job = SimpleNamespace(job_id=1, keys=keys(1), block_ids=[0], req_context=ReqContext("r"))
     tier.submit_store(old_job)
@@ -1004,7 +1004,7 @@ def test_mirror_answers_as_the_library_under_eviction(make, seed):
     assert m["mirror_lookups"] > answered // 2  # most answers came from the mirror
     # Whole: the mirror holds exactly the library's readable blocks.
     assert m["keys"] == tier.stats().num_blocks
-    assert all(library_answer(tier, k) is HIT for k in tier._present)
+    assert all(library_answer(tier, k) is HIT for k in tier._mirror.present)
 
 
 def test_lost_events_fall_back_to_the_library_then_resync(make):
@@ -1105,6 +1105,9 @@ def test_redis_backend_is_a_remote_store_with_network_backpressure(redis_url):
     assert tier.locality is Locality.LOCAL
     assert bp == (EMA.DEFAULT_FAILURE_THRESHOLD, EMA.LOCAL_HIGH_WATER_S, EMA.LOCAL_LOW_WATER_S)
     tier, _ = build(backend="redis", sharing="Shared", namespace="t")
+    assert tier._shared and not tier.stats_mirror()["complete"]
+    # As the library and the SGLang adapter read it (it trims the value).
+    tier, _ = build(backend="redis", sharing=" shared", namespace="t")
     assert tier._shared and not tier.stats_mirror()["complete"]
 
 

@@ -6,6 +6,7 @@
 //! returns (its slots and pins stay until it does).
 
 use super::jobs::{Job, JobKind};
+use super::probes::Probe;
 use super::{Shared, State, WaitingLoad, MAX_TRANSIENT_LOAD_FAILURES};
 use crate::error::ErrorKind;
 use crate::events::RemovedReason;
@@ -14,6 +15,7 @@ use crate::stats::Counters;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Instant;
 
 impl Shared {
     /// Completes a job whose copies are done: publishes or releases its blocks,
@@ -29,6 +31,7 @@ impl Shared {
                 load_failures,
                 waiting,
                 waiters,
+                probes,
                 ..
             } = &mut *st;
             job.set_settled();
@@ -59,6 +62,14 @@ impl Shared {
                 JobKind::Load => {
                     let failed = job.failed_items();
                     let copied = job.copy_limit().min(job.num_blocks);
+                    // A shared tier's probe would find the name again and
+                    // answer HIT for a block this load just could not read
+                    // (gone, a newer format, not this tenant's): MISS for a
+                    // probe's time instead.
+                    let missing_until = self
+                        .backend
+                        .probes()
+                        .map(|_| Instant::now() + self.probe_ttl);
                     index.release_load(&job.items, |i| {
                         let key = job.key(job.items[i].pos);
                         let Some(kind) = failed.of(i) else {
@@ -90,6 +101,9 @@ impl Shared {
                             Some(reason) => {
                                 if reason == RemovedReason::Unreadable {
                                     self.dropped_unreadable.store(true, Ordering::Relaxed);
+                                }
+                                if let (ErrorKind::NotFound, Some(until)) = (kind, missing_until) {
+                                    probes.insert(key.to_vec(), Probe::Missing(until));
                                 }
                                 load_failures.remove(key);
                                 LoadOutcome::Forget(reason)

@@ -72,6 +72,7 @@ impl Tier {
                 config.resolved_io_threads(),
                 sealer,
                 config.resolved_io_timeout_ms(),
+                blocks as usize,
             )?),
             #[cfg(not(feature = "redis-backend"))]
             BackendKind::Redis => bail!(

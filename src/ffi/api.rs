@@ -26,7 +26,7 @@ pub(super) unsafe fn tier_ref<'a>(tier: *mut tier_t) -> Result<&'a Tier> {
 
 static VERSION: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
 
-/// The library version, e.g. "0.1.0" (KVTIER_VERSION_STRING of the header the
+/// The library version, e.g. "0.2.0" (KVTIER_VERSION_STRING of the header the
 /// library was built with).
 ///
 /// Returns a static NUL-terminated string; never NULL, never freed.
@@ -45,7 +45,8 @@ pub extern "C" fn tier_version() -> *const c_char {
 /// `*out`; pass sizeof(tier_abi_info_t) (bytes past the library's size are
 /// left as they are).
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
-/// TIER_ABI_INFO_SIZE_V1). `*out` is written only on success.
+/// TIER_ABI_INFO_SIZE_V1 or above PTRDIFF_MAX). `*out` is written only on
+/// success.
 /// Threads: any thread; needs no tier.
 #[no_mangle]
 pub unsafe extern "C" fn tier_abi_info(
@@ -102,38 +103,55 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
     })
 }
 
-/// Sets one configuration option from strings.
+/// Sets one configuration option from strings. Every key, with its default,
+/// is in docs/configuration.md (tests/config_docs.rs checks this list too).
 ///
-/// Keys: "backend" ("memory" or "disk"); "capacity_bytes" (bytes, or a number
-/// with KiB, MiB, GiB or TiB); "io_threads" (1..=256; default min(cores, 4) for
-/// memory, 32 for disk, 8 for redis); "idle_spin_us" (0..=1000000: how long idle workers poll
-/// for work before sleeping).
+/// Keys: "backend" ("memory", the default; "disk"; "redis", also "valkey");
+/// "capacity_bytes" (bytes, or a number with KiB, MiB, GiB or TiB; default
+/// 1GiB); "io_threads" (1..=256; default min(cores, 4) for memory, 32 for
+/// disk, 8 for redis); "idle_spin_us" (0..=1000000, default 50: how long idle
+/// workers poll for work before sleeping).
 /// Memory backend: "prefault" ("off": no resident memory until stores write
 /// it; "background", the default: a low-priority thread keeps a window of
 /// arena ahead of the stored slots resident, an eighth of the capacity within
 /// 64 MiB..1 GiB; "full": the whole capacity, from tier_new on). Other
 /// backends accept only "off"; anything else fails tier_new with
 /// TIER_ERR_CONFIG.
+/// Disk and Redis: "namespace" (what the blocks mean: model and revision,
+/// dtype, tokens per block, parallel layout, rank; blocks of other
+/// namespaces or block sizes are never loaded; required on shared storage,
+/// disk "shared"="true" or redis "sharing"="shared", where tier_new fails
+/// with TIER_ERR_CONFIG without one: docs/sharing.md);
+/// "probe_ttl_ms" (shared storage: how long a "not stored" answer is reused,
+/// and how long the namespace's clear generation is trusted before it is
+/// read again; tier_clear returns after twice it; 0..=3600000, default 1000).
 /// Disk backend: "path" (directory, created owner-only if missing, parent must
-/// exist); "namespace" (names the block layout: model, dtype, geometry; blocks
-/// of other namespaces or block sizes are never loaded); "o_direct" ("auto",
-/// "on", "off"); "block_header" ("auto": each block file's header in its
+/// exist; required); "o_direct" ("auto", the default, "on", "off");
+/// "block_header" ("auto", the default: each block file's header in its
 /// extended attribute where a local file system keeps them, so a file is
 /// its payload alone, else in the file; "xattr": the attribute, or tier_new
-/// fails; "file": in the file; any form is read whatever this says); "sync" ("none", or "data": fsync before a block is published);
+/// fails; "file": in the file; any form is read whatever this says); "sync"
+/// ("none", the default, or "data": fsync before a block is published);
 /// "shared" ("false", or "true": several processes or hosts use the directory;
-/// see tier_lookup); "probe_ttl_ms" (shared: how long a negative answer from
-/// the file system is reused, default 1000); "prepare_dirs" ("false", or
-/// "true": create all 4096 fan-out directories at open rather than on first
-/// use, so early stores do not pay for a mkdir).
+/// see tier_lookup); "prepare_dirs" ("false", or "true": create all 256
+/// fan-out directories at open rather than on first use, so early stores do
+/// not pay for a mkdir).
+/// Redis backend: "url" ("redis://[user[:password]@]host[:port][/db]", or
+/// rediss:// for TLS; several seeds of a cluster comma-separated; required);
+/// "cluster" ("auto", the default: ask the server; "on"; "off"); "sharing"
+/// ("owned", the default: this tier's keys, deleted when evicted; "shared":
+/// one keyspace for a fleet, never deleted by this tier); "key_prefix" (the
+/// first part of every key name, 1 to 64 bytes without braces, default
+/// "kvtier"); "ttl_s" (expiry of stored blocks in seconds, default 0: none);
+/// "connections" (1..=1024 per server node, default one per I/O thread).
 /// Deadline (disk, redis): "io_timeout_ms" ("auto", the default, or
 /// 0..=600000, 0: none): a block's storage call past it fails its job with
 /// TIER_ERR_IO on time. Disk "auto" reads the directory's file system type:
 /// network, cluster and FUSE file systems (NFS, SMB, Lustre, GPFS, BeeGFS,
 /// CephFS, FUSE, 9p, AFS, ...) and unknown ones get 10000, local ones
 /// (ext4, xfs, btrfs, f2fs, ..., tmpfs) none, so loads go straight into the
-/// row; tier_describe says which and why. Also the Redis backend's deadline
-/// ("auto": 3000; it must not be 0).
+/// row; tier_describe says which and why. Redis "auto" is 3000; it must not
+/// be 0.
 /// Events: "events" ("false", or "true": record block events for
 /// tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
 /// held until polled, 160 bytes each, allocated at tier_new; beyond it the

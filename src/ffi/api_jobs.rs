@@ -207,7 +207,8 @@ pub unsafe extern "C" fn tier_submit_load(
 /// gets exactly the fields it knows.
 /// Never blocks (see tier_wait) and allocates nothing: room for every accepted
 /// job's result is made when it is submitted. Returns TIER_OK; TIER_ERR_NULL_ARG;
-/// TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1);
+/// TIER_ERR_INVALID_ARG (cap 0, result_size below TIER_JOB_RESULT_SIZE_V1, or
+/// cap * result_size above PTRDIFF_MAX);
 /// TIER_ERR_SHUTDOWN (inherited across fork(), see tier_new). Outputs are
 /// written only on success.
 /// Ownership: `out` and `out_n` are borrowed for the call.

@@ -26,7 +26,8 @@ use std::ffi::c_char;
 /// it.
 /// Never blocks on a job, allocates nothing, and holds the tier's index lock
 /// for a few dozen events at a time. Returns TIER_OK; TIER_ERR_NULL_ARG;
-/// TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1);
+/// TIER_ERR_INVALID_ARG (cap 0, event_size below TIER_EVENT_SIZE_V1, or
+/// cap * event_size above PTRDIFF_MAX);
 /// TIER_ERR_CONFIG (the tier was created
 /// without events=true); TIER_ERR_SHUTDOWN (inherited across fork(), see
 /// tier_new). Outputs are written only on success.
@@ -118,8 +119,8 @@ pub unsafe extern "C" fn tier_metrics(tier: *mut tier_t, buf: *mut c_char, cap: 
 /// header is never written past its struct, and one built against a newer
 /// header finds the fields this library lacks as it left them.
 /// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (`out_size` below
-/// TIER_STATS_SIZE_V1); TIER_ERR_SHUTDOWN (inherited across fork(), see
-/// tier_new). `*out` is written only on success.
+/// TIER_STATS_SIZE_V1 or above PTRDIFF_MAX); TIER_ERR_SHUTDOWN (inherited
+/// across fork(), see tier_new). `*out` is written only on success.
 /// Threads: any thread, concurrently with other calls.
 #[no_mangle]
 pub unsafe extern "C" fn tier_stats(

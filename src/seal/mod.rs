@@ -23,10 +23,10 @@ mod sealer;
 pub(crate) use self::key::KeyOrigin;
 pub use self::key::SealKey;
 pub(crate) use self::ledger::{NonceLedger, Seen};
-pub(crate) use self::record::{is_newer, Nonce, RECORD_LEN};
+pub(crate) use self::record::{Nonce, RECORD_LEN};
 // What only the Redis backend reads of a record and a name.
 #[cfg(feature = "redis-backend")]
-pub(crate) use self::record::{newer_problem, NEWER};
+pub(crate) use self::record::NEWER;
 #[cfg(feature = "redis-backend")]
 pub(crate) use self::sealer::NAME_TAG_LEN;
 pub(crate) use self::sealer::{NameTag, OpenedRecord, Sealer};

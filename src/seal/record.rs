@@ -22,9 +22,13 @@
 //! encrypted (a restart recovers it from the key field, under a subkey of its
 //! own); the payload tag replaces the unsealed formats' checksum.
 //!
-//! A later format keeps the magic and the version where they are: a record
-//! with this magic and a higher version is another version's block, which a
-//! reader treats as a miss and never deletes ([`is_newer`], [`NEWER`]).
+//! A later format keeps the magic, the version, the nonce and the key field
+//! with its tag where they are, the key field sealed as now (under the
+//! key-field subkey, the record's first 44 bytes as its additional data): a
+//! record with this magic and a higher version whose key field opens under
+//! the tenant's key is another version's block, which a reader treats as a
+//! miss and never deletes (`Sealer::newer_problem`, [`NEWER`]). One whose key
+//! field does not open is damage (a flipped version byte), judged as any.
 
 use crate::key::MAX_KEY_LEN;
 
@@ -44,30 +48,19 @@ pub(crate) const MAX_PAYLOAD_AAD: usize = BINDING_LEN + 1 + MAX_KEY_LEN;
 
 pub(crate) type Nonce = [u8; NONCE_LEN];
 
-/// How [`check_binding`]'s error starts when the record is a sealed kvtier
-/// block in a format newer than this build reads: another version's block,
-/// a miss here, never deleted. The same words as the unsealed Redis format's
-/// marker, so that one check finds both.
+/// How a sealed record's error starts when the record is a sealed kvtier
+/// block in a format newer than this build reads, proved so by its key
+/// field: another version's block, a miss here, never deleted. The same
+/// words as the unsealed Redis format's marker, so that one check finds
+/// both.
 pub(crate) const NEWER: &str = "a newer format: ";
 
-/// Whether `record` starts as a sealed kvtier record in a newer format than
-/// this build reads: this magic, a higher version. Nothing else is checked:
-/// a later format may change every other field, and the AEAD that covers
-/// the version may not be this one.
-pub(crate) fn is_newer(record: &[u8]) -> bool {
-    record.len() >= 12
-        && record[0..8] == MAGIC
-        && u32::from_le_bytes(record[8..12].try_into().expect("4 bytes")) > FORMAT_VERSION
-}
-
-/// [`check_binding`]'s error for a record in a newer format (it starts with
-/// [`NEWER`]), if `record` is one; for a reader that must tell before it
-/// looks at anything else (a value's length).
-pub(crate) fn newer_problem(record: &[u8]) -> Option<String> {
-    is_newer(record).then(|| {
-        let version = u32::from_le_bytes(record[8..12].try_into().expect("4 bytes"));
-        format!("{NEWER}sealed format version {version}, this build reads {FORMAT_VERSION}")
-    })
+/// The version `record` claims if it starts as a sealed kvtier record of a
+/// newer format than this build reads (this magic, a higher version): a
+/// claim only, until its key field opens (`Sealer::newer_problem`).
+pub(crate) fn claims_newer(record: &[u8]) -> Option<u32> {
+    let version = u32::from_le_bytes(record.get(8..12)?.try_into().expect("4 bytes"));
+    (record[0..8] == MAGIC && version > FORMAT_VERSION).then_some(version)
 }
 
 /// Writes the binding of a new record into `record[..BINDING_LEN]`.
@@ -92,10 +85,6 @@ pub(crate) fn check_binding(
     namespace_fp: u64,
     block_bytes: usize,
 ) -> Result<Nonce, String> {
-    // Before the length: a later format's record may be longer or shorter.
-    if let Some(problem) = newer_problem(record) {
-        return Err(problem);
-    }
     if record.len() < RECORD_LEN {
         return Err(format!(
             "sealed record of {} bytes, expected {RECORD_LEN}",
@@ -136,27 +125,29 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_higher_version_reads_as_newer_before_anything_else() {
+    fn a_higher_version_is_only_a_claim_of_a_newer_format() {
         let mut record = vec![0u8; RECORD_LEN];
         write_binding(&mut record, 7, 4096, &[3; NONCE_LEN]);
-        assert!(!is_newer(&record));
+        assert_eq!(claims_newer(&record), None);
         assert_eq!(check_binding(&record, 7, 4096), Ok([3; NONCE_LEN]));
         record[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
-        assert!(is_newer(&record));
-        // Whatever else differs, however long the record is.
+        assert_eq!(claims_newer(&record), Some(2));
+        assert_eq!(claims_newer(&record[..12]), Some(2));
+        // The binding's check alone never calls it newer: only an opened
+        // key field proves that (sealer.rs).
         for r in [&record[..], &record[..12]] {
-            let err = check_binding(r, 8, 1).unwrap_err();
-            assert!(err.starts_with(NEWER) && err.contains("version 2"), "{err}");
+            let err = check_binding(r, 7, 4096).unwrap_err();
+            assert!(!err.starts_with(NEWER), "{err}");
         }
-        // A lower version, or another magic, is no newer format.
+        // A lower version, or another magic, claims nothing.
         let mut older = record.clone();
         older[8..12].copy_from_slice(&0u32.to_le_bytes());
         let mut foreign = record.clone();
         foreign[0] ^= 1;
         for bad in [&older, &foreign] {
-            assert!(!is_newer(bad));
+            assert_eq!(claims_newer(bad), None);
             assert!(!check_binding(bad, 7, 4096).unwrap_err().starts_with(NEWER));
         }
-        assert!(!is_newer(&record[..11]));
+        assert_eq!(claims_newer(&record[..11]), None);
     }
 }

@@ -9,8 +9,8 @@
 
 use super::key::{wipe, SealKey};
 use super::record::{
-    self, Nonce, BINDING_LEN, KEY_FIELD_AT, KEY_FIELD_LEN, KEY_TAG_AT, MAX_PAYLOAD_AAD,
-    PAYLOAD_TAG_AT, RECORD_LEN, TAG_LEN,
+    self, Nonce, BINDING_LEN, FORMAT_VERSION, KEY_FIELD_AT, KEY_FIELD_LEN, KEY_TAG_AT,
+    MAX_PAYLOAD_AAD, NEWER, PAYLOAD_TAG_AT, RECORD_LEN, TAG_LEN,
 };
 use crate::error::{Error, ErrorKind, Result};
 use ring::aead::{self, Aad, LessSafeKey, UnboundKey};
@@ -190,15 +190,60 @@ impl Sealer {
 
     /// Checks a record's plain fields and opens its key field: the block's
     /// key and nonce, or what is wrong (under another tenant's key the key
-    /// field does not open).
+    /// field does not open). A record of a newer format whose key field
+    /// opens is told apart first (its error starts with `NEWER`).
     pub(crate) fn open_record(
         &self,
         namespace_fp: u64,
         block_bytes: usize,
         record: &[u8],
     ) -> std::result::Result<OpenedRecord, String> {
+        if let Some(problem) = self.newer_problem(record) {
+            return Err(problem);
+        }
         let nonce = record::check_binding(record, namespace_fp, block_bytes)?;
+        let Some(mut field) = self.open_key_field(record) else {
+            return Err(format!("key field {}", auth_failed()));
+        };
+        let mut out = OpenedRecord {
+            key: [0; crate::key::MAX_KEY_LEN],
+            key_len: field[0] as usize,
+            nonce,
+        };
+        let good = (1..=crate::key::MAX_KEY_LEN).contains(&out.key_len);
+        out.key.copy_from_slice(&field[1..]);
+        wipe(&mut field);
+        if !good {
+            return Err(format!("key field {}", auth_failed()));
+        }
+        Ok(out)
+    }
+
+    /// [`open_record`](Self::open_record)'s error for a record of a newer
+    /// format than this build reads, if `record` is one: this magic, a
+    /// higher version, and a key field that opens under this tenant's key
+    /// with the record's own binding (so the version is the writer's, not
+    /// a damaged byte). For a reader that must tell before it looks at
+    /// anything else (a value's length).
+    pub(crate) fn newer_problem(&self, record: &[u8]) -> Option<String> {
+        let version = record::claims_newer(record)?;
+        let mut field = self.open_key_field(record)?;
+        wipe(&mut field);
+        Some(format!(
+            "{NEWER}sealed format version {version}, this build reads {FORMAT_VERSION}"
+        ))
+    }
+
+    /// The key field of `record` (length byte and key), opened under the
+    /// key-field subkey with the record's binding as additional data; None
+    /// if it does not authenticate or the record is too short. The caller
+    /// wipes what it gets.
+    fn open_key_field(&self, record: &[u8]) -> Option<[u8; KEY_FIELD_LEN]> {
+        if record.len() < RECORD_LEN {
+            return None;
+        }
         let binding: [u8; BINDING_LEN] = record[..BINDING_LEN].try_into().expect("binding");
+        let nonce: record::Nonce = record[32..BINDING_LEN].try_into().expect("nonce");
         let mut field: [u8; KEY_FIELD_LEN] = record[KEY_FIELD_AT..KEY_TAG_AT]
             .try_into()
             .expect("key field");
@@ -213,18 +258,11 @@ impl Sealer {
                 0..,
             )
             .is_ok();
-        let mut out = OpenedRecord {
-            key: [0; crate::key::MAX_KEY_LEN],
-            key_len: field[0] as usize,
-            nonce,
-        };
-        let good = opened && (1..=crate::key::MAX_KEY_LEN).contains(&out.key_len);
-        out.key.copy_from_slice(&field[1..]);
-        wipe(&mut field);
-        if !good {
-            return Err(format!("key field {}", auth_failed()));
+        if !opened {
+            wipe(&mut field);
+            return None;
         }
-        Ok(out)
+        Some(field)
     }
 
     /// Decrypts a sealed payload in place, after checking its tag. On
@@ -318,6 +356,59 @@ mod tests {
         // with the record of another.
         let (other, _) = sealed(&s, b"k", &plain);
         assert!(open(&s, &other, &mut payload.clone()).is_err());
+    }
+
+    /// `record` rewritten as the next sealed format would write it: the
+    /// version raised and the key field sealed again over that binding.
+    fn as_newer(s: &Sealer, record: &[u8]) -> Vec<u8> {
+        let mut newer = record.to_vec();
+        let mut field = s.open_key_field(record).expect("a record of this tenant");
+        newer[8..12].copy_from_slice(&(FORMAT_VERSION + 1).to_le_bytes());
+        let binding: [u8; BINDING_LEN] = newer[..BINDING_LEN].try_into().unwrap();
+        let nonce: Nonce = newer[32..BINDING_LEN].try_into().unwrap();
+        let tag = s
+            .key_field
+            .seal_in_place_separate_tag(
+                aead::Nonce::assume_unique_for_key(nonce),
+                Aad::from(&binding),
+                &mut field,
+            )
+            .unwrap();
+        newer[KEY_FIELD_AT..KEY_TAG_AT].copy_from_slice(&field);
+        newer[KEY_TAG_AT..RECORD_LEN].copy_from_slice(tag.as_ref());
+        newer
+    }
+
+    #[test]
+    fn a_newer_version_is_proved_by_its_key_field_a_damaged_one_is_not() {
+        let s = sealer(1);
+        let (record, payload) = sealed(&s, b"k", &[5u8; 256]);
+        assert_eq!(s.newer_problem(&record), None);
+        let newer = as_newer(&s, &record);
+        for r in [&newer[..], &{
+            // A longer record of the newer format: its key field still opens.
+            let mut longer = newer.clone();
+            longer.extend_from_slice(&[0; 64]);
+            longer
+        }] {
+            let problem = s.newer_problem(r).expect("a newer record");
+            assert!(problem.starts_with(NEWER) && problem.contains("version 2"));
+            let err = open(&s, r, &mut payload.clone()).unwrap_err();
+            assert!(err.starts_with(NEWER), "{err}");
+        }
+        // The version byte flipped alone (no writer's seal over it): damage.
+        for version in [2u32, 0x7f, 0x0100_0001] {
+            let mut damaged = record.clone();
+            damaged[8..12].copy_from_slice(&version.to_le_bytes());
+            assert_eq!(s.newer_problem(&damaged), None, "version {version}");
+            let err = open(&s, &damaged, &mut payload.clone()).unwrap_err();
+            assert!(!err.starts_with(NEWER), "version {version}: {err}");
+        }
+        // Another tenant cannot prove it newer either: for it, damage.
+        assert_eq!(sealer(2).newer_problem(&newer), None);
+        assert!(!open(&sealer(2), &newer, &mut payload.clone())
+            .unwrap_err()
+            .starts_with(NEWER));
     }
 
     #[test]

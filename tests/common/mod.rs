@@ -4,6 +4,7 @@
 
 #![allow(dead_code)]
 
+pub mod hostile;
 pub mod redis;
 
 use kvtier::{EventKind, JobResult, LookupState, PrimaryBuffer, Tier, TierConfig};

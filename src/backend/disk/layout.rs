@@ -18,7 +18,7 @@
 //! `<name>.kvb.<pid>-<n>.tmp` beside their final name.
 //!
 //! A sealed tier (`seal_key`) names a block `<tag>.kvs`, where `<tag>` is the
-//! 128-bit keyed PRF of the key in hex and `<fan>` its first 3 hex digits:
+//! 128-bit keyed PRF of the key in hex and `<fan>` its first 2 hex digits:
 //! neither says anything about the key to whoever lacks the seal key. The
 //! other extension keeps sealed and unsealed tiers from ever taking each
 //! other's files for their own (or for debris).

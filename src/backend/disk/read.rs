@@ -9,6 +9,7 @@ use crate::aligned::AlignedBuf;
 use crate::backend::checksum::PayloadSum;
 use crate::backend::LoadJob;
 use crate::error::{Error, ErrorKind, Result};
+use crate::seal::Sealer;
 use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::path::Path;
@@ -340,7 +341,7 @@ impl DiskBackend {
         examined: FileId,
         problem: String,
     ) -> Error {
-        if in_newer_format(path) {
+        if in_newer_format(path, self.seal.as_ref()) {
             // Another version's block: a miss here, and never deleted.
             return Error::new(
                 ErrorKind::NotFound,
@@ -384,9 +385,11 @@ impl DiskBackend {
 }
 
 /// Whether the block file at `path` carries an intact header, in the file or
-/// in its attribute, of a format newer than this build reads, or a sealed
-/// record of a newer format (`crate::seal::is_newer`).
-fn in_newer_format(path: &Path) -> bool {
+/// in its attribute, of a format newer than this build reads, or (for a
+/// sealed tier, `seal`) a sealed record of a newer format whose key field
+/// opens under the tenant's key (`Sealer::newer_problem`): a version byte
+/// is believed only once the header around it is proved intact.
+fn in_newer_format(path: &Path, seal: Option<&Sealer>) -> bool {
     let Ok(fd) = io::open_read(path, false) else {
         return false;
     };
@@ -400,7 +403,8 @@ fn in_newer_format(path: &Path) -> bool {
     let Ok(n) = io::read_at(&fd, &mut [&mut header], 0) else {
         return false;
     };
-    Header::is_newer(&header[..n]) || crate::seal::is_newer(&header[..n])
+    Header::is_newer(&header[..n])
+        || seal.is_some_and(|seal| seal.newer_problem(&header[..n]).is_some())
 }
 
 #[cfg(test)]

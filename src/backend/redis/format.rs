@@ -87,6 +87,15 @@ pub(super) fn key_from_name(prefix_part: &str, name: &[u8]) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Whether `name` is a hashed name of this prefix (`{h` and 32 hex digits):
+/// a name whose key only its value's header tells.
+pub(super) fn is_hashed_name(prefix_part: &str, name: &[u8]) -> bool {
+    name.strip_prefix(prefix_part.as_bytes())
+        .and_then(|tag| tag.strip_prefix(b"{h"))
+        .and_then(|tag| tag.strip_suffix(b"}"))
+        .is_some_and(|hex| hex.len() == 32 && hex.iter().all(u8::is_ascii_hexdigit))
+}
+
 /// Longest header (a key of MAX_KEY_LEN bytes).
 pub(super) const MAX_HEADER: usize = FIXED + MAX_KEY_LEN + 8;
 
@@ -159,11 +168,15 @@ pub(super) struct Header<'a> {
 
 /// How a header error starts when the value is a kvtier block of a format
 /// newer than this build reads: another version's block, a miss here, never
-/// deleted (a later format keeps the magic and the version where they are).
-/// A sealed record's error starts with the same words (`crate::seal::NEWER`).
+/// deleted. A later format keeps the magic, the version, the header length
+/// (bytes 12..16) and the header's own xxh64 as its last 8 bytes where they
+/// are, so a reader proves a header intact before it believes its version:
+/// a damaged version byte is damage, not a newer block kept forever. A
+/// sealed record's error starts with the same words (`crate::seal::NEWER`).
 pub(super) const NEWER: &str = crate::seal::NEWER;
 
-/// Parses a value's header; the error says what is wrong with it.
+/// Parses a value's header; the error says what is wrong with it. The
+/// header's checksum is checked before its version is believed.
 pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
     if value.len() < FIXED + 9 {
         return Err(format!("value of {} bytes is too short", value.len()));
@@ -173,6 +186,13 @@ pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
     }
     let u32_at = |at: usize| u32::from_le_bytes(value[at..at + 4].try_into().expect("4"));
     let u64_at = |at: usize| u64::from_le_bytes(value[at..at + 8].try_into().expect("8"));
+    let len = u32_at(12) as usize;
+    if !(FIXED + 9..=value.len()).contains(&len) {
+        return Err("damaged header lengths".into());
+    }
+    if u64_at(len - 8) != xxh64(&value[..len - 8], 0) {
+        return Err("header checksum mismatch".into());
+    }
     let Some(payload_sum) = PayloadSum::read(u32_at(8), u64_at(40)) else {
         let newer = if u32_at(8) > FORMAT_VERSION {
             NEWER
@@ -185,12 +205,8 @@ pub(super) fn read_header(value: &[u8]) -> Result<Header<'_>, String> {
         ));
     };
     let key_len = u32_at(32) as usize;
-    let len = u32_at(12) as usize;
-    if key_len == 0 || key_len > MAX_KEY_LEN || len != header_len(key_len) || value.len() < len {
+    if key_len == 0 || key_len > MAX_KEY_LEN || len != header_len(key_len) {
         return Err("damaged header lengths".into());
-    }
-    if u64_at(FIXED + key_len) != xxh64(&value[..FIXED + key_len], 0) {
-        return Err("header checksum mismatch".into());
     }
     Ok(Header {
         namespace_fp: u64_at(16),
@@ -275,6 +291,37 @@ mod tests {
         assert!(!read_header(&future).unwrap_err().starts_with(NEWER));
     }
 
+    /// A version byte is believed only in a header whose checksum holds: a
+    /// higher version in a damaged header is damage (the tier may delete
+    /// it), never a newer block it must keep forever.
+    #[test]
+    fn a_damaged_version_byte_is_damage_not_a_newer_format() {
+        let mut value = Vec::new();
+        write_value(&mut value, 7, b"key", &[9u8; 4096]).unwrap();
+        for version in [3u32, 0x7f, 0x0100_0002] {
+            let mut damaged = value.clone();
+            damaged[8..12].copy_from_slice(&version.to_le_bytes());
+            let err = read_header(&damaged).unwrap_err();
+            assert_eq!(err, "header checksum mismatch", "version {version}");
+        }
+        // A newer format with a longer header is proved by the checksum at
+        // the end of the length it declares.
+        let mut newer = value[..FIXED + 3].to_vec();
+        newer[8..12].copy_from_slice(&3u32.to_le_bytes());
+        newer.extend_from_slice(&[5u8; 40]);
+        let len = newer.len() + 8;
+        newer[12..16].copy_from_slice(&(len as u32).to_le_bytes());
+        let sum = xxh64(&newer, 0);
+        newer.extend_from_slice(&sum.to_le_bytes());
+        newer.extend_from_slice(&[1u8; 100]);
+        let err = read_header(&newer).unwrap_err();
+        assert!(err.starts_with(NEWER) && err.contains("version 3"), "{err}");
+        // Its declared length past the bytes there proves nothing.
+        assert!(!read_header(&newer[..len - 1])
+            .unwrap_err()
+            .starts_with(NEWER));
+    }
+
     #[test]
     fn names_hash_tag_the_key_and_round_trip() {
         let name = key_name("kvtier:00ff:b4096:", b"\x01\xab");
@@ -286,6 +333,10 @@ mod tests {
         let long = key_name("p:", &[7u8; 120]);
         assert!(long.starts_with("p:{h") && long.len() < 40);
         assert_eq!(key_from_name("p:", long.as_bytes()), None);
+        assert!(is_hashed_name("p:", long.as_bytes()));
+        assert!(!is_hashed_name("p:", b"p:{h0a}"));
+        assert!(!is_hashed_name("q:", long.as_bytes()));
+        assert!(!is_hashed_name("kvtier:00ff:b4096:", name.as_bytes()));
         assert_eq!(key_from_name("q:", name.as_bytes()), None);
     }
 }

@@ -6,7 +6,7 @@
 //! stored in, so after a clear a block of an older one is never even asked
 //! for; the clearing tier deletes those it finds (SCAN, every master).
 
-use super::client::reply::Value;
+use super::client::reply::{Value, MAP_REPLY, SMALL_REPLY};
 use super::client::url::Endpoint;
 use super::{Naming, RedisBackend};
 use crate::backend::checksum::generation_fingerprint;
@@ -50,9 +50,13 @@ impl RedisBackend {
     fn generation_call(&self, command: &'static str) -> Result<Value> {
         let name = self.generation_name();
         let reply = self
-            .calls_routed(command, &[name.as_bytes()], |name| {
-                vec![command.as_bytes(), name]
-            })
+            .calls_routed(
+                command,
+                &[name.as_bytes()],
+                SMALL_REPLY,
+                self.job_deadline(),
+                |name| vec![command.as_bytes(), name],
+            )
             .pop()
             .expect("one command, one reply")?;
         match reply {
@@ -105,9 +109,13 @@ impl RedisBackend {
                 let next = current + 1;
                 let name = self.generation_name();
                 let text = next.to_string();
-                self.calls_routed("SET", &[name.as_bytes()], |name| {
-                    vec![b"SET", name, text.as_bytes()]
-                })
+                self.calls_routed(
+                    "SET",
+                    &[name.as_bytes()],
+                    SMALL_REPLY,
+                    self.job_deadline(),
+                    |name| vec![b"SET", name, text.as_bytes()],
+                )
                 .pop()
                 .expect("one command, one reply")?;
                 next
@@ -126,7 +134,7 @@ impl RedisBackend {
             .collect();
         let mut removed = 0;
         let mut failed = Vec::new();
-        for holder in self.key_holders()? {
+        for holder in self.key_holders(deadline)? {
             for pattern in &patterns {
                 match self.sweep_holder(&holder, pattern, deadline) {
                     Ok(n) => removed += n,
@@ -155,7 +163,7 @@ impl RedisBackend {
         pattern: &str,
         deadline: Instant,
     ) -> std::io::Result<u64> {
-        let mut c = self.router.connect(holder)?;
+        let mut c = self.router.connect(holder, deadline)?;
         let mut cursor = b"0".to_vec();
         let mut removed = 0;
         for _ in 0..MAX_SCAN_STEPS {
@@ -170,7 +178,7 @@ impl RedisBackend {
                 b"COUNT",
                 SCAN_COUNT,
             ];
-            let (next, names) = match c.call(&args)? {
+            let (next, names) = match c.call(&args, MAP_REPLY)? {
                 Value::Array(mut parts) if parts.len() == 2 => {
                     match (parts.remove(0), parts.remove(0)) {
                         (Value::BulkString(next), Value::Array(names)) => (next, names),
@@ -193,21 +201,29 @@ impl RedisBackend {
                     _ => None,
                 })
                 .collect();
-            if self.router.is_cluster() {
-                for name in &names {
-                    if let Value::Int(n) = c.call(&[b"UNLINK", name])? {
+            if !names.is_empty() {
+                // One UNLINK per name in a cluster (the names may be in
+                // different slots), one for them all on a single server.
+                let each: Vec<[&[u8]; 2]> = names.iter().map(|n| [&b"UNLINK"[..], n]).collect();
+                let mut all: Vec<&[u8]> = vec![b"UNLINK"];
+                all.extend(names.iter().map(Vec::as_slice));
+                let commands: Vec<&[&[u8]]> = match self.router.is_cluster() {
+                    true => each.iter().map(|c| &c[..]).collect(),
+                    false => vec![&all[..]],
+                };
+                for reply in c.call_many(&commands, SMALL_REPLY)? {
+                    if let Value::Int(n) = reply {
                         removed += n.max(0) as u64;
                     }
-                }
-            } else if !names.is_empty() {
-                let mut args: Vec<&[u8]> = vec![b"UNLINK"];
-                args.extend(names.iter().map(Vec::as_slice));
-                if let Value::Int(n) = c.call(&args)? {
-                    removed += n.max(0) as u64;
                 }
             }
             if next == b"0" {
                 return Ok(removed);
+            }
+            if next.is_empty() || next.len() > 20 || !next.iter().all(u8::is_ascii_digit) {
+                return Err(std::io::Error::other(
+                    "SCAN answered a cursor that is no number",
+                ));
             }
             cursor = next;
         }

@@ -50,15 +50,16 @@ mod routed;
 mod sealed;
 
 use self::client::cluster::Router;
+use self::client::reply::SMALL_REPLY;
 use self::direct::{Fetched, Layout};
 use self::sealed::SealedLayout;
-use super::Backend;
 use crate::config::Sharing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer, RECORD_LEN};
 use crate::striped::Striped;
 use crate::sync::RwLock;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Locks serialising publish (SET) and delete (DEL) of one key. A batch
 /// holds its keys' locks for a whole network round trip, so there are many
@@ -102,6 +103,11 @@ pub(crate) struct RedisBackend {
     seal: Option<Sealer>,
     /// The version of each sealed block this process last wrote or saw.
     ledger: NonceLedger,
+    /// Most keys an owned tier adopts at open (see `adopt`).
+    adopt_budget: usize,
+    /// Why adoption stopped before it walked the whole keyspace, if it did
+    /// (for `tier_describe`).
+    adoption_stopped: crate::sync::Mutex<Option<String>>,
 }
 
 impl RedisBackend {
@@ -156,8 +162,9 @@ impl RedisBackend {
     ) -> std::result::Result<(), String> {
         if let Some(seal) = self.sealed() {
             // A newer format's value may be of another length: its record
-            // says so first (a miss, never deleted).
-            if let Some(problem) = crate::seal::newer_problem(value) {
+            // says so first, once its key field proves it (a miss, never
+            // deleted).
+            if let Some(problem) = seal.sealer.newer_problem(value) {
                 return Err(problem);
             }
             if value.len() != sealed::value_len(self.block_bytes) {
@@ -183,21 +190,22 @@ impl RedisBackend {
         Ok(())
     }
 
-    /// A GET's answer for `key`: copied into `dst` if it is this block, else
-    /// NotFound (no value) or Corrupt (the bad value is deleted, so that it
-    /// cannot fail every later load).
+    /// A private GET's answer for `key`: copied into `dst` if it is this
+    /// block, else NotFound (no value) or Corrupt (the bad value is deleted
+    /// by `deadline`, so that it cannot fail every later load).
     fn check_value(
         &self,
         name: &str,
         value: Option<Vec<u8>>,
         key: &[u8],
         dst: &mut [u8],
+        deadline: Instant,
     ) -> Result<()> {
         let Some(mut value) = value else {
             return Err(self.not_found(name));
         };
         if let Err(problem) = self.verify_into(&mut value, key, dst) {
-            return Err(self.condemn(name, &problem));
+            return Err(self.condemn(name, &problem, deadline));
         }
         Ok(())
     }
@@ -215,7 +223,8 @@ impl RedisBackend {
     /// `format::NEWER`) is another version's: a miss, never deleted. A
     /// sealed tier in a shared keyspace deletes nothing: a value that does
     /// not authenticate under its key may be another tenant's; it is a miss.
-    fn condemn(&self, name: &str, problem: &str) -> Error {
+    /// Only a private read, on a connection in step, proves a value bad.
+    fn condemn(&self, name: &str, problem: &str, deadline: Instant) -> Error {
         if problem.starts_with(format::NEWER) {
             return Error::new(
                 ErrorKind::NotFound,
@@ -228,36 +237,46 @@ impl RedisBackend {
                 format!("redis: {name}: {problem}; a miss, left in place (shared)"),
             );
         }
-        self.delete_named(name);
+        self.delete_named(name, deadline);
         Error::new(
             ErrorKind::Corrupt,
             format!("redis: {name}: {problem}; value deleted"),
         )
     }
 
-    /// Deletes the value named `name` (a condemned one), best effort.
-    fn delete_named(&self, name: &str) {
-        let _ = self.calls_routed("DEL", &[name.as_bytes()], |name| vec![b"DEL", name]);
+    /// Deletes the value named `name` (a condemned one), best effort, by
+    /// `deadline`.
+    fn delete_named(&self, name: &str, deadline: Instant) {
+        let _ = self.calls_routed("DEL", &[name.as_bytes()], SMALL_REPLY, deadline, |name| {
+            vec![b"DEL", name]
+        });
     }
 
-    /// A GET the server refused: a value of another type under a block's
-    /// name (WRONGTYPE) is no block, as garbage is; any other refusal may
-    /// pass.
-    fn get_refused(&self, name: &str, message: &str) -> Error {
+    /// A private GET the server refused: a value of another type under a
+    /// block's name (WRONGTYPE) is no block, as garbage is; any other
+    /// refusal may pass.
+    fn get_refused(&self, name: &str, message: &str, deadline: Instant) -> Error {
         if message.starts_with("WRONGTYPE") {
-            return self.condemn(name, "a value of another type than a string");
+            return self.condemn(name, "a value of another type than a string", deadline);
         }
         server_error("GET", message)
     }
 
-    /// A block's outcome from what its direct GET brought.
-    fn judge(&self, slot: u32, key: &[u8], dst: &mut [u8], fetched: Fetched) -> Result<()> {
+    /// A block's outcome from what its direct GET brought, by `deadline`
+    /// (the job's). Anything but a good block or a plain miss is read again
+    /// privately before it is judged: the direct read may have met a row
+    /// written meanwhile, or a connection out of step whose replies belong
+    /// to other requests, and neither may condemn a value.
+    fn judge(&self, key: &[u8], dst: &mut [u8], fetched: Fetched, deadline: Instant) -> Result<()> {
         match fetched {
             Fetched::Good => Ok(()),
             Fetched::Missing => Err(self.not_found(&self.name(key))),
-            Fetched::Refused(message) => Err(self.get_refused(&self.name(key), &message)),
-            Fetched::Bad(problem) => Err(self.condemn(&self.name(key), &problem)),
-            Fetched::Recheck => self.load(slot, key, dst),
+            Fetched::Refused(message) if !message.starts_with("WRONGTYPE") => {
+                Err(server_error("GET", &message))
+            }
+            Fetched::Refused(_) | Fetched::Bad(_) | Fetched::Recheck => {
+                self.load_by(key, dst, deadline)
+            }
         }
     }
 }

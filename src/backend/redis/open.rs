@@ -2,8 +2,9 @@
 //! message), the seeds asked whether they are a cluster, the router made
 //! (a single server: a slot map of one node), and the servers reached once.
 
+use super::adopt::ADOPT_BUDGET_PER_BLOCK;
 use super::client::cluster::Router;
-use super::client::reply::Value;
+use super::client::reply::{Value, MAP_REPLY};
 use super::client::tls::SharedConfig;
 use super::client::transport::RespConn;
 use super::client::url::{self, Endpoint};
@@ -13,10 +14,10 @@ use crate::config::{ClusterMode, RedisConfig};
 use crate::error::{bail, Error, ErrorKind, Result};
 use crate::seal::{NonceLedger, Sealer};
 use crate::striped::Striped;
-use crate::sync::RwLock;
+use crate::sync::{Mutex, RwLock};
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// `url` with any password replaced by `***`.
 pub(crate) fn redact(url: &str) -> String {
@@ -54,11 +55,13 @@ fn reach_seed(
                 true => Some(tls.get()?),
                 false => None,
             };
-            let mut c = RespConn::connect(seed, config.as_ref(), timeout)?;
+            let deadline = Instant::now() + timeout;
+            let mut c = RespConn::connect(seed, config.as_ref(), timeout, deadline)?;
             if !ask {
                 return Ok(false);
             }
-            match c.call(&[b"INFO", b"cluster"])? {
+            c.cap_next(deadline);
+            match c.call(&[b"INFO", b"cluster"], MAP_REPLY)? {
                 Value::BulkString(info) => Ok(info
                     .windows(b"cluster_enabled:1".len())
                     .any(|w| w == b"cluster_enabled:1")),
@@ -83,6 +86,7 @@ impl RedisBackend {
         io_threads: usize,
         seal: Option<Sealer>,
         io_timeout_ms: u32,
+        capacity_blocks: usize,
     ) -> Result<RedisBackend> {
         if cfg.urls.is_empty() {
             bail!(
@@ -160,6 +164,8 @@ impl RedisBackend {
             stripes: Striped::new(STRIPES, 2, || ()),
             seal,
             ledger: NonceLedger::new(),
+            adopt_budget: capacity_blocks.saturating_mul(ADOPT_BUDGET_PER_BLOCK),
+            adoption_stopped: Mutex::new(None),
         })
     }
 }

@@ -4,11 +4,13 @@
 //! single server and a cluster alike.
 
 use super::client::reply::Value;
+use super::direct::get_ceiling;
 use super::routed::KeyCommand;
 use super::RedisBackend;
 use crate::backend::{Backend, Batches, Discards, Persistence, Probes, Touches};
 use crate::config::Sharing;
 use crate::error::{Error, ErrorKind, Result};
+use std::time::Instant;
 
 /// Blocks per task of a store job that evicts nothing (standalone server;
 /// see `min_growing_task_bytes`).
@@ -130,6 +132,32 @@ impl Probes for RedisBackend {
     }
 }
 
+impl RedisBackend {
+    /// A GET into a private buffer by `deadline`, verified there before it
+    /// is copied into `dst`: a value the direct path could not accept is
+    /// read again this way before it is judged, within its job's deadline.
+    /// Its reply may declare at most `direct::get_ceiling` bytes.
+    pub(super) fn load_by(&self, key: &[u8], dst: &mut [u8], deadline: Instant) -> Result<()> {
+        let name = self.name(key);
+        let ceiling = get_ceiling(self.layout(&self.naming()).value_len(key));
+        let reply = self
+            .calls_routed("GET", &[name.as_bytes()], ceiling, deadline, |name| {
+                vec![b"GET", name]
+            })
+            .pop()
+            .expect("one command, one reply")?;
+        match reply {
+            Value::BulkString(value) => self.check_value(&name, Some(value), key, dst, deadline),
+            Value::Nil => self.check_value(&name, None, key, dst, deadline),
+            Value::Error(message) => Err(self.get_refused(&name, &message, deadline)),
+            other => Err(Error::new(
+                ErrorKind::Io,
+                format!("redis: GET {name}: answered {other:?}"),
+            )),
+        }
+    }
+}
+
 impl Backend for RedisBackend {
     fn store(&self, slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         let _guard = self.stripes.of(key).lock();
@@ -139,23 +167,9 @@ impl Backend for RedisBackend {
     }
 
     /// A GET into a private buffer, verified there before it is copied
-    /// into `dst` (a payload whose checksum failed in its row is read
-    /// again this way before the value is condemned).
+    /// into `dst` (see `load_by`).
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
-        let name = self.name(key);
-        let reply = self
-            .calls_routed("GET", &[name.as_bytes()], |name| vec![b"GET", name])
-            .pop()
-            .expect("one command, one reply")?;
-        match reply {
-            Value::BulkString(value) => self.check_value(&name, Some(value), key, dst),
-            Value::Nil => self.check_value(&name, None, key, dst),
-            Value::Error(message) => Err(self.get_refused(&name, &message)),
-            other => Err(Error::new(
-                ErrorKind::Io,
-                format!("redis: GET {name}: answered {other:?}"),
-            )),
-        }
+        self.load_by(key, dst, self.job_deadline())
     }
 
     fn batches(&self) -> Option<&dyn Batches> {
@@ -200,8 +214,12 @@ impl Backend for RedisBackend {
     }
 
     fn describe(&self) -> String {
+        let adoption = match &*self.adoption_stopped.lock() {
+            Some(why) => format!("; adoption at open stopped early: {why}"),
+            None => String::new(),
+        };
         format!(
-            "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections{})",
+            "redis: {} ({}, sharing={}, keys {}*, ttl_s={}, {} connections{}{adoption})",
             self.shown_seeds,
             match self.router.is_cluster() {
                 true => format!("cluster, {}", self.router.describe()),

@@ -53,7 +53,7 @@ impl RedisBackend {
     /// One deadline for a whole job: its pipelines to the nodes (all sent,
     /// then all read, later passes included) share it, and the job is
     /// reported within `io_timeout_ms` even if several masters hang.
-    fn job_deadline(&self) -> Instant {
+    pub(super) fn job_deadline(&self) -> Instant {
         Instant::now() + self.router.timeout()
     }
 
@@ -85,6 +85,7 @@ impl RedisBackend {
         blocks: &mut [(u32, &[u8], &mut [u8])],
         done: &mut dyn FnMut(usize, Result<()>) -> bool,
     ) {
+        let deadline = self.job_deadline();
         let naming = self.naming();
         let layout = self.layout(&naming);
         let slots = slots_of(blocks.len(), |i, name| layout.write_name(name, blocks[i].1));
@@ -102,11 +103,13 @@ impl RedisBackend {
                 got: &mut got,
                 fetched: Vec::with_capacity(slots.len()),
             };
-            run_job(&self.router, &slots, self.job_deadline(), &mut pass);
+            run_job(&self.router, &slots, deadline, &mut pass);
         }
-        for (i, ((slot, key, dst), got)) in blocks.iter_mut().zip(got).enumerate() {
+        for (i, ((_, key, dst), got)) in blocks.iter_mut().zip(got).enumerate() {
             let outcome = match got {
-                Got::Fetched(fetched) => self.judge(*slot, key, dst, fetched),
+                // A private re-read, or a bad value's delete, takes what is
+                // left of the job's deadline, not a deadline of its own.
+                Got::Fetched(fetched) => self.judge(key, dst, fetched, deadline),
                 Got::Failed(e) => Err(e),
                 Got::Pending => Err(unsettled()),
             };
@@ -160,12 +163,15 @@ impl RedisBackend {
     }
 
     /// Whole commands, one per key name in `names` (`args(name)` makes
-    /// it), a pipeline per node: each one's reply, or why there is none
-    /// (`what` names the command in errors).
+    /// it), a pipeline per node, by `deadline` (the job's): each one's
+    /// reply of at most `ceiling` bytes, or why there is none (`what` names
+    /// the command in errors).
     pub(super) fn calls_routed<'a>(
         &self,
         what: &'static str,
         names: &[&'a [u8]],
+        ceiling: usize,
+        deadline: Instant,
         args: impl Fn(&'a [u8]) -> Vec<&'a [u8]>,
     ) -> Vec<Result<Value>> {
         let slots: Vec<u16> = names
@@ -185,9 +191,10 @@ impl RedisBackend {
             sorted: Vec::new(),
             read: Vec::new(),
             what,
+            ceiling,
             replies: (0..names.len()).map(|_| None).collect(),
         };
-        run_job(&self.router, &slots, self.job_deadline(), &mut pass);
+        run_job(&self.router, &slots, deadline, &mut pass);
         pass.replies
             .into_iter()
             .map(|r| r.unwrap_or_else(|| Err(unsettled())))
@@ -441,6 +448,8 @@ struct Calls<'c> {
     sorted: Vec<&'c [u8]>,
     read: Vec<Value>,
     what: &'static str,
+    /// Most bytes of each reply (see `client::reply`).
+    ceiling: usize,
     /// Each command's reply; None while it is to send (again).
     replies: Vec<Option<Result<Value>>>,
 }
@@ -472,7 +481,7 @@ impl Pass for Calls<'_> {
     fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
         self.read.clear();
         for _ in range {
-            self.read.push(c.read_value()?);
+            self.read.push(c.read_value(self.ceiling)?);
         }
         Ok(())
     }

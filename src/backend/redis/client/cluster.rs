@@ -13,7 +13,7 @@
 //! becomes of blocks a node redirected or failed is `job`'s business.
 
 use super::conn::Pool;
-use super::reply::Value;
+use super::reply::{Value, MAP_REPLY};
 use super::routes::{Node, SlotMap, SLOTS};
 use super::tls::SharedConfig;
 use super::transport::RespConn;
@@ -123,13 +123,17 @@ impl Router {
     }
 
     /// A connection of its own to `at` (not pooled: adoption's SCANs),
-    /// over TLS when the seeds are.
-    pub(in crate::backend::redis) fn connect(&self, at: &Endpoint) -> io::Result<RespConn> {
+    /// over TLS when the seeds are, opened by `deadline`.
+    pub(in crate::backend::redis) fn connect(
+        &self,
+        at: &Endpoint,
+        deadline: Instant,
+    ) -> io::Result<RespConn> {
         let tls = match at.tls {
             true => Some(self.tls.get()?),
             false => None,
         };
-        RespConn::connect(at, tls.as_ref(), self.timeout)
+        RespConn::connect(at, tls.as_ref(), self.timeout, deadline)
     }
 
     /// Reads a cluster's slot map again from the first node that answers
@@ -177,9 +181,9 @@ impl Router {
             }
             asked.push((host.clone(), port));
             let node = self.node(&host, port);
-            let slots = node.pool.with("CLUSTER SLOTS", |c| {
+            let slots = node.pool.with("CLUSTER SLOTS", deadline, |c| {
                 c.cap_next(deadline);
-                c.call(&[b"CLUSTER", b"SLOTS"])
+                c.call(&[b"CLUSTER", b"SLOTS"], MAP_REPLY)
             });
             match slots {
                 Ok(reply) => match self.parse(&reply, &host) {

@@ -125,19 +125,22 @@ impl Pool {
         }
     }
 
-    fn connect(&self) -> io::Result<Conn> {
+    /// A new connection, opened by `deadline`.
+    fn connect(&self, deadline: Instant) -> io::Result<Conn> {
         let tls = match self.target.tls {
             true => Some(self.tls.get()?),
             false => None,
         };
-        RespConn::connect(&self.target, tls.as_ref(), self.timeout)
+        RespConn::connect(&self.target, tls.as_ref(), self.timeout, deadline)
     }
 
     /// Opens the first connection and PINGs through it, keeping it in the
     /// pool; the failure as it happened (a refused password is of kind
     /// `PermissionDenied`, see `connect`).
     pub(in crate::backend::redis) fn ping(&self) -> io::Result<()> {
-        let mut conn = self.connect()?;
+        let deadline = Instant::now() + self.timeout;
+        let mut conn = self.connect(deadline)?;
+        conn.cap_next(deadline);
         conn.call_ok(&[b"PING"], io::ErrorKind::Other)?;
         let mut st = self.state.lock();
         st.open += 1;
@@ -146,12 +149,12 @@ impl Pool {
     }
 
     /// Takes an idle connection, opens one (within `max`), or waits for one
-    /// to come back, all within the deadline (None at once instead of
+    /// to come back, all by `deadline` (the job's; None at once instead of
     /// waiting when `wait` is false and every connection the pool may open
     /// is in use); and whether the request it is taken for is the trial of
     /// a silent server: while the server is silent, the first taker is its
     /// trial and the others fail at once (see [`Stall`]).
-    fn take_or_wait(&self, wait: bool) -> Result<Option<(Conn, bool)>> {
+    fn take_or_wait(&self, wait: bool, deadline: Instant) -> Result<Option<(Conn, bool)>> {
         let trial = {
             let mut st = self.state.lock();
             match st.stall {
@@ -163,7 +166,7 @@ impl Pool {
                 }
             }
         };
-        let taken = self.take_conn(wait);
+        let taken = self.take_conn(wait, deadline);
         if trial && !matches!(taken, Ok(Some(_))) {
             // No request goes: the next taker is the trial.
             let mut st = self.state.lock();
@@ -174,14 +177,26 @@ impl Pool {
         Ok(taken?.map(|conn| (conn, trial)))
     }
 
-    /// An idle connection, a new one, or (if `wait`) one given back within
-    /// the deadline.
-    fn take_conn(&self, wait: bool) -> Result<Option<Conn>> {
-        let deadline = Instant::now() + self.timeout;
+    /// An idle connection in step (see `RespConn::in_step`), a new one, or
+    /// (if `wait`) one given back, by `deadline` (the job's) and within
+    /// `timeout`: a job's later pass (a redirection's node) connects or
+    /// waits only for what is left of the job's time.
+    fn take_conn(&self, wait: bool, deadline: Instant) -> Result<Option<Conn>> {
+        let deadline = deadline.min(Instant::now() + self.timeout);
         let mut st = self.state.lock();
         loop {
-            if let Some(conn) = st.idle.pop() {
-                return Ok(Some(conn));
+            if let Some(mut conn) = st.idle.pop() {
+                drop(st);
+                if conn.in_step().is_ok() {
+                    return Ok(Some(conn));
+                }
+                // Unasked bytes, or closed by the server: dropped unused.
+                st = self.state.lock();
+                st.open -= 1;
+                continue;
+            }
+            if Instant::now() >= deadline {
+                return Err(out_of_time());
             }
             if st.open < self.max {
                 if let Some(at) = st.retry_at {
@@ -198,7 +213,7 @@ impl Pool {
                 }
                 st.open += 1;
                 drop(st);
-                let made = self.connect();
+                let made = self.connect(deadline);
                 let mut st = self.state.lock();
                 return match made {
                     Ok(conn) => {
@@ -252,24 +267,32 @@ impl Pool {
     /// `wait`, None at once when every connection the pool may open is in
     /// use: a job that holds another node's connection must not wait for
     /// this one (two jobs could then wait on each other).
-    pub(in crate::backend::redis) fn lease(&self, wait: bool) -> Result<Option<Lease<'_>>> {
-        Ok(self.take_or_wait(wait)?.map(|(conn, trial)| Lease {
-            pool: self,
-            conn: Some(conn),
-            trial,
-            ended: None,
-        }))
+    pub(in crate::backend::redis) fn lease(
+        &self,
+        wait: bool,
+        deadline: Instant,
+    ) -> Result<Option<Lease<'_>>> {
+        Ok(self
+            .take_or_wait(wait, deadline)?
+            .map(|(conn, trial)| Lease {
+                pool: self,
+                conn: Some(conn),
+                trial,
+                ended: None,
+            }))
     }
 
-    /// Runs `f` on a pooled connection (one request). A connection that
-    /// failed at the socket level is dropped (the next use reconnects).
+    /// Runs `f` on a pooled connection (one request), taken by `deadline`.
+    /// A connection that failed at the socket level is dropped (the next
+    /// use reconnects).
     pub(in crate::backend::redis) fn with<T>(
         &self,
         what: &str,
+        deadline: Instant,
         f: impl FnOnce(&mut Conn) -> io::Result<T>,
     ) -> Result<T> {
         let mut lease = self
-            .lease(true)?
+            .lease(true, deadline)?
             .expect("a connection, having waited for one");
         let result = f(lease.conn());
         lease.ended = Some(match &result {
@@ -337,6 +360,17 @@ impl Drop for Lease<'_> {
     }
 }
 
+/// What a request meets when its job's deadline passed before a connection
+/// was had (on an earlier pass, another node, or waiting).
+fn out_of_time() -> Error {
+    Error::new(
+        ErrorKind::Io,
+        "redis: no connection within the job's io_timeout_ms (spent on earlier passes)",
+    )
+    .unsent()
+    .late()
+}
+
 /// What a request meets while its server is silent and another request
 /// is finding out whether it answers again.
 fn silent_server() -> Error {
@@ -352,6 +386,10 @@ fn silent_server() -> Error {
 mod tests {
     use super::*;
 
+    fn far() -> Instant {
+        Instant::now() + Duration::from_secs(60)
+    }
+
     /// A refused connection was an attempt; the failures at once during the
     /// backoff after it, and while a silent server's trial is out, asked
     /// nothing (`Error::unsent`: a load meeting them does not count against
@@ -365,13 +403,19 @@ mod tests {
             .port();
         let at = super::super::url::parse(&format!("redis://127.0.0.1:{port}")).unwrap();
         let pool = Pool::new(at, 1, Duration::from_secs(1), SharedConfig::default());
-        let refused = pool.take_or_wait(true).err().expect("nothing listens");
+        let refused = pool
+            .take_or_wait(true, far())
+            .err()
+            .expect("nothing listens");
         assert!(refused.reached_storage(), "{refused}");
-        let backoff = pool.take_or_wait(true).err().expect("in backoff");
+        let backoff = pool.take_or_wait(true, far()).err().expect("in backoff");
         assert!(backoff.message().contains("next attempt"), "{backoff}");
         assert!(!backoff.reached_storage(), "{backoff}");
         pool.state.lock().stall = Stall::Trying;
-        let silent = pool.take_or_wait(true).err().expect("a trial is out");
+        let silent = pool
+            .take_or_wait(true, far())
+            .err()
+            .expect("a trial is out");
         assert!(!silent.reached_storage(), "{silent}");
     }
 

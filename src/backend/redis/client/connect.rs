@@ -3,29 +3,39 @@
 //! the host), then AUTH and SELECT as the URL says (`command`).
 
 use super::tls;
-use super::transport::{tls_error, RespConn, Stream, Tls};
+use super::transport::{timed_out, tls_error, RespConn, Stream, Tls};
 use super::url::Endpoint;
 use rustls::ClientConfig;
 use std::io;
 use std::net::{TcpStream, ToSocketAddrs};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 impl RespConn {
-    /// Connects to `at` within `timeout` (over TLS with `tls`, the
-    /// server's certificate checked against its host), then authenticates
-    /// and selects the database as its URL says. A refused password is an
-    /// error of kind `PermissionDenied`.
+    /// Connects to `at` by `deadline` and each step within `timeout`,
+    /// every address tried and the handshake included (over TLS with
+    /// `tls`, the server's certificate checked against its host), then
+    /// authenticates and selects the database as its URL says; its later
+    /// requests each get `timeout`. A refused password is an error of kind
+    /// `PermissionDenied`.
     pub(in crate::backend::redis) fn connect(
         at: &Endpoint,
         tls: Option<&Arc<ClientConfig>>,
         timeout: Duration,
+        deadline: Instant,
     ) -> io::Result<RespConn> {
         let (host, port) = (at.host.as_str(), at.port);
         let mut last = None;
         let mut stream = None;
         for addr in (host, port).to_socket_addrs()? {
-            match TcpStream::connect_timeout(&addr, timeout) {
+            let left = deadline
+                .saturating_duration_since(Instant::now())
+                .min(timeout);
+            if left.is_zero() {
+                last = Some(timed_out());
+                break;
+            }
+            match TcpStream::connect_timeout(&addr, left) {
                 Ok(s) => {
                     stream = Some(s);
                     break;
@@ -55,6 +65,7 @@ impl RespConn {
                     })),
                     timeout,
                 )?;
+                conn.cap_next(deadline);
                 conn.begin();
                 conn.handshake().map_err(|e| {
                     io::Error::new(e.kind(), format!("TLS handshake with {host}:{port}: {e}"))
@@ -64,6 +75,7 @@ impl RespConn {
         };
         if let Some(password) = &at.password {
             let denied = io::ErrorKind::PermissionDenied;
+            conn.cap_next(deadline);
             match &at.user {
                 Some(user) => {
                     conn.call_ok(&[b"AUTH", user.as_bytes(), password.as_bytes()], denied)?
@@ -73,6 +85,7 @@ impl RespConn {
         }
         if at.db != 0 {
             let db = at.db.to_string();
+            conn.cap_next(deadline);
             conn.call_ok(&[b"SELECT", db.as_bytes()], io::ErrorKind::InvalidInput)?;
         }
         Ok(conn)
@@ -94,7 +107,6 @@ impl RespConn {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     const T: Duration = Duration::from_millis(300);
 
@@ -112,7 +124,7 @@ mod tests {
         .with_no_client_auth();
         let started = Instant::now();
         let at = super::super::url::parse(&format!("rediss://127.0.0.1:{port}")).unwrap();
-        let r = RespConn::connect(&at, Some(&Arc::new(config)), T);
+        let r = RespConn::connect(&at, Some(&Arc::new(config)), T, started + T);
         let e = r.err().expect("no handshake with a silent server");
         let took = started.elapsed();
         assert_eq!(e.kind(), io::ErrorKind::TimedOut, "{e}");

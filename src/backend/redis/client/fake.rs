@@ -43,6 +43,12 @@ pub(in crate::backend::redis) fn serve(
     )
 }
 
+/// A connection to a fake server's `port` (see [`serve_commands`]).
+pub(in crate::backend::redis) fn connect_to(port: u16, timeout: Duration) -> RespConn {
+    let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    RespConn::over(stream, timeout).unwrap()
+}
+
 /// `bytes` one byte per piece.
 pub(in crate::backend::redis) fn bytewise(bytes: &[u8]) -> Vec<Vec<u8>> {
     bytes.iter().map(|&b| vec![b]).collect()

@@ -191,7 +191,7 @@ fn send_on<'n, S>(
     if past(deadline) {
         return Sending::Late;
     }
-    let sent = node.pool.lease(wait).and_then(|lease| {
+    let sent = node.pool.lease(wait, deadline).and_then(|lease| {
         let Some(mut lease) = lease else {
             return Ok(Sending::Busy);
         };
@@ -247,7 +247,11 @@ fn receive_on(
         lease.close();
         return None;
     }
-    let read = receive(lease.conn()).map_err(|e| io_error(what, &e));
+    // Replies read on a connection found out of step afterwards are not
+    // the node's answer: its blocks fail, nothing is judged from them.
+    let read = receive(lease.conn())
+        .and_then(|()| lease.conn().finish())
+        .map_err(|e| io_error(what, &e));
     node.answered(read.is_ok());
     Some(read)
 }

@@ -140,7 +140,7 @@ pub(in crate::backend::redis) fn run_job<P: Pass>(
 mod tests {
     use super::super::fake::serve_commands;
     use super::super::fanout::Trouble;
-    use super::super::reply::Value;
+    use super::super::reply::{Value, SMALL_REPLY};
     use super::super::tls::SharedConfig;
     use super::super::transport::RespConn;
     use super::super::{command, url};
@@ -200,7 +200,7 @@ mod tests {
         ) -> std::io::Result<()> {
             self.read.clear();
             for _ in range {
-                self.read.push(c.read_value()?);
+                self.read.push(c.read_value(SMALL_REPLY)?);
             }
             Ok(())
         }

@@ -4,7 +4,9 @@
 //! (SO_RCVLOWAT) while a large payload is on its way.
 
 use super::send::NoSigpipe;
-use super::transport::{closed, past_deadline, timed_out, tls_error, RespConn, Stream, Tls};
+use super::transport::{
+    closed, past_deadline, protocol_error, timed_out, tls_error, RespConn, Stream, Tls,
+};
 use std::io::{self, IoSliceMut, Read};
 use std::os::fd::AsRawFd;
 use std::time::Instant;
@@ -17,6 +19,11 @@ pub(super) const WAKE_AFTER_MAX: usize = 1 << 20;
 
 /// Fewer bytes left of a payload than this are read as they come.
 pub(super) const WAKE_AFTER_MIN: usize = 64 << 10;
+
+/// Most TLS reads [`RespConn::in_step`] makes of records that carry no
+/// application data (session tickets, key updates) before it gives up on
+/// a connection that keeps receiving them between requests.
+const MAX_IDLE_RECORDS: usize = 16;
 
 impl RespConn {
     /// What a reader must wait on before a reply can be read: None when
@@ -34,6 +41,73 @@ impl RespConn {
                 _ => None,
             },
         }
+    }
+
+    /// Plaintext rustls holds decrypted and not read yet (0 over TCP; a
+    /// connection whose records do not decrypt counts as holding some).
+    pub(super) fn tls_plaintext_pending(&mut self) -> usize {
+        match &mut self.stream {
+            Stream::Tcp(_) => 0,
+            Stream::Tls(tls) => match tls.conn.process_new_packets() {
+                Ok(state) => state.plaintext_bytes_to_read(),
+                Err(_) => 1,
+            },
+        }
+    }
+
+    /// Checks, before a request is sent, that nothing is there to read:
+    /// bytes that arrive unasked are a reply to no request of this one (a
+    /// server or proxy answering once too often), which the request would
+    /// take for its own; and a server that closed the connection has left
+    /// it. Either way the connection is closed (an error here). Over TLS,
+    /// records without application data (session tickets) are taken in.
+    pub(in crate::backend::redis) fn in_step(&mut self) -> io::Result<()> {
+        if self.broken {
+            return Err(closed());
+        }
+        let r = self.in_step_inner();
+        self.check(r)
+    }
+
+    fn in_step_inner(&mut self) -> io::Result<()> {
+        for _ in 0..MAX_IDLE_RECORDS {
+            let surplus = self.end - self.start + self.tls_plaintext_pending();
+            if surplus > 0 {
+                return Err(unasked(surplus));
+            }
+            let fd = self.stream.tcp().as_raw_fd();
+            let mut byte = 0u8;
+            // SAFETY: a valid socket and a one-byte buffer of our own.
+            let n = unsafe {
+                libc::recv(
+                    fd,
+                    (&mut byte as *mut u8).cast(),
+                    1,
+                    libc::MSG_PEEK | libc::MSG_DONTWAIT,
+                )
+            };
+            if n == 0 {
+                return Err(closed());
+            }
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                match e.kind() {
+                    io::ErrorKind::WouldBlock => return Ok(()),
+                    io::ErrorKind::Interrupted => continue,
+                    _ => return Err(e),
+                }
+            }
+            if matches!(self.stream, Stream::Tcp(_)) {
+                return Err(unasked(n as usize));
+            }
+            // Bytes are there: the record read cannot block for long, but a
+            // read must not meet the last request's deadline long passed.
+            self.deadline = Instant::now() + self.timeout;
+            self.receive_tls()?;
+        }
+        Err(protocol_error(
+            "TLS records keep arriving between requests (the connection is out of step)",
+        ))
     }
 
     /// One `read` into `dst` within the deadline; 0 bytes is an error (the
@@ -222,6 +296,14 @@ impl RespConn {
         }
         Ok(Some(n as usize))
     }
+}
+
+/// Bytes found before a request was sent.
+fn unasked(n: usize) -> io::Error {
+    protocol_error(format!(
+        "{n}+ bytes arrived before a request was sent (a reply nobody asked for: \
+         the connection is out of step)"
+    ))
 }
 
 #[cfg(test)]

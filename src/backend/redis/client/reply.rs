@@ -1,8 +1,15 @@
 //! The replies read off a connection (RESP2): a reply's first line parsed
 //! from the read buffer (`parse_head`, over a byte slice), bulk payloads
-//! read straight into the caller's slice, and the CRLF after them.
+//! read straight into the caller's slice, and the CRLF after them; whole
+//! replies read within a ceiling the command sets (bytes and nesting), and
+//! the check that a request's replies end where they should.
+//!
+//! Whatever a server sends is hostile until read: a declared length is
+//! never allocated up front (a whole reply grows as its bytes arrive, and a
+//! length past the command's ceiling closes the connection at once), and
+//! nesting is bounded, so a reply can neither exhaust memory nor the stack.
 
-use super::transport::RespConn;
+use super::transport::{protocol_error, RespConn};
 use std::io;
 
 /// Bytes read into the buffer beyond a payload read straight into its row,
@@ -16,6 +23,29 @@ const READ_AHEAD: usize = 4 << 10;
 /// Longest reply line (status, error, length) accepted: a longer one is a
 /// protocol error, not a reason to grow without bound.
 const MAX_LINE: usize = 16 << 10;
+
+/// Ceiling of a whole reply to a command answered by a status, an integer
+/// or a short string (PING, AUTH, SELECT, ASKING, DEL, GETRANGE of a header).
+pub(in crate::backend::redis) const SMALL_REPLY: usize = 64 << 10;
+
+/// Ceiling of a whole reply to a command answered by a map or a list (CLUSTER
+/// SLOTS and NODES, INFO, a SCAN step): a cluster's map with every slot
+/// range apart and a replica each is about 5 MiB.
+pub(in crate::backend::redis) const MAP_REPLY: usize = 8 << 20;
+
+/// What each element of a whole reply counts against its ceiling besides its
+/// bytes, so that a reply of many empty elements is bounded too (a `Value`
+/// takes 32 bytes: memory stays within a few times the ceiling).
+const ELEMENT_COST: usize = 16;
+
+/// Deepest nesting of arrays in a whole reply: kvtier's deepest (CLUSTER
+/// SLOTS) has 3 levels. Beyond it a reply is a protocol error, never a
+/// recursion that overflows a thread's stack.
+const MAX_DEPTH: usize = 8;
+
+/// First step of a bulk string's buffer: it grows as the bytes arrive
+/// (doubling at most), never to a declared length up front.
+const FIRST_GROWTH: usize = 64 << 10;
 
 /// The first line of a reply.
 #[derive(Debug, PartialEq)]
@@ -48,13 +78,6 @@ pub(in crate::backend::redis) enum Value {
     BulkString(Vec<u8>),
     Nil,
     Array(Vec<Value>),
-}
-
-pub(super) fn protocol_error(what: impl Into<String>) -> io::Error {
-    io::Error::new(
-        io::ErrorKind::InvalidData,
-        format!("protocol error: {}", what.into()),
-    )
 }
 
 /// A reply's first line (without its CRLF) parsed: a protocol error for
@@ -119,28 +142,75 @@ impl RespConn {
         parse_head(line)
     }
 
-    /// Reads one whole reply.
-    pub(in crate::backend::redis) fn read_value(&mut self) -> io::Result<Value> {
-        Ok(match self.read_head()? {
+    /// Reads one whole reply of at most `ceiling` bytes (its bulk strings'
+    /// lengths, and [`ELEMENT_COST`] per element) and [`MAX_DEPTH`] levels
+    /// of arrays; past either, the connection is closed and the call fails.
+    pub(in crate::backend::redis) fn read_value(&mut self, ceiling: usize) -> io::Result<Value> {
+        let mut left = ceiling;
+        self.read_value_within(ceiling, &mut left, 0)
+    }
+
+    fn read_value_within(
+        &mut self,
+        ceiling: usize,
+        left: &mut usize,
+        depth: usize,
+    ) -> io::Result<Value> {
+        let head = self.read_head()?;
+        let cost = match head {
+            Head::Bulk(n) => n.saturating_add(ELEMENT_COST),
+            Head::Array(n) => n.saturating_add(1).saturating_mul(ELEMENT_COST),
+            _ => ELEMENT_COST,
+        };
+        if cost > *left {
+            return Err(self.unexpected(format!(
+                "a reply larger than the {ceiling} bytes this command may bring ({head:?})"
+            )));
+        }
+        // An array's elements are charged as they are read (each at least
+        // ELEMENT_COST): only its own element is taken now.
+        *left -= match head {
+            Head::Array(_) => ELEMENT_COST,
+            _ => cost,
+        };
+        Ok(match head {
             Head::Ok => Value::Status("OK".into()),
             Head::Status(text) => Value::Status(text),
             Head::Error(message) => Value::Error(message),
             Head::Int(n) => Value::Int(n),
             Head::Nil => Value::Nil,
             Head::Bulk(n) => {
-                let mut v = vec![0; n];
-                self.read_into(&mut v)?;
+                let v = self.read_growing(n)?;
                 self.read_crlf()?;
                 Value::BulkString(v)
             }
             Head::Array(n) => {
+                if depth >= MAX_DEPTH {
+                    return Err(
+                        self.unexpected(format!("a reply nested deeper than {MAX_DEPTH} levels"))
+                    );
+                }
                 let mut items = Vec::with_capacity(n.min(1024));
                 for _ in 0..n {
-                    items.push(self.read_value()?);
+                    items.push(self.read_value_within(ceiling, left, depth + 1)?);
                 }
                 Value::Array(items)
             }
         })
+    }
+
+    /// A bulk payload of `n` bytes (within its reply's ceiling) into a
+    /// buffer that grows as the bytes arrive: a length declared and never
+    /// sent costs the deadline, not memory.
+    fn read_growing(&mut self, n: usize) -> io::Result<Vec<u8>> {
+        let mut v = Vec::new();
+        while v.len() < n {
+            let have = v.len();
+            let step = (n - have).min(have.max(FIRST_GROWTH));
+            v.resize(have + step, 0);
+            self.read_into(&mut v[have..])?;
+        }
+        Ok(v)
     }
 
     /// Reads exactly `dst.len()` bytes of a bulk payload into `dst`: what the
@@ -206,6 +276,20 @@ impl RespConn {
         self.read_into(&mut crlf)?;
         if crlf != *b"\r\n" {
             return self.check(Err(protocol_error("bulk string not ended by CRLF")));
+        }
+        Ok(())
+    }
+
+    /// Ends a request whose last expected reply was read: bytes already
+    /// received beyond it are a reply nobody asked for (a server or proxy
+    /// answering once too often), so the stream is out of step and the
+    /// connection is closed; what the request read must not be trusted.
+    pub(in crate::backend::redis) fn finish(&mut self) -> io::Result<()> {
+        let surplus = self.end - self.start + self.tls_plaintext_pending();
+        if surplus > 0 {
+            return Err(self.unexpected(format!(
+                "{surplus} bytes after the last reply expected (the connection is out of step)"
+            )));
         }
         Ok(())
     }
@@ -279,12 +363,12 @@ mod tests {
         assert_eq!(c.read_head().unwrap(), Head::Int(-42));
         // A payload holding CRLF is read by its length, not up to a CRLF.
         assert_eq!(
-            c.read_value().unwrap(),
+            c.read_value(SMALL_REPLY).unwrap(),
             Value::BulkString(b"he\r\no".to_vec())
         );
         assert_eq!(c.read_head().unwrap(), Head::Nil);
         assert_eq!(
-            c.read_value().unwrap(),
+            c.read_value(SMALL_REPLY).unwrap(),
             Value::Array(vec![Value::BulkString(Vec::new()), Value::Nil])
         );
         assert!(c.is_open_for_tests());
@@ -346,10 +430,92 @@ mod tests {
         for reply in cases {
             let (mut c, _server) = serve(0, vec![reply.to_vec()], false, T);
             c.begin();
-            let r = c.read_value();
+            let r = c.read_value(SMALL_REPLY);
             let e = r.expect_err(&String::from_utf8_lossy(reply));
             assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{e}");
             assert!(!c.is_open_for_tests(), "{}", String::from_utf8_lossy(reply));
+        }
+    }
+
+    /// Reads one whole reply of at most `ceiling` bytes from a server
+    /// that sends `pieces` and then stays silent: the outcome, how long it
+    /// took, and whether the connection stayed open.
+    fn read_whole(pieces: Vec<Vec<u8>>, ceiling: usize) -> (io::Result<Value>, Duration, bool) {
+        let (mut c, _server) = serve(0, pieces, true, T);
+        let started = std::time::Instant::now();
+        c.begin();
+        let r = c.read_value(ceiling);
+        (r, started.elapsed(), c.is_open_for_tests())
+    }
+
+    /// Declared lengths and counts past a command's ceiling fail at the
+    /// reply's first line, before anything is allocated or read; the
+    /// process lives (these once aborted it allocating the length).
+    #[test]
+    fn replies_past_their_ceiling_are_refused_unread() {
+        let three_gib = {
+            // Declared, then streamed: refused at the head, not read.
+            let mut pieces = vec![b"$3221225472\r\n".to_vec()];
+            pieces.extend((0..64).map(|_| vec![b'x'; 1 << 20]));
+            pieces
+        };
+        let cases: [(&str, Vec<Vec<u8>>); 5] = [
+            ("$99999999999", vec![b"$99999999999\r\n".to_vec()]),
+            ("$i64::MAX", vec![b"$9223372036854775807\r\n".to_vec()]),
+            ("*i64::MAX", vec![b"*9223372036854775807\r\n".to_vec()]),
+            ("3 GiB streamed", three_gib),
+            (
+                "a bulk in an array",
+                vec![b"*2\r\n:1\r\n$99999999\r\n".to_vec()],
+            ),
+        ];
+        for (what, pieces) in cases {
+            let (r, took, open) = read_whole(pieces, MAP_REPLY);
+            let e = r.expect_err(what);
+            assert_eq!(e.kind(), io::ErrorKind::InvalidData, "{what}: {e}");
+            assert!(
+                e.to_string().contains("larger than the 8388608 bytes"),
+                "{what}: {e}"
+            );
+            assert!(!open, "{what}: the connection stays open");
+            assert!(took < T, "{what}: refused after {took:?}");
+        }
+        // The ceiling counts bulk bytes and elements: a bulk that fits
+        // passes, one byte more does not; so do many small elements.
+        let bulk = |n: usize| {
+            let mut r = format!("${n}\r\n").into_bytes();
+            r.extend(std::iter::repeat_n(b'y', n));
+            r.extend_from_slice(b"\r\n");
+            vec![r]
+        };
+        let fits = 1000 - ELEMENT_COST;
+        let (r, _, open) = read_whole(bulk(fits), 1000);
+        assert_eq!(r.unwrap(), Value::BulkString(vec![b'y'; fits]));
+        assert!(open);
+        assert!(read_whole(bulk(fits + 1), 1000).0.is_err());
+        let mut many = b"*10000\r\n".to_vec();
+        many.extend(b":1\r\n".repeat(10_000));
+        assert!(read_whole(vec![many.clone()], SMALL_REPLY).0.is_err());
+        assert!(read_whole(vec![many], MAP_REPLY).0.is_ok());
+    }
+
+    /// Nesting deeper than MAX_DEPTH is a protocol error, never one
+    /// recursion per level (100,000 levels once overflowed an I/O thread's
+    /// stack and killed the process without a word).
+    #[test]
+    fn deep_nesting_is_refused_not_recursed() {
+        let nested = |levels: usize| {
+            let mut r = b"*1\r\n".repeat(levels);
+            r.extend_from_slice(b":7\r\n");
+            vec![r]
+        };
+        let (r, _, open) = read_whole(nested(MAX_DEPTH), SMALL_REPLY);
+        assert!(r.is_ok() && open, "{r:?}");
+        for levels in [MAX_DEPTH + 1, 100_000] {
+            let (r, took, open) = read_whole(nested(levels), MAP_REPLY);
+            let e = r.expect_err("too deep");
+            assert!(e.to_string().contains("nested deeper than 8"), "{e}");
+            assert!(!open && took < T, "{levels} levels: {took:?}");
         }
     }
 

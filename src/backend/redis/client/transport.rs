@@ -106,6 +106,15 @@ pub(super) fn closed() -> io::Error {
     )
 }
 
+/// A reply that breaks RESP or the request's expectations: the stream is
+/// out of step, the connection is done.
+pub(super) fn protocol_error(what: impl Into<String>) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidData,
+        format!("protocol error: {}", what.into()),
+    )
+}
+
 pub(super) fn timed_out() -> io::Error {
     io::Error::new(io::ErrorKind::TimedOut, "no answer within io_timeout_ms")
 }
@@ -221,9 +230,13 @@ mod tests {
     fn a_silent_server_costs_the_deadline_once() {
         // Half a reply, then silence: the whole request is bounded, not each read.
         let pieces = vec![b"$1000\r\n".to_vec(), vec![b'x'; 10]];
-        let (mut c, _server) = serve(0, pieces, true, T);
+        let mut get = Vec::new();
+        super::super::command::encode(&mut get, &[b"GET", b"k"]);
+        let (mut c, _server) = serve(get.len(), pieces, true, T);
         let started = Instant::now();
-        let e = c.call(&[b"GET", b"k"]).unwrap_err();
+        let e = c
+            .call(&[b"GET", b"k"], super::super::reply::SMALL_REPLY)
+            .unwrap_err();
         let took = started.elapsed();
         assert_eq!(e.kind(), std::io::ErrorKind::TimedOut, "{e}");
         assert!(took >= T && took < T * 3, "{took:?}");

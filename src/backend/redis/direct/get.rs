@@ -2,7 +2,7 @@
 //! checked and its payload read into its row (checksummed as it lands; a
 //! sealed value opened there).
 
-use super::{Fetched, Layout};
+use super::{get_ceiling, Fetched, Layout};
 use crate::backend::redis::client::frame::{frame_bulk, frame_bulk_len, frame_command};
 use crate::backend::redis::client::reply::Head;
 use crate::backend::redis::client::transport::RespConn;
@@ -114,6 +114,12 @@ pub(in crate::backend::redis) fn get_receive(
         fetched.push(match conn.read_head()? {
             Head::Nil => Fetched::Missing,
             Head::Error(message) => Fetched::Refused(message),
+            Head::Bulk(len) if len > get_ceiling(layout.value_len(key)) => {
+                return Err(conn.unexpected(format!(
+                    "a GET reply of {len} bytes for a value of {}",
+                    layout.value_len(key)
+                )))
+            }
             Head::Bulk(len) => read_block(conn, layout, key, dst, len)?,
             other => return Err(conn.unexpected(format!("{other:?} in reply to GET"))),
         });

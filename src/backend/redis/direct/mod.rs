@@ -35,7 +35,29 @@ pub(in crate::backend::redis) struct Layout<'a> {
     pub seal: Option<SealedLayout<'a>>,
 }
 
+/// Bytes a GET reply may declare beyond the value it should bring, before
+/// it is refused unread (the connection closed, the load failed, nothing
+/// judged): room for a garbage value somewhat longer than a block, which a
+/// private read then condemns, never for a length that would take the
+/// deadline to stream or the memory to hold.
+const GET_MARGIN: usize = 64 << 10;
+
+/// The most a GET reply of a `value_len`-byte block may declare: twice the
+/// value, plus [`GET_MARGIN`].
+pub(in crate::backend::redis) fn get_ceiling(value_len: usize) -> usize {
+    value_len.saturating_mul(2).saturating_add(GET_MARGIN)
+}
+
 impl Layout<'_> {
+    /// The length of `key`'s value (header or sealed record, then the
+    /// block).
+    pub(in crate::backend::redis) fn value_len(&self, key: &[u8]) -> usize {
+        match self.seal {
+            Some(_) => sealed::value_len(self.block_bytes),
+            None => format::header_len(key.len()) + self.block_bytes,
+        }
+    }
+
     fn name_len(&self, key: &[u8]) -> usize {
         match self.seal {
             Some(_) => sealed::name_len(self.name_prefix),
@@ -65,7 +87,9 @@ pub(in crate::backend::redis) enum Fetched {
     Missing,
     /// The server's error for this command.
     Refused(String),
-    /// A value that is not this block (header, length): condemned.
+    /// A value that is not this block (header, length), as far as this
+    /// read can tell: read again privately, which alone may condemn it (the
+    /// connection may have been out of step).
     Bad(String),
     /// The header is right but the payload's checksum, computed over the row,
     /// is not: the row may have been written by someone else meanwhile (two
