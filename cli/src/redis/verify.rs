@@ -16,8 +16,9 @@ use serde_json::{json, Value as Json};
 use std::fmt::Write;
 use std::time::Instant;
 
-/// The most value bytes one pipeline of GETs asks for.
-const WINDOW_BYTES: usize = 64 << 20;
+/// The most value bytes one pipeline of GETs asks for (a reading thread
+/// holds one window's values).
+const WINDOW_BYTES: usize = 8 << 20;
 
 /// What a repair removed, and what it kept with why.
 type Repaired = (Vec<String>, Vec<(String, String)>);
@@ -61,9 +62,9 @@ pub fn run(
     let bar = crate::progress::Progress::new(common.progress, "verify: reading", 0);
     let per_node = each_node(&ks, |node| {
         let mut t = Tally::default();
-        scan(&ks, node, false, |c, batch| {
+        let mut reads = Reads::new();
+        scan(&ks, node, false, |_, batch| {
             bar.add(batch.len() as u64);
-            let mut reads = Vec::new();
             for found in batch {
                 match found.what {
                     KeyName::Block {
@@ -101,88 +102,142 @@ pub fn run(
                     KeyName::Other => {}
                 }
             }
-            read_and_check(c, node, reads, &mut t)
+            Ok(())
         })?;
+        let read = read_parallel(
+            &ks,
+            node,
+            &reads,
+            common.threads,
+            |t: &mut Tally, at, value| check_read(node, &reads[at], value, t),
+        )?;
+        for r in read {
+            t.merge(r);
+        }
         Ok::<_, String>(t)
     });
     drop(bar);
     let mut tally = Tally::default();
-    let mut names = Vec::new();
     for t in per_node {
-        let t = t?;
-        tally.blocks += t.blocks;
-        tally.ok += t.ok;
-        tally.sealed += t.sealed;
-        tally.newer += t.newer;
-        tally.bytes_read += t.bytes_read;
-        tally.problems.extend(t.problems);
-        names.extend(t.names);
+        tally.merge(t?);
     }
+    let names = std::mem::take(&mut tally.names);
     let elapsed = started.elapsed().as_secs_f64();
     let repaired = repair.then(|| do_repair(&ks, &tally.problems));
     let bench = match bench {
-        Some(repeat) => Some(measure(&ks, &names, repeat)?),
+        Some(repeat) => Some(measure(&ks, &names, common.threads, repeat)?),
         None => None,
     };
     Ok(outcome(seeds, &tally, repaired, elapsed, bench))
 }
 
-/// GETs `reads` in windows of at most [`WINDOW_BYTES`] and checks each value.
-fn read_and_check(
-    c: &mut Connection,
+/// Unsealed blocks to read: (name, fingerprint, block size, tag).
+type Reads = Vec<(Vec<u8>, u64, usize, BlockTag)>;
+
+impl Tally {
+    fn merge(&mut self, t: Tally) {
+        self.blocks += t.blocks;
+        self.ok += t.ok;
+        self.sealed += t.sealed;
+        self.newer += t.newer;
+        self.bytes_read += t.bytes_read;
+        self.problems.extend(t.problems);
+        self.names.extend(t.names);
+    }
+}
+
+/// Checks the value a GET of `read` (master `node`'s) brought.
+fn check_read(
     node: usize,
-    reads: Vec<(Vec<u8>, u64, usize, BlockTag)>,
+    read: &(Vec<u8>, u64, usize, BlockTag),
+    value: Value,
     t: &mut Tally,
 ) -> Result<(), String> {
+    let (name, fp, bb, tag) = read;
+    let verdict = match value {
+        Value::Nil => return Ok(()),
+        Value::BulkString(bytes) => {
+            t.bytes_read += bytes.len() as u64;
+            check_value(*fp, *bb, tag, &bytes)
+        }
+        Value::ServerError(e) if e.code() == "WRONGTYPE" => {
+            ValueVerdict::Damaged("a value of another type than a string".into())
+        }
+        other => return Err(format!("GET answered {other:?}")),
+    };
+    let (what, why) = match verdict {
+        ValueVerdict::Good { .. } => {
+            t.ok += 1;
+            t.names.push((name.clone(), node, *fp, *bb, tag.clone()));
+            return Ok(());
+        }
+        ValueVerdict::Newer => {
+            t.newer += 1;
+            return Ok(());
+        }
+        ValueVerdict::Damaged(why) => ("damaged", why),
+        ValueVerdict::Foreign(why) => ("foreign", why),
+    };
+    let block = Some((*fp, *bb, tag.clone()));
+    t.problems.push(Problem {
+        node,
+        name: name.clone(),
+        block,
+        what,
+        why,
+    });
+    Ok(())
+}
+
+/// GETs `reads` of master `node` on `threads` connections of their own, a
+/// window of at most [`WINDOW_BYTES`] per pipeline, handing each value (and
+/// its index in `reads`) to `f` with the thread's accumulator.
+fn read_parallel<T: Default + Send>(
+    ks: &Keyspace,
+    node: usize,
+    reads: &Reads,
+    threads: usize,
+    f: impl Fn(&mut T, usize, Value) -> Result<(), String> + Sync,
+) -> Result<Vec<T>, String> {
+    // Windows first, so that threads take whole pipelines.
+    let mut windows = Vec::new();
     let mut at = 0;
     while at < reads.len() {
         let per = (WINDOW_BYTES / reads[at].2.max(1)).max(1);
-        let window = &reads[at..(at + per).min(reads.len())];
-        let mut pipe = redis::pipe();
-        for (name, ..) in window {
-            pipe.cmd("GET").arg(name);
-        }
-        let values: Vec<Value> = pipe
-            .ignore_errors()
-            .query(c)
-            .map_err(|e| format!("GET: {e}"))?;
-        for ((name, fp, bb, tag), value) in window.iter().zip(values) {
-            let verdict = match value {
-                Value::Nil => continue,
-                Value::BulkString(bytes) => {
-                    t.bytes_read += bytes.len() as u64;
-                    check_value(*fp, *bb, tag, &bytes)
-                }
-                Value::ServerError(e) if e.code() == "WRONGTYPE" => {
-                    ValueVerdict::Damaged("a value of another type than a string".into())
-                }
-                other => return Err(format!("GET answered {other:?}")),
-            };
-            let (what, why) = match verdict {
-                ValueVerdict::Good { .. } => {
-                    t.ok += 1;
-                    t.names.push((name.clone(), node, *fp, *bb, tag.clone()));
-                    continue;
-                }
-                ValueVerdict::Newer => {
-                    t.newer += 1;
-                    continue;
-                }
-                ValueVerdict::Damaged(why) => ("damaged", why),
-                ValueVerdict::Foreign(why) => ("foreign", why),
-            };
-            let block = Some((*fp, *bb, tag.clone()));
-            t.problems.push(Problem {
-                node,
-                name: name.clone(),
-                block,
-                what,
-                why,
-            });
-        }
-        at += window.len();
+        windows.push(at..(at + per).min(reads.len()));
+        at += per;
     }
-    Ok(())
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..threads.clamp(1, windows.len().max(1)))
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut acc = T::default();
+                    let mut c = ks.nodes[node].connect()?;
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(window) = windows.get(i) else { break };
+                        let mut pipe = redis::pipe();
+                        for (name, ..) in &reads[window.clone()] {
+                            pipe.cmd("GET").arg(name);
+                        }
+                        let values: Vec<Value> = pipe
+                            .ignore_errors()
+                            .query(&mut c)
+                            .map_err(|e| format!("GET: {e}"))?;
+                        for (at, value) in window.clone().zip(values) {
+                            f(&mut acc, at, value)?;
+                        }
+                    }
+                    Ok::<_, String>(acc)
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .map(|w| w.join().expect("a reading thread panicked"))
+            .collect()
+    })
 }
 
 /// Deletes damaged and stale blocks whose value did not change since: WATCH,
@@ -257,46 +312,40 @@ fn delete_if_unchanged(c: &mut Connection, p: &Problem) -> Result<bool, String> 
 }
 
 /// Raw GETs of the good unsealed blocks against GETs and checks of them,
-/// one thread per master, alternating `repeat` times: GB/s.
+/// `threads` connections per master, alternating `repeat` times: GB/s.
 fn measure(
     ks: &Keyspace,
     names: &[(Vec<u8>, usize, u64, usize, BlockTag)],
+    threads: usize,
     repeat: usize,
 ) -> Result<Json, String> {
+    let per_node: Vec<Reads> = (0..ks.nodes.len())
+        .map(|node| {
+            names
+                .iter()
+                .filter(|n| n.1 == node)
+                .map(|n| (n.0.clone(), n.2, n.3, n.4.clone()))
+                .collect()
+        })
+        .collect();
     let pass = |check: bool| -> Result<f64, String> {
         let started = Instant::now();
-        let bytes = each_node(ks, |node| {
-            let mut c = ks.nodes[node].connect()?;
-            let mine: Vec<_> = names.iter().filter(|n| n.1 == node).collect();
-            let mut bytes = 0u64;
-            let mut at = 0;
-            while at < mine.len() {
-                let per = (WINDOW_BYTES / mine[at].3.max(1)).max(1);
-                let window = &mine[at..(at + per).min(mine.len())];
-                let mut pipe = redis::pipe();
-                for n in window {
-                    pipe.cmd("GET").arg(&n.0);
-                }
-                let values: Vec<Value> = pipe
-                    .ignore_errors()
-                    .query(&mut c)
-                    .map_err(|e| e.to_string())?;
-                for (n, v) in window.iter().zip(values) {
-                    if let Value::BulkString(b) = v {
-                        if !check
-                            || matches!(check_value(n.2, n.3, &n.4, &b), ValueVerdict::Good { .. })
-                        {
-                            bytes += b.len() as u64;
-                        }
+        let mut total = 0u64;
+        for bytes in each_node(ks, |node| {
+            let reads = &per_node[node];
+            let counted = read_parallel(ks, node, reads, threads, |n: &mut u64, at, v| {
+                if let Value::BulkString(b) = v {
+                    let (_, fp, bb, tag) = &reads[at];
+                    if !check || matches!(check_value(*fp, *bb, tag, &b), ValueVerdict::Good { .. })
+                    {
+                        *n += b.len() as u64;
                     }
                 }
-                at += window.len();
-            }
-            Ok::<_, String>(bytes)
-        });
-        let mut total = 0;
-        for b in bytes {
-            total += b?;
+                Ok(())
+            })?;
+            Ok::<_, String>(counted.into_iter().sum::<u64>())
+        }) {
+            total += bytes?;
         }
         Ok(total as f64 / started.elapsed().as_secs_f64() / 1e9)
     };
@@ -312,7 +361,7 @@ fn measure(
     };
     let (r, c) = (median(&raw), median(&checked));
     Ok(json!({
-        "threads": ks.nodes.len(), "blocks": names.len(),
+        "connections_per_master": threads, "masters": ks.nodes.len(), "blocks": names.len(),
         "raw_gb_per_s": r, "verify_gb_per_s": c, "ratio": if r > 0.0 { c / r } else { 0.0 },
         "raw_runs": raw, "verify_runs": checked,
     }))
