@@ -530,10 +530,10 @@ impl Tier {
     /// is all zeros, as for [`Tier::stats`].
     pub fn metrics(&self) -> String {
         let (s, stats) = (&self.shared, self.stats());
-        // In a forked child a parent thread may hold the client's locks.
-        let counters = (!self.inherited())
-            .then(|| s.backend.counters())
-            .unwrap_or_default();
+        let counters = match self.inherited() {
+            true => Vec::new(), // a parent thread may hold the client's locks
+            false => s.backend.counters(),
+        };
         crate::metrics::render(&stats, &s.metrics, s.backend_name, &s.namespace, &counters)
     }
 
