@@ -30,6 +30,7 @@
 
 #![warn(missing_docs)]
 
+pub mod admin;
 mod aligned;
 mod backend;
 mod checksum;

@@ -93,3 +93,47 @@ fn a_disk_tier_labels_its_backend_and_namespace() {
         .filter(|l| !l.starts_with('#'))
         .all(|l| l.contains(&format!("{{{b}"))));
 }
+
+/// A Redis tier's metrics carry its client's counts: connections the server
+/// closed are dropped and opened again (reconnections), and the families
+/// of redirections and slot-map reads are there, at 0, on a single server.
+#[test]
+fn a_redis_tier_counts_its_clients_reconnections() {
+    let server = redis_or_skip!(common::redis::shared_server());
+    let h = Harness::new(
+        &common::redis::redis_config_at(&server.url(), 16, BB),
+        4,
+        BB,
+    );
+    h.store_all(1, &[1, 2]);
+    let b = r#"backend="redis""#;
+    let text = h.tier().metrics();
+    for family in [
+        "moved",
+        "ask",
+        "rerouted_blocks",
+        "slot_map_reads",
+        "reconnects",
+    ] {
+        assert_eq!(
+            sample(&text, &format!("kvtier_redis_{family}_total{{{b}}}")),
+            0,
+            "{text}"
+        );
+    }
+    // The server closes every client's connection (not redis-cli's own).
+    server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    h.store_all(2, &[3, 4]);
+    let text = h.tier().metrics();
+    assert!(
+        sample(
+            &text,
+            &format!("kvtier_redis_connections_dropped_total{{{b}}}")
+        ) >= 1,
+        "{text}"
+    );
+    assert!(
+        sample(&text, &format!("kvtier_redis_reconnects_total{{{b}}}")) >= 1,
+        "{text}"
+    );
+}

@@ -1,5 +1,5 @@
 //! The house has no circle: no file of `src/`, nor of the bench's
-//! `bench/src/`, reaches itself through the
+//! `bench/src/`, nor of the `kvtier` command's `cli/src/`, reaches itself through the
 //! files it imports (`use crate::...`, `use super::...`, `use self::...`
 //! and inline `crate::`/`super::` paths, each resolved to the file of the
 //! deepest module it names). Declaring a child module (`mod x;`) is not an
@@ -423,6 +423,11 @@ fn no_file_of_src_reaches_itself_through_its_imports() {
 #[test]
 fn no_file_of_the_bench_reaches_itself_through_its_imports() {
     assert_no_circle(&Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/src"));
+}
+
+#[test]
+fn no_file_of_the_kvtier_command_reaches_itself_through_its_imports() {
+    assert_no_circle(&Path::new(env!("CARGO_MANIFEST_DIR")).join("cli/src"));
 }
 
 #[test]

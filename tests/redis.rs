@@ -948,6 +948,23 @@ fn a_stale_slot_map_is_refreshed_and_costs_no_block() {
         described_count(&h, " times;") > reads,
         "the map was read again"
     );
+    // The same counts in the tier's metrics (tier_metrics).
+    let metrics = h.tier().metrics();
+    let counter = |name: &str| -> u64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.split_once("} ")?.1.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{metrics}"))
+    };
+    assert!(counter("kvtier_redis_moved_total{") > 0, "{metrics}");
+    assert_eq!(
+        counter("kvtier_redis_rerouted_blocks_total{"),
+        described_count(&h, " blocks rerouted")
+    );
+    assert_eq!(
+        counter("kvtier_redis_slot_map_reads_total{"),
+        described_count(&h, " times;")
+    );
 
     // The third: the map is current, no block meets MOVED.
     let after = moved_replies(&cluster);

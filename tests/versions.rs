@@ -1,4 +1,4 @@
-//! One version everywhere: the crate, the benchmark crate, Cargo.lock, the
+//! One version everywhere: the crate, the benchmark crate, the command's, Cargo.lock, the
 //! header, `tier_version()`, the Python package and the changelog's newest
 //! entry say the same number, and the CMake project and pkg-config file take
 //! theirs from Cargo.toml (c_tests/test_version.c checks the built
@@ -46,6 +46,14 @@ fn every_manifest_and_the_library_say_the_crate_version() {
         (
             "Cargo.lock (kvtier-bench)",
             locked_version(&read("Cargo.lock"), "kvtier-bench"),
+        ),
+        (
+            "cli/Cargo.toml",
+            quoted_after(&read("cli/Cargo.toml"), "version = "),
+        ),
+        (
+            "Cargo.lock (kvtier-cli)",
+            locked_version(&read("Cargo.lock"), "kvtier-cli"),
         ),
         (
             "include/kvtier.h",

@@ -209,8 +209,8 @@ pub struct Settings {
 impl Settings {
     /// Parses the process's arguments; on a usage error or `--help`, clap
     /// prints and exits (status 2 and 0).
-    pub fn from_args() -> Settings {
-        let settings = Settings::from(Cli::parse());
+    pub fn from_args(args: impl IntoIterator<Item = std::ffi::OsString>) -> Settings {
+        let settings = Settings::from(Cli::parse_from(args));
         if let Err(e) = settings.check() {
             e.exit();
         }

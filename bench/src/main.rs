@@ -1,53 +1,6 @@
-//! kvtier-bench: drives kvtier through its C ABI, the code path C engines use,
-//! and reports bandwidth against memcpy (or raw O_DIRECT I/O for the disk
-//! backend, the redis crate and redis-benchmark for the Redis backend), job latency, lookup cost and memory per block. See `--help` and
-//! bench/README.md. This file picks the backend and prints its report.
+//! The `kvtier-bench` binary: the benchmark of `lib.rs` with this process's
+//! arguments (`kvtier bench` runs the same one).
 
-mod buffer;
-mod capi;
-mod cli;
-mod contention;
-mod data;
-mod disk;
-mod jobs;
-mod machine;
-mod memory;
-mod primary;
-mod progress;
-mod redis;
-mod report;
-mod stats;
-
-use cli::{Backend, Settings};
-use std::process::ExitCode;
-
-fn main() -> ExitCode {
-    let settings = Settings::from_args();
-    if settings.backend == Backend::Redis {
-        if let Some(reason) = redis::skip_reason(&settings) {
-            // Not a failure: this machine has no server to measure. The
-            // marker is what CTest's SKIP_REGULAR_EXPRESSION matches.
-            eprintln!("kvtier-bench: KVTIER-SKIP: {reason}");
-            return ExitCode::SUCCESS;
-        }
-    }
-    let report = match settings.backend {
-        Backend::Memory => memory::run(&settings),
-        Backend::Disk => disk::run(&settings),
-        Backend::Redis => redis::run(&settings),
-    };
-    match report {
-        Ok(report) if settings.json => {
-            print!("{}", report.json());
-            ExitCode::SUCCESS
-        }
-        Ok(report) => {
-            print!("{}", report.table());
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            eprintln!("kvtier-bench: FAILED: {e}");
-            ExitCode::FAILURE
-        }
-    }
+fn main() -> std::process::ExitCode {
+    bench::run(std::env::args_os())
 }

@@ -1,10 +1,12 @@
 # The installed tree: the shared library as a versioned file with its soname
 # and development links, the static library, both headers (as in the source
 # tree), kvtier.pc and the CMake package, with no path of the build or of the
-# prefix written into them (the tree is relocatable).
+# prefix written into them (the tree is relocatable); and, when the build
+# made it (CLI), the kvtier command in BINDIR, which runs.
 #
 # Usage: cmake -DPREFIX= -DLIBDIR= -DINCLUDEDIR= -DSOURCE_INCLUDE_DIR= -DBUILD_DIR=
-#              -DVERSION= -DSONAME= -DSHARED_FILE= -DREADELF= -P check_install.cmake
+#              -DVERSION= -DSONAME= -DSHARED_FILE= -DREADELF= [-DBINDIR= -DCLI=ON]
+#              -P check_install.cmake
 
 cmake_minimum_required(VERSION 3.16)
 
@@ -71,6 +73,14 @@ foreach(file "${lib}/pkgconfig/kvtier.pc" "${lib}/cmake/kvtier/kvtierConfig.cmak
     endforeach()
   endif()
 endforeach()
+
+if(CLI)
+  set(cli "${PREFIX}/${BINDIR}/kvtier")
+  execute_process(COMMAND "${cli}" --version RESULT_VARIABLE rc OUTPUT_VARIABLE said ERROR_VARIABLE said)
+  if(NOT rc EQUAL 0 OR NOT said MATCHES "^kvtier ")
+    list(APPEND problems "${cli} --version: ${rc}: ${said}")
+  endif()
+endif()
 
 if(problems)
   string(REPLACE ";" "\n  " problems "${problems}")

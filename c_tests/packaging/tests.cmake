@@ -63,7 +63,7 @@ kvtier_packaging_test(package_layout check_install.cmake
   "-DPREFIX=${_kvtier_prefix}" "-DLIBDIR=${CMAKE_INSTALL_LIBDIR}" "-DINCLUDEDIR=${CMAKE_INSTALL_INCLUDEDIR}"
   "-DSOURCE_INCLUDE_DIR=${KVTIER_INCLUDE_DIR}" "-DBUILD_DIR=${CMAKE_BINARY_DIR}"
   "-DVERSION=${PROJECT_VERSION}" "-DSONAME=${KVTIER_SONAME}" "-DSHARED_FILE=${KVTIER_SHARED_FILE}"
-  "-DREADELF=${KVTIER_READELF}")
+  "-DREADELF=${KVTIER_READELF}" "-DBINDIR=${CMAKE_INSTALL_BINDIR}" "-DCLI=${KVTIER_BUILD_CLI}")
 set_tests_properties(package_layout PROPERTIES FIXTURES_REQUIRED kvtier_installed)
 
 set(_kvtier_consumer_common

@@ -96,6 +96,34 @@ pub(crate) struct SharedTenant {
 }
 
 impl SharedTenant {
+    /// The tenant a generation record's name ends with (`mark`): the
+    /// unsealed tiers' for "", a sealed tenant's for `-<tag in hex>`; None
+    /// for anything else. The number is the one [`SharedTenant::of`] gives
+    /// that tenant's tiers, so a tool without the seal key names its blocks'
+    /// generations as they do.
+    pub(crate) fn from_mark(mark: &str) -> Option<SharedTenant> {
+        if mark.is_empty() {
+            return Some(SharedTenant {
+                number: 0,
+                mark: String::new(),
+            });
+        }
+        let hex = mark.strip_prefix('-')?;
+        if hex.len() != 2 * std::mem::size_of::<crate::seal::NameTag>() {
+            return None;
+        }
+        let mut number = [0u8; 8];
+        for (at, byte) in number.iter_mut().enumerate() {
+            *byte = u8::from_str_radix(hex.get(2 * at..2 * at + 2)?, 16).ok()?;
+        }
+        hex.bytes()
+            .all(|b| b.is_ascii_hexdigit())
+            .then(|| SharedTenant {
+                number: u64::from_le_bytes(number),
+                mark: mark.to_string(),
+            })
+    }
+
     pub(crate) fn of(seal: Option<&Sealer>, namespace_fp: u64, block_bytes: usize) -> SharedTenant {
         match seal {
             None => SharedTenant {

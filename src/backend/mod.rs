@@ -54,6 +54,13 @@ pub(crate) trait Backend: Send + Sync {
     /// One line for logs and `tier_describe`.
     fn describe(&self) -> String;
 
+    /// The storage client's own counters for the tier's metrics, as (name,
+    /// help, value): the Redis client's reconnections, redirections and
+    /// slot-map reads; none where no client stands between (memory, disk).
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        Vec::new()
+    }
+
     /// Bytes of storage this backend holds resident in the process's memory
     /// (the memory arena's populated pages; 0 for storage elsewhere), kept
     /// here because every tier reports it (`tier_stats_t.resident_bytes`).

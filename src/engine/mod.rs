@@ -452,12 +452,12 @@ impl Tier {
     /// the tier has one, `namespace="..."`. In a forked child the stats part
     /// is all zeros, as for [`Tier::stats`].
     pub fn metrics(&self) -> String {
-        crate::metrics::render(
-            &self.stats(),
-            &self.shared.metrics,
-            self.shared.backend_name,
-            &self.shared.namespace,
-        )
+        let (s, stats) = (&self.shared, self.stats());
+        let counters = match self.inherited() {
+            true => Vec::new(), // a parent thread may hold the client's locks
+            false => s.backend.counters(),
+        };
+        crate::metrics::render(&stats, &s.metrics, s.backend_name, &s.namespace, &counters)
     }
 
     /// A snapshot of the counters. In a forked child: all zeros (the index

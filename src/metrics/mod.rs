@@ -44,9 +44,16 @@ impl JobMetrics {
     }
 }
 
-/// The Prometheus text exposition of a tier: `stats` and `jobs`, every sample
+/// The Prometheus text exposition of a tier: `stats` and `jobs`, then the
+/// backend's own counters (`counters`: name, help, value), every sample
 /// labelled with `backend` (and `namespace`, when the tier has one).
-pub(crate) fn render(stats: &Stats, jobs: &JobMetrics, backend: &str, namespace: &str) -> String {
+pub(crate) fn render(
+    stats: &Stats,
+    jobs: &JobMetrics,
+    backend: &str,
+    namespace: &str,
+    counters: &[(&str, &str, u64)],
+) -> String {
     let mut labels = vec![("backend", backend)];
     if !namespace.is_empty() {
         labels.push(("namespace", namespace));
@@ -182,6 +189,9 @@ pub(crate) fn render(stats: &Stats, jobs: &JobMetrics, backend: &str, namespace:
          back to back or in one batch each count the batch's mean.",
         &[(store, store_io), (load, load_io)],
     );
+    for &(name, help, value) in counters {
+        e.counter(name, help, &one(value));
+    }
     e.finish()
 }
 
@@ -219,9 +229,14 @@ mod tests {
             jobs.job_completed(JobKind::Store, 3_000);
         }
         jobs.blocks_moved(JobKind::Load, 7, 7_000_000);
-        let text = render(&stats, &jobs, "redis", "");
+        let counters = [("kvtier_redis_moved_total", "Blocks answered MOVED.", 3)];
+        let text = render(&stats, &jobs, "redis", "", &counters);
         let b = r#"backend="redis""#;
         let v = |series: &str| value_of(&text, series);
+        assert_eq!(
+            v(&format!("kvtier_redis_moved_total{{{b}}}")).as_deref(),
+            Some("3")
+        );
         assert_eq!(
             v(&format!("kvtier_lookups_total{{{b}}}")).as_deref(),
             Some("11")
@@ -304,7 +319,7 @@ mod tests {
                 assert!(line.starts_with(&format!("{name}{{{b}")), "{line}");
             }
         }
-        assert_eq!(declared.len(), 22);
+        assert_eq!(declared.len(), 22 + counters.len());
     }
 
     #[test]
@@ -314,6 +329,7 @@ mod tests {
             &JobMetrics::default(),
             "disk",
             "llama/bf16",
+            &[],
         );
         assert!(text.contains(r#"kvtier_io_threads{backend="disk",namespace="llama/bf16"} 0"#));
     }

@@ -14,14 +14,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::time::{Instant, SystemTime};
 
-const GENERATION_FILE: &str = "generation";
+pub(super) const GENERATION_FILE: &str = "generation";
 
 /// Longest text a generation file may hold: a u64 in decimal and a newline.
 const MAX_GENERATION_TEXT: usize = 21;
 
 /// Older generations a sweep looks for: each clear sweeps the ones before
 /// it, so older ones hold only what a clear could not reach in its time.
-const SWEPT_GENERATIONS: u64 = 16;
+pub(super) const SWEPT_GENERATIONS: u64 = 16;
 
 impl DiskBackend {
     /// The fingerprint this tier's block headers (and sealed names) carry.
@@ -76,14 +76,7 @@ impl DiskBackend {
         let on_disk = self.read_generation_file().unwrap_or(0);
         let next = on_disk.max(self.current_generation()) + 1;
         let path = self.generation_path();
-        let tmp = self.ns_dir.join(format!(
-            "{GENERATION_FILE}{}.{}{}",
-            self.tenant.mark,
-            self.pid,
-            layout::TMP_EXT
-        ));
-        std::fs::write(&tmp, format!("{next}\n"))
-            .and_then(|()| std::fs::rename(&tmp, &path))
+        write_generation(&self.ns_dir, &self.tenant.mark, next)
             .map_err(|e| super::io_error("writing", &path, e))?;
         self.set_generation(next);
         Ok(next)
@@ -188,6 +181,24 @@ impl DiskBackend {
     }
 }
 
+/// Writes `generation` into the generation file of the tenant `mark` in
+/// `ns_dir` (a temporary file renamed into place: a reader sees the old
+/// number or the new one, never part of one).
+pub(super) fn write_generation(ns_dir: &Path, mark: &str, generation: u64) -> std::io::Result<()> {
+    let path = ns_dir.join(format!("{GENERATION_FILE}{mark}"));
+    let tmp = ns_dir.join(format!(
+        "{GENERATION_FILE}{mark}.{}{}",
+        std::process::id(),
+        layout::TMP_EXT
+    ));
+    let written =
+        std::fs::write(&tmp, format!("{generation}\n")).and_then(|()| std::fs::rename(&tmp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 fn is_fan_dir(path: &Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
@@ -195,7 +206,7 @@ fn is_fan_dir(path: &Path) -> bool {
         && path.is_dir()
 }
 
-fn parse_generation(text: &[u8]) -> Option<u64> {
+pub(super) fn parse_generation(text: &[u8]) -> Option<u64> {
     if text.len() > MAX_GENERATION_TEXT {
         return None;
     }

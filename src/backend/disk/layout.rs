@@ -31,6 +31,8 @@ pub(crate) const LONG_KEY: usize = 100;
 pub(crate) const BLOCK_EXT: &str = ".kvb";
 pub(crate) const SEALED_EXT: &str = ".kvs";
 pub(crate) const TMP_EXT: &str = ".tmp";
+/// The file in a namespace directory that holds the namespace's name.
+pub(crate) const IDENTITY_FILE: &str = ".namespace";
 
 /// The namespace directory name: a readable part, a fingerprint, the block
 /// size and the layout version.

@@ -55,7 +55,7 @@ use crate::backend::checksum::xxh64;
 use crate::backend::EachBlock;
 use crate::key::MAX_KEY_LEN;
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub(super) const MANIFEST: &str = ".manifest";
 /// Where a manifest is written before it is renamed into place; debris of a
@@ -142,14 +142,7 @@ impl DiskBackend {
 
     /// The head that identifies the block files this tier accepts.
     fn manifest_head(&self) -> [u8; HEAD_LEN] {
-        let mut head = [0u8; HEAD_LEN];
-        head[0..8].copy_from_slice(&MAGIC);
-        head[8..12].copy_from_slice(&VERSION.to_le_bytes());
-        head[12..16].copy_from_slice(&0u32.to_le_bytes());
-        head[16..24].copy_from_slice(&self.ns_fp.to_le_bytes());
-        head[24..32].copy_from_slice(&(self.block_bytes as u64).to_le_bytes());
-        head[32..40].copy_from_slice(&(file_len(self.block_bytes) as u64).to_le_bytes());
-        head
+        head(self.ns_fp, self.block_bytes)
     }
 
     /// Whether this tier may trust a manifest at all (and write one).
@@ -216,48 +209,16 @@ impl DiskBackend {
     /// directory changed since it was written; None if anything about it is
     /// wrong.
     fn parse_manifest(&self, bytes: &[u8], stamped: bool) -> Option<(Vec<Vec<u8>>, bool)> {
-        if bytes.len() < HEAD_LEN + TRAILER_LEN || bytes[..HEAD_LEN] != self.manifest_head() {
-            return None;
-        }
-        let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
-        let u64_at = |at: usize| u64::from_le_bytes(trailer[at..at + 8].try_into().expect("8"));
-        let (count, sum) = (u64_at(0), u64_at(8));
-        let mut check = ChunkSum::new();
-        check.feed(body);
-        check.feed(&trailer[..8]);
-        if check.finish() != sum {
-            return None;
-        }
-        if body.len() < ENTRIES_AT {
-            return None;
-        }
-        // Each entry takes at least two bytes.
-        let entries = &body[ENTRIES_AT..];
-        if count > (entries.len() / 2) as u64 {
-            return None;
-        }
-        let mut keys = Vec::new();
-        keys.try_reserve_exact(count as usize).ok()?;
-        let mut at = 0;
-        while at < entries.len() {
-            let len = entries[at] as usize;
-            let key = entries.get(at + 1..at + 1 + len)?;
-            if len == 0 || len > MAX_KEY_LEN {
-                return None;
-            }
-            keys.push(key.to_vec());
-            at += 1 + len;
-        }
-        if keys.len() as u64 != count {
-            return None;
-        }
-        // Stamped last: the 256 directories' stamps are read only for a
-        // manifest that is good in every other way.
-        let unchanged = stamped
-            && self
-                .fan_stamps()
-                .is_ok_and(|now| body[HEAD_LEN..ENTRIES_AT] == now[..]);
-        Some((keys, unchanged))
+        let keys = std::cell::RefCell::new(Vec::new());
+        let stamps = stamped.then_some(self.ns_dir.as_path());
+        let unchanged = parse(
+            bytes,
+            &self.manifest_head(),
+            stamps,
+            |count| keys.borrow_mut().try_reserve_exact(count as usize).is_ok(),
+            |key| keys.borrow_mut().push(key.to_vec()),
+        )?;
+        Some((keys.into_inner(), unchanged))
     }
 
     /// Writes the manifest of the blocks `each_block` lists (least recently
@@ -318,47 +279,8 @@ impl DiskBackend {
         done
     }
 
-    /// Every fan-out directory's stamp (see the module's doc), in order; all
-    /// zero for a directory that does not exist. Any other failure to stat
-    /// one is an error: neither written nor trusted.
     fn fan_stamps(&self) -> std::io::Result<Vec<u8>> {
-        let mut stamps = vec![0u8; FAN_DIRS * STAMP_LEN];
-        let per_thread = FAN_DIRS.div_ceil(STAMP_THREADS);
-        let stamp_chunk = |chunk: usize, out: &mut [u8]| -> std::io::Result<()> {
-            for (i, stamp) in out.chunks_exact_mut(STAMP_LEN).enumerate() {
-                let fan = chunk * per_thread + i;
-                let st = match io::lstat_raw(&self.ns_dir.join(fan_name(fan))) {
-                    Ok(st) => st,
-                    Err(e) if io::is_missing(&e) => continue,
-                    Err(e) => return Err(e),
-                };
-                let ns = |s: i64, n: i64| {
-                    (s as u64)
-                        .wrapping_mul(1_000_000_000)
-                        .wrapping_add(n as u64)
-                };
-                stamp[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
-                stamp[8..16].copy_from_slice(&ns(st.st_mtime, st.st_mtime_nsec).to_le_bytes());
-                stamp[16..24].copy_from_slice(&ns(st.st_ctime, st.st_ctime_nsec).to_le_bytes());
-            }
-            Ok(())
-        };
-        std::thread::scope(|scope| {
-            let mut helpers = Vec::new();
-            for (chunk, out) in stamps.chunks_mut(per_thread * STAMP_LEN).enumerate() {
-                // No thread to be had: no stamps, so no manifest written or
-                // trusted (the scan does without).
-                let helper = std::thread::Builder::new()
-                    .name("kvtier-stamps".into())
-                    .spawn_scoped(scope, move || stamp_chunk(chunk, out))?;
-                helpers.push(helper);
-            }
-            helpers.into_iter().try_for_each(|h| {
-                h.join()
-                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-            })
-        })?;
-        Ok(stamps)
+        fan_stamps(&self.ns_dir)
     }
 
     /// fsyncs every fan-out directory in which this run created, renamed or
@@ -380,6 +302,111 @@ impl DiskBackend {
         }
         Ok(())
     }
+}
+
+/// The head of a manifest of `ns_fp`'s blocks of `block_bytes`.
+pub(super) fn head(ns_fp: u64, block_bytes: usize) -> [u8; HEAD_LEN] {
+    let mut head = [0u8; HEAD_LEN];
+    head[0..8].copy_from_slice(&MAGIC);
+    head[8..12].copy_from_slice(&VERSION.to_le_bytes());
+    head[12..16].copy_from_slice(&0u32.to_le_bytes());
+    head[16..24].copy_from_slice(&ns_fp.to_le_bytes());
+    head[24..32].copy_from_slice(&(block_bytes as u64).to_le_bytes());
+    head[32..40].copy_from_slice(&(file_len(block_bytes) as u64).to_le_bytes());
+    head
+}
+
+/// Checks a manifest (`bytes`) against `head` and its checksum, hands
+/// `reserve` the count it claims (false: give up) and `key` each key, least
+/// recently used first; with `stamps_of`, whether no fan-out directory of
+/// that namespace directory changed since it was written. None if anything
+/// about it is wrong.
+pub(super) fn parse(
+    bytes: &[u8],
+    head: &[u8; HEAD_LEN],
+    stamps_of: Option<&Path>,
+    reserve: impl FnOnce(u64) -> bool,
+    mut key: impl FnMut(&[u8]),
+) -> Option<bool> {
+    if bytes.len() < HEAD_LEN + TRAILER_LEN || bytes[..HEAD_LEN] != head[..] {
+        return None;
+    }
+    let (body, trailer) = bytes.split_at(bytes.len() - TRAILER_LEN);
+    let u64_at = |at: usize| u64::from_le_bytes(trailer[at..at + 8].try_into().expect("8"));
+    let (count, sum) = (u64_at(0), u64_at(8));
+    let mut check = ChunkSum::new();
+    check.feed(body);
+    check.feed(&trailer[..8]);
+    if check.finish() != sum || body.len() < ENTRIES_AT {
+        return None;
+    }
+    // Each entry takes at least two bytes.
+    let entries = &body[ENTRIES_AT..];
+    if count > (entries.len() / 2) as u64 || !reserve(count) {
+        return None;
+    }
+    let (mut at, mut seen) = (0, 0u64);
+    while at < entries.len() {
+        let len = entries[at] as usize;
+        let bytes = entries.get(at + 1..at + 1 + len)?;
+        if len == 0 || len > MAX_KEY_LEN {
+            return None;
+        }
+        key(bytes);
+        seen += 1;
+        at += 1 + len;
+    }
+    if seen != count {
+        return None;
+    }
+    // Stamped last: the 256 directories' stamps are read only for a
+    // manifest that is good in every other way.
+    Some(stamps_of.is_some_and(|ns_dir| {
+        fan_stamps(ns_dir).is_ok_and(|now| body[HEAD_LEN..ENTRIES_AT] == now[..])
+    }))
+}
+
+/// Every fan-out directory's stamp (see the module's doc), in order; all
+/// zero for a directory that does not exist. Any other failure to stat
+/// one is an error: neither written nor trusted.
+pub(super) fn fan_stamps(ns_dir: &Path) -> std::io::Result<Vec<u8>> {
+    let mut stamps = vec![0u8; FAN_DIRS * STAMP_LEN];
+    let per_thread = FAN_DIRS.div_ceil(STAMP_THREADS);
+    let stamp_chunk = |chunk: usize, out: &mut [u8]| -> std::io::Result<()> {
+        for (i, stamp) in out.chunks_exact_mut(STAMP_LEN).enumerate() {
+            let fan = chunk * per_thread + i;
+            let st = match io::lstat_raw(&ns_dir.join(fan_name(fan))) {
+                Ok(st) => st,
+                Err(e) if io::is_missing(&e) => continue,
+                Err(e) => return Err(e),
+            };
+            let ns = |s: i64, n: i64| {
+                (s as u64)
+                    .wrapping_mul(1_000_000_000)
+                    .wrapping_add(n as u64)
+            };
+            stamp[0..8].copy_from_slice(&st.st_ino.to_le_bytes());
+            stamp[8..16].copy_from_slice(&ns(st.st_mtime, st.st_mtime_nsec).to_le_bytes());
+            stamp[16..24].copy_from_slice(&ns(st.st_ctime, st.st_ctime_nsec).to_le_bytes());
+        }
+        Ok(())
+    };
+    std::thread::scope(|scope| {
+        let mut helpers = Vec::new();
+        for (chunk, out) in stamps.chunks_mut(per_thread * STAMP_LEN).enumerate() {
+            // No thread to be had: no stamps, so no manifest written or
+            // trusted (the scan does without).
+            let helper = std::thread::Builder::new()
+                .name("kvtier-stamps".into())
+                .spawn_scoped(scope, move || stamp_chunk(chunk, out))?;
+            helpers.push(helper);
+        }
+        helpers.into_iter().try_for_each(|h| {
+            h.join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    })?;
+    Ok(stamps)
 }
 
 #[cfg(test)]

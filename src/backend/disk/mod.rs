@@ -36,7 +36,9 @@
 //! directory holds at most the sum of the processes' capacities; another
 //! process that still lists a deleted block gets NOT_FOUND on load and drops it.
 
-// Files: `format` (the block file format and its checksum), `fs_kind` (what
+// Files: `examine` (what the operator's `kvtier` command reads of a store
+// through `kvtier::admin`: names, order files, locks, a block checked as a
+// tier checks it), `format` (the block file format and its checksum), `fs_kind` (what
 // the directory's file system is: deadline and header choices), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
 // `recover` (reopening a directory), `manifest` (the index written at a clean
@@ -46,6 +48,7 @@
 // backend's state, deleting, and the glue of the `Backend` trait and of the
 // capabilities a disk tier has (watched I/O, discards, persistence, probes
 // when shared, test seams).
+pub(crate) mod examine;
 mod format;
 mod fs_kind;
 mod generation;
@@ -167,6 +170,9 @@ pub(crate) struct DiskBackend {
     /// (one the scan could not read, one a deletion failed to remove): a
     /// manifest would hide it from every later open, so none is written.
     unindexed: AtomicBool,
+    /// Loads stamp their file's access time (see `read::stamp_use`); off
+    /// once the file system refused this process (not the files' owner).
+    stamps_use: AtomicBool,
     /// How the index was rebuilt at open (`RECOVERED_*`), for `describe`.
     recovered_by: AtomicU8,
     /// The tier's capacity in blocks: a journal generation's length.

@@ -68,6 +68,7 @@ impl DiskBackend {
             Err(e) => bail!(Config, "path: cannot create {}: {e}", ns_dir.display()),
         }
         let lock = Self::lock_dir(&ns_dir, cfg.shared)?;
+        Self::record_identity(&ns_dir, namespace);
         let fs = io::fs_type(&ns_dir).map(FsKind::of);
         // A new file's inode goes in its directory's block group, and ext4
         // without a journal steps over every inode deleted there in the
@@ -108,6 +109,7 @@ impl DiskBackend {
                 .map(|_| AtomicU64::new(0))
                 .collect(),
             unindexed: AtomicBool::new(false),
+            stamps_use: AtomicBool::new(true),
             recovered_by: AtomicU8::new(RECOVERED_NOT_YET),
             capacity_blocks,
             journal: std::sync::OnceLock::new(),
@@ -190,6 +192,29 @@ impl DiskBackend {
                 }
                 other => return other,
             }
+        }
+    }
+
+    /// Writes the namespace's whole name beside its blocks (the directory's
+    /// name keeps 40 characters of it and a fingerprint), so that `kvtier
+    /// inspect` can name it for an operator who clears it; best effort, and
+    /// only when it is missing or says otherwise.
+    fn record_identity(ns_dir: &Path, namespace: &str) {
+        let path = ns_dir.join(layout::IDENTITY_FILE);
+        if namespace.is_empty()
+            || io::read_regular(&path).is_ok_and(|known| known == namespace.as_bytes())
+        {
+            return;
+        }
+        let tmp = ns_dir.join(format!(
+            "{}.{}{}",
+            layout::IDENTITY_FILE,
+            std::process::id(),
+            layout::TMP_EXT
+        ));
+        let written = std::fs::write(&tmp, namespace).and_then(|()| std::fs::rename(&tmp, &path));
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
         }
     }
 

@@ -13,6 +13,12 @@ use crate::seal::Sealer;
 use std::cell::RefCell;
 use std::os::fd::OwnedFd;
 use std::path::Path;
+use std::sync::atomic::Ordering;
+
+/// How stale a block file's access time may be before a load stamps it
+/// again: the recency `kvtier gc` sees is this fine. Measured cost:
+/// docs/cli.md ("Recency").
+const USE_STAMP_EVERY_S: i64 = 60;
 
 thread_local! {
     /// Per-worker staging piece for loads of blocks larger than one piece
@@ -92,7 +98,10 @@ impl DiskBackend {
             return Err(self.condemn(key, path, id, problem));
         }
         match Form::of_len(id.len, self.block_bytes).filter(|form| forms.contains(form)) {
-            Some(form) => Ok((fd, id, form)),
+            Some(form) => {
+                self.stamp_use(&fd, &id);
+                Ok((fd, id, form))
+            }
             None => {
                 let lens: Vec<String> = forms
                     .iter()
@@ -100,6 +109,29 @@ impl DiskBackend {
                     .collect();
                 let problem = format!("file of {} bytes, expected {}", id.len, lens.join(" or "));
                 Err(self.condemn(key, path, id, problem))
+            }
+        }
+    }
+
+    /// A load is a use: the file's access time becomes now when it is more
+    /// than [`USE_STAMP_EVERY_S`] old, so a `kvtier gc` over shared storage
+    /// removes the least recently used blocks first, whichever process used
+    /// them. One `futimens` per block per interval at most (the stat it
+    /// reads was taken anyway); relatime would update atime only once a day.
+    /// A tier that may not stamp (another user's files) stops trying.
+    fn stamp_use(&self, fd: &OwnedFd, id: &FileId) {
+        if !self.stamps_use.load(Ordering::Relaxed) {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64);
+        if now - id.atime_s < USE_STAMP_EVERY_S {
+            return;
+        }
+        if let Err(e) = io::stamp_access(fd) {
+            if e.raw_os_error() == Some(libc::EPERM) {
+                self.stamps_use.store(false, Ordering::Relaxed);
             }
         }
     }

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 /// Older generations a sweep looks for: each clear sweeps the one before
 /// it, so older ones hold only what a clear could not reach in its time.
-const SWEPT_GENERATIONS: u64 = 16;
+pub(super) const SWEPT_GENERATIONS: u64 = 16;
 
 /// Names asked for per SCAN step of a sweep.
 const SCAN_COUNT: &[u8] = b"1000";

@@ -31,7 +31,9 @@
 //! `routed` (what each pass of a job carries: SETs from rows, GETs into
 //! rows, one-key commands, whole commands), `format` (key names and the
 //! value layout), `sealed` (sealed names and values), `adopt` (an owned
-//! tier's keys found on the servers at open), `direct` (the pipelines'
+//! tier's keys found on the servers at open), `examine` (key names and
+//! values as the operator's `kvtier` command reads them, through
+//! `kvtier::admin`), `direct` (the pipelines'
 //! framing and replies: `set` writes payloads from rows, `get` reads them
 //! into rows), and `client`, what speaks to the servers (see its `mod.rs`):
 //! one client, a single server being a slot map of one node.
@@ -39,6 +41,7 @@
 mod adopt;
 mod client;
 mod direct;
+pub(crate) mod examine;
 mod format;
 mod generation;
 mod open;

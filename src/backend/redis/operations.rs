@@ -213,6 +213,47 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn counters(&self) -> Vec<(&'static str, &'static str, u64)> {
+        let c = self.router.counts();
+        vec![
+            (
+                "kvtier_redis_reconnects_total",
+                "Connections to a Redis node opened in place of ones dropped broken.",
+                c.reconnects,
+            ),
+            (
+                "kvtier_redis_connections_dropped_total",
+                "Connections to a Redis node dropped broken (a failed request, closed by the server, out of step).",
+                c.dropped,
+            ),
+            (
+                "kvtier_redis_connect_failures_total",
+                "Attempts to connect to a Redis node that failed (reconnection backs off 25 ms to 1 s).",
+                c.connect_failures,
+            ),
+            (
+                "kvtier_redis_moved_total",
+                "Blocks a cluster node answered with MOVED (sent again to the node named, the slot map read again).",
+                c.moved,
+            ),
+            (
+                "kvtier_redis_ask_total",
+                "Blocks a cluster node answered with ASK (sent again behind ASKING to the node named).",
+                c.asked,
+            ),
+            (
+                "kvtier_redis_rerouted_blocks_total",
+                "Blocks sent again after a redirection (MOVED, ASK, TRYAGAIN, CLUSTERDOWN) or for want of a known master.",
+                c.rerouted,
+            ),
+            (
+                "kvtier_redis_slot_map_reads_total",
+                "Times the cluster's slot map was read again (after MOVED or a failed node, at most every 250 ms).",
+                c.slot_map_reads,
+            ),
+        ]
+    }
+
     fn describe(&self) -> String {
         let adoption = match &*self.adoption_stopped.lock() {
             Some(why) => format!("; adoption at open stopped early: {why}"),

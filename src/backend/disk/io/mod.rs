@@ -89,6 +89,8 @@ pub(crate) struct FileId {
     pub ino: u64,
     pub mode: u32,
     pub len: u64,
+    /// Last access, in seconds since the epoch: a load's use stamp.
+    pub atime_s: i64,
 }
 
 impl FileId {
@@ -98,6 +100,7 @@ impl FileId {
             ino: st.st_ino,
             mode: st.st_mode,
             len: st.st_size as u64,
+            atime_s: st.st_atime,
         }
     }
 
@@ -417,6 +420,49 @@ pub(crate) fn try_flock(fd: &OwnedFd, exclusive: bool) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// Sets the file's access time to now and leaves its modification time:
+/// a load's use stamp, the recency `kvtier gc` orders blocks by (mtime stays
+/// the store's time, which recovery and a clear's sweep read). Only the
+/// file's owner may (EPERM otherwise).
+pub(crate) fn stamp_access(fd: &OwnedFd) -> io::Result<()> {
+    let now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_NOW,
+    };
+    let keep = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: libc::UTIME_OMIT,
+    };
+    let times = [now, keep];
+    // SAFETY: a valid descriptor and two timespecs, as futimens reads them.
+    if unsafe { libc::futimens(fd.as_raw_fd(), times.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `rename(2)` that fails with EEXIST instead of replacing `to`.
+pub(crate) fn rename_noreplace(from: &Path, to: &Path) -> io::Result<()> {
+    with_cpath(from, |from| {
+        with_cpath(to, |to| {
+            // SAFETY: two valid NUL-terminated paths, relative to nothing.
+            let r = unsafe {
+                libc::renameat2(
+                    libc::AT_FDCWD,
+                    from.as_ptr(),
+                    libc::AT_FDCWD,
+                    to.as_ptr(),
+                    libc::RENAME_NOREPLACE,
+                )
+            };
+            if r != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    })
 }
 
 /// Creates one directory with owner-only permissions.

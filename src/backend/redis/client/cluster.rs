@@ -48,6 +48,21 @@ pub(in crate::backend::redis) struct Router {
     /// Blocks sent again after a redirection (MOVED, ASK, TRYAGAIN,
     /// CLUSTERDOWN) or because no master was known for their slot.
     rerouted: AtomicU64,
+    /// Blocks a node answered with MOVED, and with ASK.
+    moved: AtomicU64,
+    asked: AtomicU64,
+}
+
+/// The client's counts, for the tier's metrics.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::backend::redis) struct ClientCounts {
+    pub slot_map_reads: u64,
+    pub rerouted: u64,
+    pub moved: u64,
+    pub asked: u64,
+    pub reconnects: u64,
+    pub dropped: u64,
+    pub connect_failures: u64,
 }
 
 impl Router {
@@ -73,6 +88,8 @@ impl Router {
             last_refresh: Mutex::new(None),
             refreshes: AtomicU64::new(0),
             rerouted: AtomicU64::new(0),
+            moved: AtomicU64::new(0),
+            asked: AtomicU64::new(0),
         };
         if cluster {
             router.read_map(&[], Instant::now() + timeout)?;
@@ -245,6 +262,30 @@ impl Router {
     /// master known for their slot.
     pub(in crate::backend::redis) fn note_rerouted(&self, blocks: usize) {
         self.rerouted.fetch_add(blocks as u64, Ordering::Relaxed);
+    }
+
+    /// Counts blocks a node answered with MOVED (`moved`) and with ASK.
+    pub(in crate::backend::redis) fn note_redirections(&self, moved: usize, asked: usize) {
+        self.moved.fetch_add(moved as u64, Ordering::Relaxed);
+        self.asked.fetch_add(asked as u64, Ordering::Relaxed);
+    }
+
+    /// What the router and every node's pool counted so far.
+    pub(in crate::backend::redis) fn counts(&self) -> ClientCounts {
+        let mut c = ClientCounts {
+            slot_map_reads: self.refreshes.load(Ordering::Relaxed),
+            rerouted: self.rerouted.load(Ordering::Relaxed),
+            moved: self.moved.load(Ordering::Relaxed),
+            asked: self.asked.load(Ordering::Relaxed),
+            ..ClientCounts::default()
+        };
+        for node in self.known.lock().iter() {
+            let pool = node.pool.counts();
+            c.reconnects += pool.reconnects;
+            c.dropped += pool.dropped;
+            c.connect_failures += pool.connect_failures;
+        }
+        c
     }
 
     /// For `tier_describe`: how many masters the map knows, how often it was

@@ -14,6 +14,7 @@ use super::url::Endpoint;
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::{Condvar, Mutex};
 use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 type Conn = RespConn;
@@ -30,6 +31,9 @@ struct PoolState {
     retry_at: Option<Instant>,
     backoff: Duration,
     stall: Stall,
+    /// Connections dropped broken and not yet replaced: the next ones
+    /// opened are reconnections.
+    lost: usize,
 }
 
 /// Whether the server has stopped answering: without this, each worker's
@@ -86,6 +90,27 @@ pub(in crate::backend::redis) struct Pool {
     /// first connection and shared by the others, and by the tier's other
     /// pools (see `tls`).
     tls: SharedConfig,
+    counts: PoolCounts,
+}
+
+/// What a pool counts for the tier's metrics.
+#[derive(Default)]
+struct PoolCounts {
+    /// Connections opened in place of ones dropped broken.
+    reconnects: AtomicU64,
+    /// Connections dropped broken (a failed request, closed by the server,
+    /// out of step).
+    dropped: AtomicU64,
+    /// Attempts to connect that failed.
+    connect_failures: AtomicU64,
+}
+
+/// A pool's counts, read.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(in crate::backend::redis) struct ConnCounts {
+    pub reconnects: u64,
+    pub dropped: u64,
+    pub connect_failures: u64,
 }
 
 /// A Redis failure as a kvtier error: the server's or the network's words,
@@ -119,10 +144,28 @@ impl Pool {
                 retry_at: None,
                 backoff: MIN_BACKOFF,
                 stall: Stall::Answering,
+                lost: 0,
             }),
             returned: Condvar::new(),
             tls,
+            counts: PoolCounts::default(),
         }
+    }
+
+    /// What this pool counted so far.
+    pub(in crate::backend::redis) fn counts(&self) -> ConnCounts {
+        let c = &self.counts;
+        ConnCounts {
+            reconnects: c.reconnects.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            connect_failures: c.connect_failures.load(Ordering::Relaxed),
+        }
+    }
+
+    /// `n` connections dropped broken (the pool's lock held).
+    fn note_dropped(&self, st: &mut PoolState, n: usize) {
+        st.lost += n;
+        self.counts.dropped.fetch_add(n as u64, Ordering::Relaxed);
     }
 
     /// A new connection, opened by `deadline`.
@@ -193,6 +236,7 @@ impl Pool {
                 // Unasked bytes, or closed by the server: dropped unused.
                 st = self.state.lock();
                 st.open -= 1;
+                self.note_dropped(&mut st, 1);
                 continue;
             }
             if Instant::now() >= deadline {
@@ -219,9 +263,14 @@ impl Pool {
                     Ok(conn) => {
                         st.retry_at = None;
                         st.backoff = MIN_BACKOFF;
+                        if st.lost > 0 {
+                            st.lost -= 1;
+                            self.counts.reconnects.fetch_add(1, Ordering::Relaxed);
+                        }
                         Ok(Some(conn))
                     }
                     Err(e) => {
+                        self.counts.connect_failures.fetch_add(1, Ordering::Relaxed);
                         st.open -= 1;
                         st.retry_at = Some(Instant::now() + st.backoff);
                         st.backoff = (st.backoff * 2).min(MAX_BACKOFF);
@@ -255,6 +304,8 @@ impl Pool {
                 // away: the idle ones share that fate, so they go too, rather
                 // than fail the next jobs one after another.
                 st.open -= 1 + st.idle.len();
+                let n = 1 + st.idle.len();
+                self.note_dropped(&mut st, n);
                 st.idle.clear();
             }
         }

@@ -63,7 +63,13 @@ pub(in crate::backend::redis) fn run_job<P: Pass>(
         let mut refresh = !trouble.failed.is_empty() || !trouble.unrouted.is_empty();
         let mut wait = false;
         let mut rerouted = trouble.redirected.len();
+        let (mut moved, mut asked) = (0, 0);
         for (i, how) in &trouble.redirected {
+            match how {
+                Redirection::Moved(_) => moved += 1,
+                Redirection::Ask(_) => asked += 1,
+                Redirection::TryAgain => {}
+            }
             next[*i] = true;
             aims[*i] = match how {
                 Redirection::Moved(at) => {
@@ -90,6 +96,7 @@ pub(in crate::backend::redis) fn run_job<P: Pass>(
                 }
             };
         }
+        router.note_redirections(moved, asked);
         if refresh {
             let avoid: Vec<Arc<Node>> = trouble
                 .failed
