@@ -621,8 +621,9 @@ struct tier_config_t *tier_config_new(void);
  * disk "shared"="true" or redis "sharing"="shared", where tier_new fails
  * with TIER_ERR_CONFIG without one: docs/sharing.md);
  * "probe_ttl_ms" (shared storage: how long a "not stored" answer is reused,
- * and how long the namespace's clear generation is trusted before it is
- * read again; tier_clear returns after twice it; 0..=3600000, default 1000).
+ * and how long, at least 250 ms, the namespace's clear generation is
+ * trusted before it is read again; tier_clear returns after twice that;
+ * 0..=3600000, default 1000).
  * Disk backend: "path" (directory, created owner-only if missing, parent must
  * exist; required); "o_direct" ("auto", the default, "on", "off");
  * "block_header" ("auto", the default: each block file's header in its
@@ -975,8 +976,8 @@ tier_status_t tier_drain(struct tier_t *tier);
  * On shared storage (disk shared=true, redis sharing=shared) it clears the
  * tier's namespace for every process: storage's clear generation is raised,
  * the older generation's blocks are deleted (best effort), and the call
- * blocks until two probe_ttl_ms have passed since the raise (2 s by
- * default). When it returns, no tier of that namespace, in any process,
+ * blocks until two probe_ttl_ms (each at least 250 ms) have passed since
+ * the raise (2 s by default). When it returns, no tier of that namespace, in any process,
  * answers TIER_HIT for or loads a block stored before the call. Blocks of
  * other namespaces are untouched.
  *

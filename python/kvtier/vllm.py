@@ -138,8 +138,8 @@ class KVTierSecondaryTier(SecondaryTierManager):
             enabled=mirror_enabled,
             shared=self._shared,
             # The library trusts the namespace's clear generation this long
-            # (probe_ttl_ms, at least 10 ms; the library has checked it).
-            lease_s=max(int(config.get("probe_ttl_ms", 1000)), 10) / 1000,
+            # (probe_ttl_ms, at least 250 ms; the library has checked it).
+            lease_s=max(int(config.get("probe_ttl_ms", 1000)), 250) / 1000,
             answers=ANSWERS,
             failed_keys=self._failed_keys,
             on_error=self._log.failed,

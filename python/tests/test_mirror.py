@@ -210,13 +210,12 @@ def test_events_are_emitted_as_runs_of_one_kind(owner):
     o.submit([key(3)], [3])  # evicts key(1), read at once
     o.submit([key(4)], [4])  # evicts key(2), read at once
     o.finish()  # both stores' STORED events: one run
-    assert o.runs == [
-        (False, [key(1)]),
-        (False, [key(2)]),
-        (True, [key(1)]),
-        (True, [key(2)]),
-        (False, [key(3), key(4)]),
-    ]
+    stored_together = [(True, [key(1)]), (True, [key(2)]), (False, [key(3), key(4)])]
+    # The I/O thread may finish key(3)'s store before key(4)'s submit reads
+    # the events: then each read holds one run of each kind.
+    stored_apart = [(True, [key(1)]), (False, [key(3)]), (True, [key(2)]), (False, [key(4)])]
+    assert o.runs[:2] == [(False, [key(1)]), (False, [key(2)])]
+    assert o.runs[2:] in (stored_together, stored_apart)
 
 
 def test_a_failing_lookup_is_a_miss_and_is_reported(owner):

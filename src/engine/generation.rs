@@ -1,9 +1,10 @@
 //! Shared storage's clear generation, as a tier follows it (see `Probes` in
 //! `backend::capabilities`): `clear()` raises the generation in storage for
 //! every process, and a tier trusts the generation it knows for one lease
-//! (`probe_ttl_ms`, at least `shared::MIN_LEASE`) after it last read it. Past the
-//! lease its lookups answer PENDING where they would answer HIT, a worker
-//! reads the generation again, and a new one empties the index (its blocks
+//! (`probe_ttl_ms`, at least `shared::MIN_LEASE`) after it last read it. A
+//! lookup past half the lease has a worker read it again ahead of the end;
+//! past the lease its lookups answer PENDING where they would answer HIT
+//! until that read returns. A new generation empties the index (its blocks
 //! are the old generation's); a job's copies read it first. `clear()`
 //! returns two leases after it raised the generation: by then every lease
 //! granted before has ended, so no tier of the namespace, in any process,
@@ -42,6 +43,12 @@ impl Shared {
     /// [`hold_hits`]) because its lease has ended.
     pub(super) fn lease_ended(&self) -> bool {
         self.backend.probes().is_some() && !self.lease.valid()
+    }
+
+    /// Whether a shared tier's lookup that found HITs should have the
+    /// generation read again: its lease has ended or is past its half.
+    pub(super) fn lease_ending(&self) -> bool {
+        self.backend.probes().is_some() && self.lease.ending()
     }
 
     /// Queues one read of the generation, unless one is queued or running

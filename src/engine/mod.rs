@@ -126,14 +126,17 @@ impl Tier {
         if out.is_empty() {
             return Ok(());
         }
-        let mut held = 0;
+        let mut read_generation = false;
         let (counts, to_probe) = {
             let mut st = self.shared.state.lock();
             let mut counts = st.index.lookup_batch(keys, key_len, out);
-            if counts.hits > 0 && self.shared.lease_ended() {
-                held = generation::hold_hits(out, counts.hits);
-                counts.hits -= held;
-                counts.pending += held;
+            if counts.hits > 0 && self.shared.lease_ending() {
+                read_generation = true;
+                if self.shared.lease_ended() {
+                    let held = generation::hold_hits(out, counts.hits);
+                    counts.hits -= held;
+                    counts.pending += held;
+                }
             }
             let to_probe = if self.shared.backend.probes().is_some() && counts.misses > 0 {
                 Shared::probe_misses(&mut st, keys, key_len, out, &mut counts)
@@ -142,7 +145,7 @@ impl Tier {
             };
             (counts, to_probe)
         };
-        if held > 0 {
+        if read_generation {
             self.shared.queue_generation_check();
         }
         self.shared.queue_probes(to_probe);

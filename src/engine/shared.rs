@@ -98,8 +98,10 @@ pub(super) enum Probe {
     Missing(Instant),
 }
 
-/// The shortest lease: a `probe_ttl_ms` of 0 would make every HIT wait.
-const MIN_LEASE: Duration = Duration::from_millis(10);
+/// The shortest lease: a caller that asks again some milliseconds after a
+/// PENDING (the contract's "ask again") must find the generation read for
+/// it still trusted, or a `probe_ttl_ms` of 0 would hold its HITs forever.
+const MIN_LEASE: Duration = Duration::from_millis(250);
 
 /// How long the generation a tier knows is trusted.
 pub(super) struct Lease {
@@ -127,6 +129,17 @@ impl Lease {
 
     pub(super) fn valid(&self) -> bool {
         self.ns(Instant::now()) < self.until_ns.load(Ordering::Acquire)
+    }
+
+    /// Whether less than half the lease is left (or none): a lookup then
+    /// asks for the generation to be read again ahead of the end, so a
+    /// tier in steady use never has to hold its HITs.
+    pub(super) fn ending(&self) -> bool {
+        let left = self
+            .until_ns
+            .load(Ordering::Acquire)
+            .saturating_sub(self.ns(Instant::now()));
+        left < self.length.as_nanos() as u64 / 2
     }
 
     /// The generation read by a request sent at `asked` is trusted for one

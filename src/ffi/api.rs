@@ -130,8 +130,9 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// disk "shared"="true" or redis "sharing"="shared", where tier_new fails
 /// with TIER_ERR_CONFIG without one: docs/sharing.md);
 /// "probe_ttl_ms" (shared storage: how long a "not stored" answer is reused,
-/// and how long the namespace's clear generation is trusted before it is
-/// read again; tier_clear returns after twice it; 0..=3600000, default 1000).
+/// and how long, at least 250 ms, the namespace's clear generation is
+/// trusted before it is read again; tier_clear returns after twice that;
+/// 0..=3600000, default 1000).
 /// Disk backend: "path" (directory, created owner-only if missing, parent must
 /// exist; required); "o_direct" ("auto", the default, "on", "off");
 /// "block_header" ("auto", the default: each block file's header in its

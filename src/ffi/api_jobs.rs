@@ -323,8 +323,8 @@ pub unsafe extern "C" fn tier_drain(tier: *mut tier_t) -> tier_status_t {
 /// On shared storage (disk shared=true, redis sharing=shared) it clears the
 /// tier's namespace for every process: storage's clear generation is raised,
 /// the older generation's blocks are deleted (best effort), and the call
-/// blocks until two probe_ttl_ms have passed since the raise (2 s by
-/// default). When it returns, no tier of that namespace, in any process,
+/// blocks until two probe_ttl_ms (each at least 250 ms) have passed since
+/// the raise (2 s by default). When it returns, no tier of that namespace, in any process,
 /// answers TIER_HIT for or loads a block stored before the call. Blocks of
 /// other namespaces are untouched.
 ///
