@@ -67,3 +67,14 @@ def test_a_counter_that_starts_over_reports_its_whole_value():
     assert deltas.increase("c", (), None, 5) == 5
     assert deltas.increase("c", (), None, 7) == 2
     assert deltas.increase("c", (), None, 3) == 3  # a new tier behind the same reporter
+
+
+def test_the_docs_table_names_every_exported_series():
+    """docs/observability.md maps each native family to its vLLM and SGLang
+    name: a family the library adds and the adapters export is documented."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "observability.md").read_text()
+    for fam in _prom.exported_families():
+        for name in (f"`{fam.name}", f"`vllm:{fam.name}`", f"`sglang:{fam.name}`"):
+            assert name in doc, f"docs/observability.md does not name {name}"
