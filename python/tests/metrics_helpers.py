@@ -13,6 +13,21 @@ from prometheus_client.parser import text_string_to_metric_families
 TIER_LABELS = ("backend", "namespace")
 
 
+def record_reads(tier) -> list[str]:
+    """The texts the adapter reads from `tier` (a kvtier.Tier) from now on,
+    appended as it reads them: what to compare the registry with, since a
+    gauge such as kvtier_resident_bytes moves on its own between readings."""
+    texts: list[str] = []
+    render = tier.metrics
+
+    def metrics() -> str:
+        texts.append(render())
+        return texts[-1]
+
+    tier.metrics = metrics
+    return texts
+
+
 def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     """Every sample of a Prometheus text, read by prometheus_client's parser
     (not by kvtier._prom, whose reading is what is under test)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from metrics_helpers import assert_every_series_exported
+from metrics_helpers import assert_every_series_exported, record_reads
 from sglang_helpers import indices, load, make_backend, round_trip  # noqa: I001 (skips the module without SGLang)
 
 from prometheus_client import CollectorRegistry
@@ -27,9 +27,9 @@ def test_every_library_series_reaches_prometheus_client(backend, request):
     b._exporter = _sglang_metrics.Exporter(b.backend, 0, registry=registry)
     try:
         round_trip(b, "page_first")  # stores and loads: both kinds in every family
+        reads = record_reads(b.tier)
         b.get_stats()
-        native = b.tier.metrics()  # quiet now: nothing changed since get_stats read it
-        checked = assert_every_series_exported(native, registry, "sglang:", {"backend": backend, "tp_rank": "0"})
+        checked = assert_every_series_exported(reads[-1], registry, "sglang:", {"backend": backend, "tp_rank": "0"})
         assert {"kvtier_io_deadlines_missed_total", "kvtier_io_threads_stuck", "kvtier_block_io_seconds_bucket"} <= checked
         if backend == "redis":
             assert {"kvtier_redis_ask_total", "kvtier_redis_slot_map_reads_total"} <= checked
@@ -43,14 +43,17 @@ def test_counters_carry_only_what_changed_and_reads_are_paced():
     b._exporter = _sglang_metrics.Exporter(b.backend, 0, registry=registry)
     try:
         pool, keys = round_trip(b, "page_first")
+        reads = record_reads(b.tier)
         b.get_stats()
         ctrl = SimpleNamespace(storage_backend=b, storage_host_pool=pool, page_size=pool.page_size)
         assert load(ctrl, keys, indices(range(len(keys)))) == len(keys)
         b.get_stats()  # within INTERVAL_S of the first: not read again
+        assert len(reads) == 1
         jobs = registry.get_sample_value("sglang:kvtier_jobs_total", {"backend": "memory", "tp_rank": "0",
                                                                        "kind": "load", "outcome": "ok"})
         assert jobs == 1
         b.export_metrics(force=True)
-        assert_every_series_exported(b.tier.metrics(), registry, "sglang:", {"backend": "memory", "tp_rank": "0"})
+        assert len(reads) == 2
+        assert_every_series_exported(reads[-1], registry, "sglang:", {"backend": "memory", "tp_rank": "0"})
     finally:
         b.close()
