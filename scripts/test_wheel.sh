@@ -123,7 +123,7 @@ EOF
 # The binding's tests; the pip-install test builds from source, which is not this test's business.
 tests="$repo/python/tests"
 run "$venv/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$repo/python" -c "$repo/python/pytest.ini" \
-    "$tests/test_binding.py" "$tests/test_abi.py" "$tests/test_observe.py" \
+    "$tests/test_binding.py" "$tests/test_abi.py" "$tests/test_observe.py" "$tests/test_prom.py" \
     "$tests/test_examples_and_packaging.py" -k "not test_pip_install_into_fresh_venv"
 
 if [ -z "$engines" ]; then

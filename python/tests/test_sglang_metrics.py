@@ -9,9 +9,9 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from metrics_helpers import assert_every_series_exported, record_reads
 from sglang_helpers import indices, load, make_backend, round_trip  # noqa: I001 (skips the module without SGLang)
 
+from metrics_helpers import assert_every_series_exported, record_reads
 from prometheus_client import CollectorRegistry
 
 from kvtier import _sglang_metrics
@@ -30,7 +30,8 @@ def test_every_library_series_reaches_prometheus_client(backend, request):
         reads = record_reads(b.tier)
         b.get_stats()
         checked = assert_every_series_exported(reads[-1], registry, "sglang:", {"backend": backend, "tp_rank": "0"})
-        assert {"kvtier_io_deadlines_missed_total", "kvtier_io_threads_stuck", "kvtier_block_io_seconds_bucket"} <= checked
+        want = {"kvtier_io_deadlines_missed_total", "kvtier_io_threads_stuck", "kvtier_block_io_seconds_bucket"}
+        assert want <= checked
         if backend == "redis":
             assert {"kvtier_redis_ask_total", "kvtier_redis_slot_map_reads_total"} <= checked
     finally:
