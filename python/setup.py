@@ -5,7 +5,11 @@ its exports carry the KVTIER_<abi> symbol versions; cargo's own cdylib has
 none). It comes from $KVTIER_LIBRARY if set (scripts/build_wheel.sh sets it);
 otherwise CMake builds it from the repository this directory belongs to
 (python/..), which needs cmake, cargo and a C compiler. Any failure stops the
-build: an older library is never packaged in its place. Everything else is in
+build: an older library is never packaged in its place.
+
+The `kvtier` command (cli/) goes in beside it, as kvtier/bin/kvtier, which the
+`kvtier` console script (kvtier._cli) runs: $KVTIER_CLI if set (it must
+exist), else the one CMake staged beside the library. Everything else is in
 pyproject.toml.
 """
 
@@ -29,6 +33,7 @@ except ImportError:  # setuptools < 70.1
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 LIBRARY = "libkvtier.so"
+CLI = "kvtier"
 
 
 def fail(message: str):
@@ -88,6 +93,28 @@ class BuildPyWithLibrary(build_py):
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(library, dest)
         dest.chmod(0o755)
+        cli = bundled_cli(library)
+        if cli is not None:
+            dest = Path(self.build_lib) / "kvtier" / "bin" / CLI
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(cli, dest)
+            dest.chmod(0o755)
+
+
+def bundled_cli(library: Path):
+    """The kvtier command to package: $KVTIER_CLI, else the one CMake staged
+    beside `library` (KVTIER_BUILD_CLI, on by default), else none (the
+    console script then says the command was not built into this install)."""
+    env = os.environ.get("KVTIER_CLI")
+    if env:
+        if not Path(env).is_file():
+            fail(f"KVTIER_CLI={env} does not exist")
+        return Path(env)
+    beside = Path(library).resolve().parent / CLI
+    if beside.is_file():
+        return beside
+    print(f"kvtier: no kvtier command beside {library}; the wheel will have none", flush=True)
+    return None
 
 
 class BinaryDistribution(Distribution):

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds kvtier's Python wheel into OUTDIR and prints its path: the library
-# inside is the one CMake links (KVTIER_1 symbol versions), and the wheel is
-# tagged manylinux_2_34 by auditwheel, so a host installs it with pip alone.
+# inside is the one CMake links (KVTIER_1 symbol versions), beside it the
+# `kvtier` command CMake builds (cli/; the wheel's `kvtier` console script
+# runs it), and the wheel is tagged manylinux_2_34 by auditwheel, so a host
+# installs it with pip alone.
 #
 #   scripts/build_wheel.sh OUTDIR
 #
@@ -17,7 +19,9 @@
 # Environment:
 #   KVTIER_LIBRARY          a libkvtier.so.1 CMake already built, to package
 #                           instead of building one (CTest's python_wheel
-#                           passes the build tree's)
+#                           passes the build tree's); the kvtier command is
+#                           the one CMake staged beside it
+#   KVTIER_CLI              that command, if it is elsewhere
 #   KVTIER_WHEEL_BUILD_DIR  CMake build directory for the library alone
 #                           (default build-wheel; tests off)
 #   KVTIER_WHEEL_TOOLS      the tools venv (default
@@ -47,6 +51,8 @@ else
     library="$(readlink -f "$build_dir/lib/libkvtier.so.1")"
 fi
 [ -f "$library" ] || die "no library at $library"
+cli="${KVTIER_CLI:-$(dirname "$library")/kvtier}"
+[ -x "$cli" ] || die "no kvtier command at $cli (CMake builds it with KVTIER_BUILD_CLI, on by default)"
 # cargo's own libkvtier.so has no version node; the shipped one must.
 symbols="$(readelf --dyn-syms --wide "$library")"
 grep -q ' tier_new@@KVTIER_' <<<"$symbols" ||
@@ -66,6 +72,7 @@ trap 'rm -rf "$scratch"' EXIT
 # The debug information CMake's build keeps for the ABI check (abidw) is
 # most of the file; the wheel ships the same code and dynamic symbols without it.
 strip --strip-debug -o "$scratch/libkvtier.so" "$library"
+strip --strip-debug -o "$scratch/kvtier" "$cli"
 # A copy of the package's sources, so the build writes nothing in the
 # repository and packages no stale file of an earlier build.
 mkdir "$scratch/src"
@@ -73,7 +80,7 @@ cp -L "$repo/python/setup.py" "$repo/python/pyproject.toml" "$repo/python/README
     "$repo/python/LICENSE" "$scratch/src/"
 cp -r "$repo/python/kvtier" "$scratch/src/"
 find "$scratch/src" -name __pycache__ -prune -exec rm -rf {} +
-KVTIER_LIBRARY="$scratch/libkvtier.so" \
+KVTIER_LIBRARY="$scratch/libkvtier.so" KVTIER_CLI="$scratch/kvtier" \
     "$tools/bin/python" -m build --wheel --outdir "$scratch/dist" "$scratch/src" >&2
 PATH="$tools/bin:$PATH" "$tools/bin/auditwheel" repair --plat "$plat" \
     --wheel-dir "$scratch/repaired" "$scratch/dist"/kvtier-*.whl >&2

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # CTest's python_wheel: builds the wheel (scripts/build_wheel.sh), installs it
 # with pip alone into a fresh venv, and with a PATH that has no cargo runs the
-# binding's tests and imports the vLLM and SGLang adapters against the
-# installed package.
+# `kvtier` console script (the bundled command: --help, and inspect --json of
+# a store the installed binding wrote), the binding's tests and imports the
+# vLLM and SGLang adapters against the installed package.
 #
 #   scripts/test_wheel.sh SCRATCH [LIBRARY]
 #
@@ -91,10 +92,38 @@ EOF
 symbols="$(readelf --dyn-syms --wide "$(run "$venv/bin/python" -c 'import kvtier; print(kvtier.library_path)')")"
 grep -q ' tier_new@@KVTIER_1' <<<"$symbols" || { log "the installed library has no KVTIER_1 symbol versions"; exit 1; }
 
+# The console script is the venv's and runs the bundled command, which reads
+# a store the installed binding wrote (one 4 KiB block in namespace "m").
+[ "$(run sh -c 'command -v kvtier')" = "$venv/bin/kvtier" ] || { log "no kvtier console script in $venv/bin"; exit 1; }
+help="$(run kvtier --help)" || { log "kvtier --help failed"; exit 1; }
+grep -q 'inspect' <<<"$help" || { log "kvtier --help does not list inspect: $help"; exit 1; }
+run "$venv/bin/python" - "$scratch/store" <<'EOF'
+import json, subprocess, sys, time
+import kvtier
+
+store = sys.argv[1]
+buf = bytearray(4096 * 2)
+with kvtier.Tier(buf, block_bytes=4096, backend="disk", path=store, capacity_bytes=1 << 20, namespace="m") as tier:
+    tier.submit_store(1, [b"k" * 16], [0])
+    deadline = time.monotonic() + 30
+    done = []
+    while not done:
+        assert time.monotonic() < deadline, "the store job did not finish"
+        tier.wait(1.0)
+        done = tier.poll()
+    assert done[0].ok, done
+out = subprocess.run(["kvtier", "inspect", store, "--json"], check=True, capture_output=True, text=True).stdout
+report = json.loads(out)
+assert report["blocks"] == 1 and report["bytes"] >= 4096, report
+[ns] = report["namespaces"]
+assert ns["blocks"] == 1, ns
+print(f"test_wheel.sh: kvtier inspect --json through the console script: {report['blocks']} block")
+EOF
+
 # The binding's tests; the pip-install test builds from source, which is not this test's business.
 tests="$repo/python/tests"
 run "$venv/bin/python" -m pytest -p no:cacheprovider -q --rootdir "$repo/python" -c "$repo/python/pytest.ini" \
-    "$tests/test_binding.py" "$tests/test_abi.py" "$tests/test_observe.py" \
+    "$tests/test_binding.py" "$tests/test_abi.py" "$tests/test_observe.py" "$tests/test_prom.py" \
     "$tests/test_examples_and_packaging.py" -k "not test_pip_install_into_fresh_venv"
 
 if [ -z "$engines" ]; then

@@ -30,6 +30,7 @@ __all__ = [
     "OffloadingCounterMetadata",
     "OffloadingEvent",
     "OffloadingGaugeMetadata",
+    "OffloadingHistogramMetadata",
     "RequestOffloadingContext",
     "SecondaryTierManager",
     "VllmJobResult",
@@ -82,10 +83,11 @@ RequestOffloadingContext: Any = _optional(_BASE, "RequestOffloadingContext") or 
 CacheHitSource: Any = _optional("vllm.v1.metrics.cache_hit_source", "CacheHitSource")
 OffloadingCounterMetadata: Any = _optional(_BASE, "OffloadingCounterMetadata")
 OffloadingGaugeMetadata: Any = _optional(_BASE, "OffloadingGaugeMetadata")
+OffloadingHistogramMetadata: Any = _optional(_BASE, "OffloadingHistogramMetadata")
 OffloadingConnectorStats: Any = _optional(
     "vllm.distributed.kv_transfer.kv_connector.v1.offloading.metrics", "OffloadingConnectorStats"
 )
-if OffloadingCounterMetadata is None or OffloadingGaugeMetadata is None:
+if OffloadingCounterMetadata is None or OffloadingGaugeMetadata is None or OffloadingHistogramMetadata is None:
     OffloadingConnectorStats = None  # older vLLM: no tier metrics
 EMABackpressureDetector: Any = _optional("vllm.v1.kv_offload.tiering.backpressure", "EMABackpressureDetector")
 

@@ -1,16 +1,23 @@
 """The vLLM adapter's Prometheus series and config info (kvtier.vllm's
-``build_metric_definitions``, ``get_stats``, ``config_info``)."""
+``build_metric_definitions``, ``get_stats``, ``config_info``).
+
+Two sets of series: the adapter's own (``vllm:kv_offload_kvtier_*``, below)
+and every family of the library's text (``Tier.metrics()``) as
+``vllm:`` + its native name (``kvtier_io_threads_stuck`` is
+``vllm:kvtier_io_threads_stuck``), read from that text by ``kvtier._prom``."""
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, Callable
 
-from . import _lib
+from . import _lib, _prom
 from ._mirror import PresenceMirror
 from ._vllm_compat import (
     OffloadingConnectorStats,
     OffloadingCounterMetadata,
     OffloadingGaugeMetadata,
+    OffloadingHistogramMetadata,
 )
 from .records import TierStats
 
@@ -41,6 +48,13 @@ _METRICS: dict[str, tuple[str, str | None, str]] = {
     ),
 }
 _SOURCE_LABEL = "source"
+# The library's families: vLLM's prefix before the native name.
+LIBRARY_PREFIX = "vllm:"
+# Rendering and reading the library's text costs about a millisecond: it is
+# done at most this often (vLLM asks every step), the first report always.
+# Counters and histograms lose nothing (they carry the increase since the
+# previous reading); gauges are this fresh.
+LIBRARY_INTERVAL_S = 1.0
 _SOURCED = frozenset({"lookups", "lookup_hits"})
 
 CONFIG_INFO_KEYS = (
@@ -64,6 +78,18 @@ def definitions() -> dict[str, Any]:
         labels = _LABELS + ((_SOURCE_LABEL,) if name in _SOURCED else ())
         meta = OffloadingGaugeMetadata if kind == "gauge" else OffloadingCounterMetadata
         out[PREFIX + name] = meta(documentation=doc, labelnames=labels)
+    for fam in _prom.exported_families():
+        labels = _LABELS + fam.labels
+        if fam.kind == "histogram":
+            out[LIBRARY_PREFIX + fam.name] = OffloadingHistogramMetadata(
+                documentation=fam.help, labelnames=labels, buckets=fam.buckets
+            )
+        elif fam.kind == "counter":
+            out[LIBRARY_PREFIX + _prom.base_name(fam)] = OffloadingCounterMetadata(
+                documentation=fam.help, labelnames=labels
+            )
+        else:
+            out[LIBRARY_PREFIX + fam.name] = OffloadingGaugeMetadata(documentation=fam.help, labelnames=labels)
     return out
 
 
@@ -74,8 +100,13 @@ class StatsReporter:
     def __init__(self, tier_type: str, backend: str) -> None:
         self._labels = (tier_type, backend)
         self._reported: dict[str, int] = {}
+        self._deltas = _prom.Deltas()
+        self._defined: set[str] | None = None
+        self._read_at: float | None = None
 
-    def report(self, stats: TierStats, mirror: PresenceMirror) -> Any:
+    def report(self, stats: TierStats, mirror: PresenceMirror, metrics: Callable[[], str] | None = None) -> Any:
+        """vLLM stats of the adapter's series and, at most every
+        :data:`LIBRARY_INTERVAL_S`, of ``metrics()`` (the tier's text)."""
         if OffloadingConnectorStats is None:
             return None
         totals = {
@@ -95,7 +126,30 @@ class StatsReporter:
             else:
                 out.increase_counter(PREFIX + name, value - self._reported.get(key, 0), labelvalues)
                 self._reported[key] = value
+        now = time.monotonic()
+        if metrics is not None and (self._read_at is None or now - self._read_at >= LIBRARY_INTERVAL_S):
+            self._read_at = now
+            self._report_library(out, metrics())
         return out
+
+    def _report_library(self, out: Any, text: str) -> None:
+        if self._defined is None:
+            self._defined = {name for name in definitions() if name.startswith(LIBRARY_PREFIX + "kvtier_")}
+        for fam in _prom.parse(text).values():
+            name = LIBRARY_PREFIX + (fam.name if fam.kind != "counter" else _prom.base_name(fam))
+            if name not in self._defined:
+                continue  # not declared to vLLM (it would fail the step): the tests see to it
+            if fam.kind == "histogram":
+                for labelvalues, values in self._deltas.observations(fam).items():
+                    for v in values:
+                        out.observe_histogram(name, v, self._labels + labelvalues)
+                continue
+            for sample, labelvalues, le, value in fam.samples:
+                if fam.kind == "counter":
+                    increase = self._deltas.increase(sample, labelvalues, le, value)
+                    out.increase_counter(name, increase, self._labels + labelvalues)
+                else:
+                    out.set_gauge(name, value, self._labels + labelvalues)
 
 
 def config_info(stats: TierStats, backend: str, shared: bool, mirror: bool, namespace: str) -> dict[str, Any]:

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from . import _lib, identity
+from . import _lib, _sglang_metrics, identity
 from ._adapter import FailureLog, backend_of, check_config, is_shared, parse_bool
 from .errors import KVTierError
 from .tier import Tier
@@ -193,6 +193,7 @@ class KVTierStorage(HiCacheStorage):
         self._config = config
         # SGLang 0.5.6's config has no metrics, pipeline nor context-parallel fields.
         self._metrics = bool(getattr(storage_config, "enable_storage_metrics", False))
+        self._exporter = _sglang_metrics.Exporter(self.backend, tp_rank)
         self._prefetch_pgs: list[int] = []
         self._backup_pgs: list[int] = []
         self._prefetch_bw: list[float] = []
@@ -493,6 +494,9 @@ class KVTierStorage(HiCacheStorage):
     # -- lifetime and metrics ---------------------------------------------------
 
     def get_stats(self) -> Any:
+        """SGLang's StorageMetrics; and the library's series updated in this
+        process's prometheus_client registry (kvtier._sglang_metrics)."""
+        self.export_metrics()
         if StorageMetrics is None:
             return None
         m = StorageMetrics()
@@ -502,6 +506,15 @@ class KVTierStorage(HiCacheStorage):
             del mine[:len(taken)]
             theirs.extend(taken)
         return m
+
+    def export_metrics(self, force: bool = False) -> None:
+        """Updates the ``sglang:kvtier_*`` series from the tier's metrics()
+        (get_stats does, at most every second; ``force``: now)."""
+        try:
+            if self._tier is not None and not self._tier.closed:
+                self._exporter.export(self._tier.metrics, force)
+        except Exception as exc:
+            self._log.failed("export_metrics", exc)
 
     @property
     def tier(self) -> Tier | None:

@@ -252,16 +252,19 @@ class KVTierSecondaryTier(SecondaryTierManager):
 
     def get_stats(self) -> Any:
         """The library's counters and gauges (and the adapter's lookup
-        counters) as vLLM stats: gauges are snapshots, counters the increase
-        since the previous call. None once the tier is closed."""
+        counters), and every family of the library's Prometheus text, as vLLM
+        stats: gauges are snapshots, counters the increase since the previous
+        call, histograms the observations since then (the library's text at
+        most every second: _vllm_metrics.LIBRARY_INTERVAL_S). None once the
+        tier is closed."""
         if _vllm_metrics.OffloadingConnectorStats is None or self._tier.closed:
             return None
         try:
             stats = self._tier.stats()
+            return self._reporter.report(stats, self._mirror, self._tier.metrics)
         except Exception as exc:
             self._log.failed("get_stats", exc)
             return None
-        return self._reporter.report(stats, self._mirror)
 
     @classmethod
     def config_info_keys(cls, tier_config: dict[str, Any]) -> tuple[str, ...]:

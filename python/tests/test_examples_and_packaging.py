@@ -1,6 +1,7 @@
 """The examples run, the library is found where the setup says, setup.py
-refuses to package what it must not, and (opt-in, KVTIER_TEST_PACKAGING=1)
-`pip install ./python` into a fresh venv works."""
+refuses to package what it must not, the `kvtier` console script's shim
+says when the command is missing, and (opt-in, KVTIER_TEST_PACKAGING=1)
+`pip install ./python` into a fresh venv works, console script included."""
 
 from __future__ import annotations
 
@@ -89,6 +90,25 @@ def test_setup_without_cmake_fails_and_names_what_is_missing(tmp_path):
     assert not (tmp_path / "build").exists()
 
 
+def test_setup_takes_the_kvtier_command_beside_the_library_or_refuses_a_missing_one(tmp_path):
+    lib = tmp_path / "libkvtier.so.1"
+    lib.write_bytes(b"\x7fELF")
+    env = {k: v for k, v in os.environ.items() if k != "KVTIER_CLI"}
+    (tmp_path / "kvtier").write_bytes(b"\x7fELF")
+    proc = setup_py_call("bundled_cli", lib, env)
+    assert proc.returncode == 0, proc.stderr
+    # A named command that is not there fails the build: nothing else is packaged in its place.
+    proc = setup_py_call("bundled_cli", lib, dict(env, KVTIER_CLI=str(tmp_path / "absent")))
+    assert proc.returncode != 0 and "does not exist" in proc.stderr, proc.stderr
+
+
+def test_console_script_without_the_command_says_so():
+    code = "import kvtier._cli as c, pathlib; c.BINARY = pathlib.Path('/nonexistent/kvtier'); c.main()"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=child_env())
+    assert proc.returncode == 127
+    assert "this install has no kvtier command" in proc.stderr, proc.stderr
+
+
 @pytest.mark.skipif(
     os.environ.get("KVTIER_TEST_PACKAGING") != "1",
     reason="packaging test is opt-in: KVTIER_TEST_PACKAGING=1 (creates a venv, needs PyPI)",
@@ -114,3 +134,6 @@ def test_pip_install_into_fresh_venv(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "ok"
+    # The kvtier command CMake built beside the library, through the console script.
+    proc = subprocess.run([str(venv / "bin" / "kvtier"), "--help"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and "inspect" in proc.stdout, proc.stderr
