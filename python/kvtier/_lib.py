@@ -227,6 +227,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_config_new": (c_void_p, []),
         "tier_config_set": (c_int32, [P, c_char_p, c_char_p]),
         "tier_config_free": (None, [P]),
+        "tier_config_keys": (POINTER(c_char_p), [POINTER(c_size_t)]),
+        "tier_config_get": (c_int32, [P, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)]),
         "tier_new": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_void_p)]),
         "tier_free": (None, [P]),
         "tier_lookup": (c_int32, [P, P, c_size_t, c_size_t, P]),
