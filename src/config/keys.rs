@@ -347,7 +347,10 @@ config_keys! {
             Ok(())
         },
         // The URLs may hold passwords: only their count is shown.
-        get: |c| format!("{} seeds", c.redis.urls.len()),
+        get: |c| match c.redis.urls.len() {
+            1 => "1 seed".to_string(),
+            n => format!("{n} seeds"),
+        },
     }
     cluster {
         backends: REDIS,

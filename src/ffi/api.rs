@@ -90,8 +90,8 @@ pub unsafe extern "C" fn tier_last_error(buf: *mut c_char, cap: usize) -> usize 
     })
 }
 
-/// Creates a configuration with the defaults: backend "memory", capacity_bytes
-/// 1 GiB, io_threads chosen from the core count.
+/// Creates a configuration with every key at its default (listed at
+/// tier_config_set and in docs/configuration.md).
 ///
 /// Returns a new builder, or NULL if allocation failed. The caller owns it and
 /// frees it with tier_config_free; tier_new does not take it over.

@@ -170,7 +170,7 @@ fn config_get_reads_back_the_librarys_spelling_and_hides_secrets() {
     assert_eq!(set(c"seal_key", secret), TIER_OK);
     assert_eq!(config_get(cfg, c"seal_key", 64).2, "set");
     assert_eq!(set(c"url", c"redis://user:hunter2@127.0.0.1:6379"), TIER_OK);
-    assert_eq!(config_get(cfg, c"url", 64).2, "1 seeds");
+    assert_eq!(config_get(cfg, c"url", 64).2, "1 seed");
     // Truncated, NUL-terminated, full length reported; length only with no buffer.
     assert_eq!(config_get(cfg, c"backend", 3), (TIER_OK, 5, "re".into()));
     assert_eq!(config_get(cfg, c"backend", 0), (TIER_OK, 5, String::new()));
