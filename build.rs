@@ -10,6 +10,7 @@ fn main() {
     println!("cargo:rerun-if-changed=src/ffi");
     println!("cargo:rerun-if-changed=src/stats.rs");
     println!("cargo:rerun-if-changed=src/status.rs");
+    println!("cargo:rerun-if-changed=src/codes.rs");
 
     let version = std::env::var("CARGO_PKG_VERSION").expect("version");
     let part = |name: &str| std::env::var(name).expect("version part");
@@ -42,6 +43,9 @@ fn main() {
         // The status codes are the core's own (error kinds take their numbers
         // from them), exported as they are.
         .with_src(root.join("src/status.rs"))
+        // So are the other code families (job failure reasons, lookup
+        // states, job kinds, events), which the core's enums name.
+        .with_src(root.join("src/codes.rs"))
         .with_src(root.join("src/ffi/mod.rs"))
         // The stats struct is the core's own, exported as is.
         .with_src(root.join("src/stats.rs"))

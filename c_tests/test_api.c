@@ -732,12 +732,52 @@ static void test_poll_is_oldest_first_and_wait_times_out(void) {
     with_kept_blocks(poll_is_oldest_first_and_wait_times_out);
 }
 
+/* tier_config_keys lists every key tier_config_set accepts, ended by NULL;
+ * tier_config_get reads a value back in the library's spelling, truncates
+ * like tier_last_error, and refuses unknown keys and NULLs. */
+static void test_config_keys_and_values_read_back(void) {
+    size_t n = 0;
+    const char *const *keys = tier_config_keys(&n);
+    CHECK(keys != NULL && n >= 20 && keys[n] == NULL);
+    CHECK(tier_config_keys(NULL) == keys);
+    tier_config_t *cfg = tier_config_new();
+    CHECK(cfg != NULL);
+    for (size_t i = 0; i < n; i++) {
+        size_t len = 12345;
+        CHECK(keys[i] != NULL && keys[i][0] != '\0');
+        CHECK_OK(tier_config_get(cfg, keys[i], NULL, 0, &len));
+        CHECK(len != 12345);
+    }
+    CHECK(strcmp(keys[0], "backend") == 0);
+    CHECK_OK(tier_config_set(cfg, "backend", " Valkey "));
+    CHECK_OK(tier_config_set(cfg, "sharing", " shared"));
+    char buf[16];
+    size_t len = 0;
+    CHECK_OK(tier_config_get(cfg, "backend", buf, sizeof buf, &len));
+    CHECK(len == 5 && strcmp(buf, "redis") == 0);
+    CHECK_OK(tier_config_get(cfg, "sharing", buf, sizeof buf, &len));
+    CHECK(len == 6 && strcmp(buf, "shared") == 0);
+    memset(buf, 'X', sizeof buf);
+    CHECK_OK(tier_config_get(cfg, "backend", buf, 3, &len));
+    CHECK(len == 5 && strcmp(buf, "re") == 0 && buf[3] == 'X');
+    len = 777;
+    CHECK_ERROR(tier_config_get(cfg, "no_such_key", buf, sizeof buf, &len), TIER_ERR_CONFIG,
+                "tier_config_get", "no_such_key");
+    CHECK(len == 777);
+    CHECK_ERROR(tier_config_get(cfg, "backend", buf, sizeof buf, NULL), TIER_ERR_NULL_ARG,
+                "tier_config_get", "out_len");
+    CHECK_ERROR(tier_config_get(NULL, "backend", buf, sizeof buf, &len), TIER_ERR_NULL_ARG,
+                "tier_config_get", "cfg");
+    tier_config_free(cfg);
+}
+
 int main(int argc, char **argv) {
     static const struct tu_subtest subtests[] = {
         TU_SUBTEST(version_matches_header),
         TU_SUBTEST(status_codes_and_names_are_abi),
         TU_SUBTEST(last_error_is_per_thread_and_truncates),
         TU_SUBTEST(config_accepts_and_rejects_values),
+        TU_SUBTEST(config_keys_and_values_read_back),
         TU_SUBTEST(rejected_config_value_changes_nothing),
         TU_SUBTEST(tier_new_checks_arguments_and_capacity),
         TU_SUBTEST(stats_count_every_operation),

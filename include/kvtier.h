@@ -28,36 +28,6 @@
 
 
 /**
- * The ABI this header describes (tier_abi_info() gives the library's). It
- * is the soname's number, libkvtier.so.TIER_ABI_VERSION, and changes only
- * when an existing function or struct changes incompatibly.
- */
-#define TIER_ABI_VERSION 1
-
-/**
- * sizeof(tier_stats_t) in ABI 1, the least `out_size` tier_stats accepts.
- */
-#define TIER_STATS_SIZE_V1 192
-
-/**
- * sizeof(tier_job_result_t) in ABI 1, the least `result_size`
- * tier_poll_finished accepts.
- */
-#define TIER_JOB_RESULT_SIZE_V1 56
-
-/**
- * sizeof(tier_event_t) in ABI 1, the least `event_size` tier_poll_events
- * accepts.
- */
-#define TIER_EVENT_SIZE_V1 160
-
-/**
- * sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
- * accepts.
- */
-#define TIER_ABI_INFO_SIZE_V1 20
-
-/**
  * Job result reason: the job succeeded.
  */
 #define TIER_FAIL_NONE 0
@@ -138,11 +108,6 @@
 #define TIER_JOB_LOAD 2
 
 /**
- * Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
- */
-#define TIER_MAX_KEY_LEN 128
-
-/**
  * Event kind: the key's block became readable in the tier (a lookup answers
  * TIER_HIT). `reason` is a TIER_STORED_* code.
  */
@@ -206,6 +171,41 @@
  * still hold it.
  */
 #define TIER_REMOVED_UNREADABLE 5
+
+/**
+ * The ABI this header describes (tier_abi_info() gives the library's). It
+ * is the soname's number, libkvtier.so.TIER_ABI_VERSION, and changes only
+ * when an existing function or struct changes incompatibly.
+ */
+#define TIER_ABI_VERSION 1
+
+/**
+ * sizeof(tier_stats_t) in ABI 1, the least `out_size` tier_stats accepts.
+ */
+#define TIER_STATS_SIZE_V1 192
+
+/**
+ * sizeof(tier_job_result_t) in ABI 1, the least `result_size`
+ * tier_poll_finished accepts.
+ */
+#define TIER_JOB_RESULT_SIZE_V1 56
+
+/**
+ * sizeof(tier_event_t) in ABI 1, the least `event_size` tier_poll_events
+ * accepts.
+ */
+#define TIER_EVENT_SIZE_V1 160
+
+/**
+ * sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
+ * accepts.
+ */
+#define TIER_ABI_INFO_SIZE_V1 20
+
+/**
+ * Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
+ */
+#define TIER_MAX_KEY_LEN 128
 
 /**
  * An opaque configuration builder, created by `tier_config_new` and destroyed
@@ -584,8 +584,8 @@ size_t tier_last_error(char *buf,
                        size_t cap);
 
 /**
- * Creates a configuration with the defaults: backend "memory", capacity_bytes
- * 1 GiB, io_threads chosen from the core count.
+ * Creates a configuration with every key at its default (listed at
+ * tier_config_set and in docs/configuration.md).
  *
  * Returns a new builder, or NULL if allocation failed. The caller owns it and
  * frees it with tier_config_free; tier_new does not take it over.
@@ -594,75 +594,90 @@ size_t tier_last_error(char *buf,
 struct tier_config_t *tier_config_new(void);
 
 /**
- * Sets one configuration option from strings. Every key, with its default,
- * is in docs/configuration.md (tests/config_docs.rs checks this list too).
+ * Sets one configuration option from strings. Every key is in
+ * docs/configuration.md; tier_config_keys lists their names and
+ * tier_config_get reads a value back.
  *
- * Keys: "backend" ("memory", the default; "disk"; "redis", also "valkey");
- * "capacity_bytes" (bytes, or a number with KiB, MiB, GiB or TiB; default
- * 1GiB); "io_threads" (1..=256; default min(cores, 4) for memory, 32 for
- * disk, 8 for redis); "idle_spin_us" (0..=1000000, default 50: how long idle
- * workers poll for work before sleeping).
- * Memory backend: "prefault" ("off": no resident memory until stores write
- * it; "background", the default: a low-priority thread keeps a window of
- * arena ahead of the stored slots resident, an eighth of the capacity within
- * 64 MiB..1 GiB; "full": the whole capacity, from tier_new on). Other
- * backends accept only "off"; anything else fails tier_new with
- * TIER_ERR_CONFIG. "persist_path" (a directory on tmpfs or hugetlbfs,
- * created owner-only if missing: the arena and its index live there in a
- * file per namespace, mapped shared, so that the next tier_new over the
- * same directory and namespace, after a crash or a restart, finds every
- * block that was completely stored; one process at a time; not with
- * "shared"; default none: the arena dies with the process; a file of
- * another namespace or format is refused with TIER_ERR_CONFIG, one of
- * another geometry is made anew: docs/memory.md).
- * Disk and Redis: "namespace" (what the blocks mean: model and revision,
- * dtype, tokens per block, parallel layout, rank; blocks of other
- * namespaces or block sizes are never loaded; required on shared storage,
- * disk "shared"="true" or redis "sharing"="shared", where tier_new fails
- * with TIER_ERR_CONFIG without one: docs/sharing.md);
- * "probe_ttl_ms" (shared storage: how long a "not stored" answer is reused,
- * and how long, at least 250 ms, the namespace's clear generation is
- * trusted before it is read again; tier_clear returns after twice that;
- * 0..=3600000, default 1000).
- * Disk backend: "path" (directory, created owner-only if missing, parent must
- * exist; required); "o_direct" ("auto", the default, "on", "off");
- * "block_header" ("auto", the default: each block file's header in its
- * extended attribute where a local file system keeps them, so a file is
- * its payload alone, else in the file; "xattr": the attribute, or tier_new
- * fails; "file": in the file; any form is read whatever this says); "sync"
- * ("none", the default, or "data": fsync before a block is published);
- * "shared" ("false", or "true": several processes or hosts use the directory;
- * see tier_lookup); "prepare_dirs" ("false", or "true": create all 256
- * fan-out directories at open rather than on first use, so early stores do
- * not pay for a mkdir).
- * Redis backend: "url" ("redis://[user[:password]@]host[:port][/db]", or
- * rediss:// for TLS; several seeds of a cluster comma-separated; required);
- * "cluster" ("auto", the default: ask the server; "on"; "off"); "sharing"
- * ("owned", the default: this tier's keys, deleted when evicted; "shared":
- * one keyspace for a fleet, never deleted by this tier); "key_prefix" (the
- * first part of every key name, 1 to 64 bytes without braces, default
- * "kvtier"); "ttl_s" (expiry of stored blocks in seconds, default 0: none);
- * "connections" (1..=1024 per server node, default one per I/O thread).
- * Deadline (disk, redis): "io_timeout_ms" ("auto", the default, or
- * 0..=600000, 0: none): a block's storage call past it fails its job with
- * TIER_ERR_IO on time. Disk "auto" reads the directory's file system type:
- * network, cluster and FUSE file systems (NFS, SMB, Lustre, GPFS, BeeGFS,
- * CephFS, FUSE, 9p, AFS, ...) and unknown ones get 10000, local ones
- * (ext4, xfs, btrfs, f2fs, ..., tmpfs) none, so loads go straight into the
- * row; tier_describe says which and why. Redis "auto" is 3000; it must not
- * be 0.
- * Events: "events" ("false", or "true": record block events for
- * tier_poll_events); "events_capacity" (1..=4194304, default 65536: events
- * held until polled, 160 bytes each, allocated at tier_new; beyond it the
- * oldest are dropped and reported as TIER_EVENT_LOST).
- * Sealing (disk, redis): "seal_key" (64 hex digits: a tenant's 256-bit key;
- * blocks are encrypted and authenticated with AES-256-GCM and named by
- * HMAC-SHA-256 of their key, so only holders of the key can read, find or
- * forge them) or "seal_key_file" (a file holding the 64 hex digits, refused
- * if group or others may access it); not both; the memory backend refuses
- * them at tier_new. The key never appears in a message, tier_describe,
- * metrics or events, and is wiped when the tier and the builder are freed
- * (the caller's own copy of `value` is the caller's to wipe).
+ * Keys, as "key" [backends]: values; default; meaning (generated from
+ * src/config/keys.rs, with docs/configuration.md: KVTIER_BLESS_DOCS=1 cargo
+ * test --test config_docs):
+ * - "backend" [all]: `memory`, `disk`, `redis` (also `valkey`); default
+ *   `memory`; where blocks live.
+ * - "capacity_bytes" [all]: bytes, or a number with `KiB`/`MiB`/`GiB`/`TiB`;
+ *   default `1GiB`; block data the tier may hold, rounded down to whole
+ *   blocks.
+ * - "io_threads" [all]: 1..=256; default min(cores, 4) for memory, 32 for
+ *   disk, 8 for redis; worker threads that copy blocks (for disk and redis,
+ *   the queue depth).
+ * - "idle_spin_us" [all]: 0..=1000000; default 50; how long one idle worker
+ *   polls for work before it sleeps, in microseconds.
+ * - "prefault" [all]: memory: `off`, `background`, `full`; other backends:
+ *   `off` only (`tier_new` refuses the others); default `background` (memory),
+ *   `off` for disk and redis; when the memory arena becomes resident: `off`
+ *   when stores write it, `background` a low-priority thread keeps capacity/8
+ *   (within 64 MiB..1 GiB) resident ahead of the stored slots, `full` all of
+ *   it from `tier_new` on.
+ * - "persist_path" [memory]: a directory on tmpfs or hugetlbfs (created
+ *   owner-only; its parent must exist); default none; where the arena and its
+ *   index live, a file per namespace mapped shared, so that the next tier over
+ *   it after a crash or restart finds every block completely stored; one
+ *   process at a time, not with `shared`; a file of another namespace or
+ *   format is refused, one of another geometry made anew.
+ * - "path" [disk]: a directory (created owner-only; its parent must exist);
+ *   default required; the tier's root directory.
+ * - "namespace" [disk, redis]: text, up to 4096 bytes; default empty; what the
+ *   blocks mean (model and revision, dtype, tokens per block, parallel layout,
+ *   rank); blocks of another namespace or block size are never served;
+ *   required on shared storage (`shared=true`, `sharing=shared`), where
+ *   `tier_new` fails without one.
+ * - "o_direct" [disk]: `auto`, `on`, `off`; default `auto`; bypass the page
+ *   cache: `auto` probes the directory and falls back to buffered I/O.
+ * - "block_header" [disk]: `auto`, `xattr`, `file`; default `auto`; where each
+ *   block file's header lives: `auto` in its `user.kvtier` extended attribute
+ *   where a local file system keeps them (a 64 KiB block is a 64 KiB file),
+ *   else in the file's first 4 KiB; `xattr` the attribute or `tier_new` fails;
+ *   `file` in the file; either form is read whatever this says.
+ * - "sync" [disk]: `none`, `data`; default `none`; `data`: fsync the file and
+ *   its directory before a block is published, so it survives a power loss.
+ * - "shared" [disk]: `true`, `false` (also `1`/`0`, `on`/`off`, `yes`/`no`);
+ *   default `false`; several processes or hosts use the directory at once.
+ * - "probe_ttl_ms" [disk, redis]: 0..=3600000; default 1000; shared storage:
+ *   how long a "not stored" answer is reused, and how long (at least 250 ms)
+ *   the namespace's clear generation is trusted before it is read again (a
+ *   lookup past half of it has it read again; past all of it HITs answer
+ *   PENDING until that read returns); `tier_clear` returns after twice this.
+ * - "prepare_dirs" [disk]: `true`, `false`; default `false`; create all 256
+ *   fan-out directories at open, so early stores do not pay for a mkdir.
+ * - "url" [redis]: `redis://[user[:password]@]host[:port][/db]` or `rediss://`
+ *   (TLS); a cluster's seeds comma-separated; default required; the servers.
+ * - "cluster" [redis]: `auto`, `on`, `off`; default `auto`; a Redis Cluster
+ *   (keys routed by slot) or one server; `auto` asks the server.
+ * - "sharing" [redis]: `owned`, `shared`; default `owned`; `owned`: this
+ *   tier's keys, deleted when evicted; `shared`: one keyspace for a fleet,
+ *   never deleted by this tier.
+ * - "key_prefix" [redis]: 1 to 64 bytes without braces; default `kvtier`; the
+ *   first part of every key name.
+ * - "ttl_s" [redis]: seconds (0: none); default 0; expiry of stored blocks.
+ * - "io_timeout_ms" [disk, redis]: `auto`, or 0..=600000 (0: none, disk only);
+ *   default `auto` for disk, 3000 for redis; the deadline of one block's
+ *   storage call; past it the job fails with TIER_ERR_IO on time; disk `auto`:
+ *   10000 on network, cluster, FUSE and unknown file systems, none on local
+ *   ones (`tier_describe` says which).
+ * - "connections" [redis]: 1..=1024; default one per I/O thread; connections
+ *   per server node.
+ * - "events" [all]: `true`, `false`; default `false`; record block events for
+ *   `tier_poll_events`.
+ * - "events_capacity" [all]: 1..=4194304; default 65536; events held until
+ *   polled (160 bytes each, allocated at `tier_new`); beyond it the oldest are
+ *   dropped and reported as TIER_EVENT_LOST.
+ * - "seal_key" [disk, redis]: 64 hex digits; default none; the tenant's
+ *   256-bit seal key: blocks are encrypted and authenticated (AES-256-GCM) and
+ *   named by HMAC-SHA-256 of their key, so only holders of it can read, find
+ *   or forge them; never shown, wiped when freed; not with `seal_key_file`.
+ * - "seal_key_file" [disk, redis]: a file holding the 64 hex digits,
+ *   accessible to its owner only; default none; the seal key, read from a
+ *   file; not with `seal_key`.
+ *
  * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key, a bad value or non-UTF-8
  * text (the configuration is then unchanged); TIER_ERR_NULL_ARG.
  * Ownership: `key` and `value` are copied; the caller keeps them.
@@ -753,6 +768,42 @@ tier_status_t tier_new(const struct tier_config_t *cfg,
  * queued jobs) until the child exits. The parent's tier is unaffected.
  */
 void tier_free(struct tier_t *tier);
+
+/**
+ * The name of every key tier_config_set accepts, in docs/configuration.md's
+ * order, e.g. for a binding's or a CLI's help.
+ *
+ * Returns a static array of static NUL-terminated strings ended by a NULL
+ * entry; never NULL, never freed. Writes the number of names (the NULL not
+ * counted) to `*out_n` unless `out_n` is NULL.
+ * Threads: any thread; needs no tier. Added in KVTIER_1.1.
+ */
+const char *const *tier_config_keys(size_t *out_n);
+
+/**
+ * Reads one configuration option back as text, in the library's own
+ * spelling of what tier_config_set read: "backend" set to " Valkey" reads
+ * "redis", "shared" set to "1" reads "true", "sharing" set to " shared"
+ * reads "shared"; "auto" or "none" where the library chooses or nothing is
+ * set. Secrets are never shown: "seal_key" reads "set" or "none", "url" the
+ * number of seeds.
+ *
+ * Writes the value's full length in bytes (excluding the NUL) to
+ * `*out_len`, and at most `cap - 1` bytes of it plus a NUL to `buf`, so
+ * `*out_len >= cap` means the copy was truncated.
+ * Returns TIER_OK; TIER_ERR_CONFIG for an unknown key or non-UTF-8 text;
+ * TIER_ERR_NULL_ARG. Nothing is written on failure.
+ * Ownership: `key` and `buf` are borrowed for the call.
+ * NULL: `cfg`, `key` and `out_len` are required; `buf` may be NULL (or
+ * `cap` 0) to query the length only.
+ * Threads: not concurrently with tier_config_set on the same builder.
+ * Added in KVTIER_1.1.
+ */
+tier_status_t tier_config_get(const struct tier_config_t *cfg,
+                              const char *key,
+                              char *buf,
+                              size_t cap,
+                              size_t *out_len);
 
 /**
  * Looks up `n` keys of `key_len` bytes, packed back to back in `keys`, and

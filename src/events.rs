@@ -9,40 +9,53 @@
 //! events are counted, and the consumer is told where they were by a LOST
 //! event in their place, so it knows its mirror is stale and must start over.
 
+use crate::codes::c_codes;
 use crate::error::{alloc_error, Result};
 use crate::key::MAX_KEY_LEN;
 use std::collections::VecDeque;
 
-/// How a block became readable in this tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum StoredReason {
-    /// A store job of this tier wrote it.
-    Written = 1,
-    /// Storage held it when the tier was opened (disk restart, Redis
-    /// `sharing=owned` adopting its keys).
-    Recovered = 2,
-    /// Shared storage: a lookup's probe found a block another writer stored.
-    Found = 3,
+c_codes! {
+    /// How a block became readable in this tier.
+    pub enum StoredReason: u32 {
+        /// A store job of this tier wrote it.
+        Written = TIER_STORED_WRITTEN,
+        /// Storage held it when the tier was opened (disk restart, Redis
+        /// `sharing=owned` adopting its keys).
+        Recovered = TIER_STORED_RECOVERED,
+        /// Shared storage: a lookup's probe found a block another writer stored.
+        Found = TIER_STORED_FOUND,
+    }
 }
 
-/// Why a readable block stopped being readable in this tier.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum RemovedReason {
-    /// Least recently used, evicted to make room.
-    Evicted = 1,
-    /// `tier_clear`.
-    Cleared = 2,
-    /// A load found the stored block corrupt (and storage dropped it).
-    Corrupt = 3,
-    /// A load found storage no longer holds it (a file deleted by another
-    /// process, a Redis key expired or evicted by the server).
-    Vanished = 4,
-    /// Its loads failed transiently too many times in a row
-    /// ([`MAX_TRANSIENT_LOAD_FAILURES`](crate::MAX_TRANSIENT_LOAD_FAILURES));
-    /// storage may still hold it.
-    Unreadable = 5,
+c_codes! {
+    /// Why a readable block stopped being readable in this tier.
+    pub enum RemovedReason: u32 {
+        /// Least recently used, evicted to make room.
+        Evicted = TIER_REMOVED_EVICTED,
+        /// `tier_clear`.
+        Cleared = TIER_REMOVED_CLEARED,
+        /// A load found the stored block corrupt (and storage dropped it).
+        Corrupt = TIER_REMOVED_CORRUPT,
+        /// A load found storage no longer holds it (a file deleted by another
+        /// process, a Redis key expired or evicted by the server).
+        Vanished = TIER_REMOVED_VANISHED,
+        /// Its loads failed transiently too many times in a row
+        /// ([`MAX_TRANSIENT_LOAD_FAILURES`](crate::MAX_TRANSIENT_LOAD_FAILURES));
+        /// storage may still hold it.
+        Unreadable = TIER_REMOVED_UNREADABLE,
+    }
+}
+
+c_codes! {
+    /// The kind of an [`Event`] as the C ABI numbers it (`tier_event_t.kind`).
+    pub enum EventCode: u32 {
+        /// [`EventKind::Stored`].
+        Stored = TIER_EVENT_STORED,
+        /// [`EventKind::Removed`].
+        Removed = TIER_EVENT_REMOVED,
+        /// [`EventKind::Lost`].
+        Lost = TIER_EVENT_LOST,
+    }
 }
 
 /// What an [`Event`] reports.
@@ -58,6 +71,17 @@ pub enum EventKind {
         /// How many events were dropped at this place.
         dropped: u64,
     },
+}
+
+impl EventKind {
+    /// The kind's C code and its reason's (0 for a LOST event).
+    pub fn codes(self) -> (EventCode, u32) {
+        match self {
+            EventKind::Stored(r) => (EventCode::Stored, r.code()),
+            EventKind::Removed(r) => (EventCode::Removed, r.code()),
+            EventKind::Lost { .. } => (EventCode::Lost, 0),
+        }
+    }
 }
 
 /// One event, as [`Tier::poll_events`](crate::Tier::poll_events) hands it

@@ -2,12 +2,14 @@
 //! results, the engine's jobs, the workers' lanes, the metrics' labels), so
 //! it lives below them all.
 
-/// Which direction a job moves data.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum JobKind {
-    /// Primary rows into the tier.
-    Store = 1,
-    /// Tier blocks into primary rows.
-    Load = 2,
+use crate::codes::c_codes;
+
+c_codes! {
+    /// Which direction a job moves data.
+    pub enum JobKind: u32 {
+        /// Primary rows into the tier.
+        Store = TIER_JOB_STORE,
+        /// Tier blocks into primary rows.
+        Load = TIER_JOB_LOAD,
+    }
 }

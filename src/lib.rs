@@ -35,6 +35,7 @@ mod aligned;
 mod backend;
 mod checksum;
 mod checksum_copy;
+mod codes;
 mod config;
 mod engine;
 mod error;
@@ -55,9 +56,9 @@ mod thread;
 mod workers;
 
 pub use config::{
-    parse_size, BackendKind, ClusterMode, Prefault, RedisConfig, Sharing, TierConfig, CONFIG_KEYS,
-    DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS, DEFAULT_REDIS_IO_TIMEOUT_MS,
-    MAX_IO_THREADS, MAX_IO_TIMEOUT_MS,
+    parse_size, BackendKind, ClusterMode, ConfigKey, Prefault, RedisConfig, Sharing, TierConfig,
+    CONFIG_KEYS, CONFIG_TABLE, DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS,
+    DEFAULT_REDIS_IO_TIMEOUT_MS, MAX_IO_THREADS, MAX_IO_TIMEOUT_MS,
 };
 pub use engine::jobs::{FailReason, JobKind, JobResult};
 #[cfg(feature = "test-hooks")]
@@ -65,7 +66,8 @@ pub use engine::{DiskIoSeam, HangPoint};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{
-    Event, EventKind, RemovedReason, StoredReason, DEFAULT_EVENTS_CAPACITY, MAX_EVENTS_CAPACITY,
+    Event, EventCode, EventKind, RemovedReason, StoredReason, DEFAULT_EVENTS_CAPACITY,
+    MAX_EVENTS_CAPACITY,
 };
 pub use index::LookupState;
 pub use key::MAX_KEY_LEN;

@@ -1,13 +1,14 @@
 //! The configuration keys as the documentation states them, against the
-//! library: `docs/configuration.md` lists exactly `kvtier::CONFIG_KEYS`, the
-//! header's `tier_config_set` names exactly those keys, `docs/vllm.md`'s
-//! table of the vLLM entry has every key the adapter passes through, and
-//! `docs/sglang.md` every key the SGLang adapter does. Every default those
-//! tables (and the README's) state is set through `TierConfig::set` and must
-//! leave the configuration as the library's default, and the backends the
-//! `backend` rows name are the library's.
+//! library's one table of keys (`kvtier::CONFIG_TABLE`, src/config/keys.rs):
+//! every default the table states is set through `TierConfig::set` and must
+//! leave the configuration as the library's default; docs/configuration.md's
+//! table and the key list of `tier_config_set`'s doc (and so the header's)
+//! are the table's rendering (`KVTIER_BLESS_DOCS=1 cargo test --test
+//! config_docs` rewrites both); the other pages link to configuration.md
+//! instead of copying a key's row, and the vLLM and SGLang pages' tables
+//! hold only the adapters' own keys.
 
-use kvtier::{BackendKind, TierConfig, CONFIG_KEYS};
+use kvtier::{BackendKind, ConfigKey, TierConfig, CONFIG_KEYS, CONFIG_TABLE};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn read(path: &str) -> String {
@@ -24,10 +25,6 @@ fn backends() -> Vec<&'static str> {
             BackendKind::Memory | BackendKind::Disk | BackendKind::Redis => b.name(),
         })
         .collect()
-}
-
-fn accepted() -> BTreeSet<String> {
-    CONFIG_KEYS.iter().map(|k| k.to_string()).collect()
 }
 
 /// One markdown table: its header's cells, and each row's cells by header.
@@ -188,98 +185,220 @@ fn check_default(key: &str, cell: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// Every default stated in `column` of the page's key tables, checked; the
-/// keys in `skip` (another program's own) are left alone.
-fn check_defaults(page: &str, column: &str, skip: &[&str]) {
-    let wrong: Vec<String> = rows_by_key(&read(page), column)
-        .into_iter()
-        .filter(|(key, _)| !skip.contains(&key.as_str()))
-        .filter_map(|(key, row)| {
-            let cell = &row[column];
-            check_default(&key, cell)
+#[test]
+fn every_default_the_table_states_is_the_librarys() {
+    let wrong: Vec<String> = CONFIG_TABLE
+        .iter()
+        .filter_map(|key| {
+            check_default(key.name, key.default)
                 .err()
-                .map(|why| format!("`{key}` default {cell:?}: {why}"))
+                .map(|why| format!("`{}` default {:?}: {why}", key.name, key.default))
         })
         .collect();
     assert!(
         wrong.is_empty(),
-        "{page} states wrong defaults:\n{}",
+        "src/config/keys.rs states wrong defaults:\n{}",
         wrong.join("\n")
     );
 }
 
-/// The `backend` row names every backend as a backquoted value, and each
-/// value it names is accepted.
-fn check_backend_row(page: &str, column: &str) {
-    let rows = rows_by_key(&read(page), column);
-    let row = rows
-        .get("backend")
-        .unwrap_or_else(|| panic!("{page}: no `backend` row"));
-    let text: String = row
-        .iter()
-        .filter(|(header, _)| *header != "key")
-        .map(|(_, cell)| cell.as_str())
-        .collect::<Vec<_>>()
-        .join(" | ");
+#[test]
+fn the_table_names_every_backend_it_reads_and_accepts() {
+    let backend = ConfigKey::find("backend").expect("the backend key");
     for name in backends() {
         assert!(
-            text.contains(&format!("`{name}`")),
-            "{page}: the `backend` row lacks `{name}`"
+            backend.values.contains(&format!("`{name}`")),
+            "the `backend` key's values lack `{name}`"
         );
     }
-    for value in text.split('`').skip(1).step_by(2) {
-        let value = value.trim_matches('"');
-        if value.bytes().all(|b| b.is_ascii_lowercase()) {
-            TierConfig::default()
-                .set("backend", value)
-                .unwrap_or_else(|e| panic!("{page}: the `backend` row names {value:?}: {e}"));
-        }
+    for value in backend.values.split('`').skip(1).step_by(2) {
+        TierConfig::default()
+            .set("backend", value)
+            .unwrap_or_else(|e| panic!("the `backend` key names {value:?}: {e}"));
+    }
+    let names: Vec<&str> = CONFIG_TABLE.iter().map(|k| k.name).collect();
+    assert_eq!(names, CONFIG_KEYS, "CONFIG_KEYS is the table's names");
+    for key in CONFIG_TABLE {
+        assert!(!key.backends.is_empty(), "`{}` names no backend", key.name);
+        assert!(
+            !key.doc.is_empty() && !key.values.is_empty(),
+            "`{}`",
+            key.name
+        );
     }
 }
 
-#[test]
-fn the_configuration_page_lists_exactly_the_keys_the_library_accepts() {
-    let documented: BTreeSet<String> = rows_by_key(&read("docs/configuration.md"), "default")
-        .into_keys()
-        .collect();
-    let accepted = accepted();
-    let undocumented: Vec<_> = accepted.difference(&documented).collect();
-    let unknown: Vec<_> = documented.difference(&accepted).collect();
+/// Which backends read a key, as the documentation says it.
+fn backends_cell(key: &ConfigKey) -> String {
+    if key.backends.len() == backends().len() {
+        "all".to_string()
+    } else {
+        key.backends
+            .iter()
+            .map(|b| b.name())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+const MD_BEGIN: &str = "<!-- The table below is generated from src/config/keys.rs: \
+KVTIER_BLESS_DOCS=1 cargo test --test config_docs -->";
+const MD_END: &str = "<!-- end of the generated table -->";
+
+/// docs/configuration.md's table, one row per key of the library's table.
+fn markdown_table() -> String {
+    let mut out =
+        String::from("| key | backends | values | default | meaning |\n|---|---|---|---|---|\n");
+    for key in CONFIG_TABLE {
+        out += &format!(
+            "| `{}` | {} | {} | {} | {} |\n",
+            key.name,
+            backends_cell(key),
+            key.values,
+            key.default,
+            key.doc
+        );
+    }
+    out
+}
+
+const DOC_BEGIN: &str = "/// Keys, as \"key\" [backends]: values; default; meaning (generated from";
+const DOC_END: &str = "/// Returns TIER_OK;";
+
+/// The key list of `tier_config_set`'s doc comment, wrapped at 80 columns.
+fn doc_comment_list() -> String {
+    let mut out = format!(
+        "{DOC_BEGIN}\n/// src/config/keys.rs, with docs/configuration.md: KVTIER_BLESS_DOCS=1 cargo\n\
+         /// test --test config_docs):\n"
+    );
+    for key in CONFIG_TABLE {
+        let text = format!(
+            "- \"{}\" [{}]: {}; default {}; {}.",
+            key.name,
+            backends_cell(key),
+            key.values,
+            key.default,
+            key.doc
+        );
+        let mut line = String::from("///");
+        for word in text.split(' ') {
+            if line.len() + 1 + word.len() > 80 && line.len() > 6 {
+                out += &line;
+                out.push('\n');
+                line = String::from("///  ");
+            }
+            line.push(' ');
+            line += word;
+        }
+        out += &line;
+        out.push('\n');
+    }
+    // A list ends with a blank line, so the text after it is not its last item.
+    out + "///\n"
+}
+
+/// The text of `path` between `begin` (a line starting so, kept) and `end`
+/// (a line starting so, kept), replaced by `generated` when blessing, else
+/// compared with it.
+fn check_generated(path: &str, begin: &str, end: &str, generated: &str) {
+    let full = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(path);
+    let text = read(path);
+    let from = text
+        .find(begin)
+        .unwrap_or_else(|| panic!("{path}: no line {begin:?}"));
+    let to = from
+        + text[from..]
+            .find(end)
+            .unwrap_or_else(|| panic!("{path}: no line {end:?} after {begin:?}"));
+    if std::env::var_os("KVTIER_BLESS_DOCS").is_some() {
+        let blessed = format!("{}{generated}{}", &text[..from], &text[to..]);
+        std::fs::write(&full, blessed).expect("rewrite");
+        return;
+    }
     assert!(
-        undocumented.is_empty() && unknown.is_empty(),
-        "docs/configuration.md is out of date: keys accepted but not documented {undocumented:?}, \
-         documented but not accepted {unknown:?}"
+        text[from..to] == *generated,
+        "{path} is not the rendering of src/config/keys.rs: run \
+         `KVTIER_BLESS_DOCS=1 cargo test --test config_docs` (and then \
+         `KVTIER_BLESS_HEADER=1 cargo test --test header`).\nExpected:\n{generated}\nFound:\n{}",
+        &text[from..to]
     );
 }
 
 #[test]
-fn every_key_in_the_readme_table_is_accepted() {
-    let unknown: Vec<_> = rows_by_key(&read("README.md"), "default")
-        .into_keys()
-        .filter(|key| !CONFIG_KEYS.contains(&key.as_str()))
-        .collect();
+fn the_configuration_page_is_the_tables_rendering() {
+    let generated = format!("{MD_BEGIN}\n\n{}\n", markdown_table());
+    check_generated("docs/configuration.md", MD_BEGIN, MD_END, &generated);
+}
+
+#[test]
+fn tier_config_sets_doc_lists_the_table() {
+    check_generated("src/ffi/api.rs", DOC_BEGIN, DOC_END, &doc_comment_list());
+}
+
+/// The header's doc comment of `tier_config_set`, its words, and the
+/// table's rendering, its words: the first holds the second (cbindgen
+/// re-indents, so only words are compared).
+#[test]
+fn the_header_lists_the_table() {
+    let header = read("include/kvtier.h");
+    let at = header
+        .find("tier_status_t tier_config_set(")
+        .expect("tier_config_set in include/kvtier.h");
+    let doc = &header[header[..at].rfind("/**").expect("its doc comment")..at];
+    let words = |text: &str| -> String {
+        text.split_whitespace()
+            .filter(|w| *w != "*" && *w != "///")
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let (doc, list) = (words(doc), words(&doc_comment_list()));
     assert!(
-        unknown.is_empty(),
-        "README.md lists keys the library does not accept: {unknown:?}"
+        doc.contains(&list),
+        "include/kvtier.h's tier_config_set does not list the keys of src/config/keys.rs: \
+         run `KVTIER_BLESS_HEADER=1 cargo test --test header`"
     );
 }
 
-#[test]
-fn the_documented_defaults_are_the_librarys() {
-    check_defaults("docs/configuration.md", "default", &[]);
-    check_defaults("README.md", "default", &[]);
-    check_defaults("docs/vllm.md", "default", VLLM_ADAPTER_KEYS);
-}
+/// The pages that describe the adapters or the front door, which link to
+/// docs/configuration.md for the library's keys and copy none of them.
+const LINKING_PAGES: &[(&str, &str)] = &[
+    ("README.md", "docs/configuration.md"),
+    ("python/README.md", "../docs/configuration.md"),
+    ("docs/vllm.md", "configuration.md"),
+    ("docs/sglang.md", "configuration.md"),
+];
 
 #[test]
-fn the_backend_rows_name_the_librarys_backends() {
-    check_backend_row("docs/configuration.md", "default");
-    check_backend_row("README.md", "default");
-    check_backend_row("docs/vllm.md", "default");
+fn other_pages_link_to_the_configuration_page_instead_of_copying_keys() {
+    for (page, link) in LINKING_PAGES {
+        let text = read(page);
+        assert!(
+            text.contains(&format!("]({link}")),
+            "{page} does not link to {link}"
+        );
+        let copied: Vec<String> = tables(&text)
+            .into_iter()
+            .flat_map(|t| t.rows)
+            .filter_map(|row| row.into_values().next())
+            .flat_map(|first| {
+                first
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                    .map(str::to_string)
+                    .collect::<Vec<_>>()
+            })
+            .filter(|word| CONFIG_KEYS.contains(&word.as_str()))
+            .collect();
+        assert!(
+            copied.is_empty(),
+            "{page} copies rows of library keys {copied:?}: link to {link} instead"
+        );
+    }
 }
 
 /// The vLLM entry's keys that are the adapter's own or vLLM's factory's, not
-/// the library's (python/kvtier/vllm.py).
+/// the library's (python/kvtier/vllm.py), each in docs/vllm.md's table.
 const VLLM_ADAPTER_KEYS: &[&str] = &[
     "type",
     "module_path",
@@ -290,83 +409,10 @@ const VLLM_ADAPTER_KEYS: &[&str] = &[
 ];
 
 #[test]
-fn the_vllm_entry_table_has_every_key_the_adapter_passes_through() {
+fn the_vllm_entry_table_has_the_adapters_own_keys() {
     let documented: BTreeSet<String> = rows_by_key(&read("docs/vllm.md"), "default")
         .into_keys()
         .collect();
-    // The adapter turns the library's events on itself and refuses `events`.
-    let passed: BTreeSet<String> = accepted().into_iter().filter(|k| k != "events").collect();
     let adapter: BTreeSet<String> = VLLM_ADAPTER_KEYS.iter().map(|k| k.to_string()).collect();
-    let missing: Vec<_> = passed.difference(&documented).collect();
-    let unknown: Vec<_> = documented
-        .difference(&passed)
-        .filter(|k| !adapter.contains(*k))
-        .collect();
-    assert!(
-        missing.is_empty() && unknown.is_empty(),
-        "docs/vllm.md's vLLM entry table: library keys missing {missing:?}, keys neither the \
-         library's nor the adapter's {unknown:?}"
-    );
-}
-
-#[test]
-fn the_sglang_page_names_every_key() {
-    let page = read("docs/sglang.md");
-    let table = tables(&page)
-        .into_iter()
-        .find(|t| t.header == ["key", "meaning"])
-        .expect("docs/sglang.md: the table of kvtier's keys (| key | meaning |)");
-    let documented: BTreeSet<String> = table
-        .rows
-        .iter()
-        .flat_map(|row| row["key"].split('`').skip(1).step_by(2).map(str::to_string))
-        .collect();
-    let accepted = accepted();
-    let missing: Vec<_> = accepted.difference(&documented).collect();
-    let unknown: Vec<_> = documented.difference(&accepted).collect();
-    assert!(
-        missing.is_empty() && unknown.is_empty(),
-        "docs/sglang.md's key table: missing {missing:?}, not the library's {unknown:?}"
-    );
-}
-
-#[test]
-fn the_header_documents_exactly_the_keys_and_every_backend() {
-    let header = read("include/kvtier.h");
-    let at = header
-        .find("tier_status_t tier_config_set(")
-        .expect("tier_config_set in include/kvtier.h");
-    let doc = &header[header[..at].rfind("/**").expect("its doc comment")..at];
-    let keys: BTreeSet<String> = quoted_words_before_parenthesis(doc);
-    let accepted = accepted();
-    let missing: Vec<_> = accepted.difference(&keys).collect();
-    let unknown: Vec<_> = keys.difference(&accepted).collect();
-    assert!(
-        missing.is_empty() && unknown.is_empty(),
-        "tier_config_set's doc (src/ffi/api.rs): keys missing {missing:?}, not accepted {unknown:?}"
-    );
-    let backend = &doc[doc.find("\"backend\" (").expect("the backend key")..];
-    let backend = &backend[..backend.find(')').expect("its values")];
-    for name in backends() {
-        assert!(
-            backend.contains(&format!("\"{name}\"")),
-            "tier_config_set's doc: \"backend\" lacks \"{name}\""
-        );
-    }
-}
-
-/// Every `"word" (` of `text`: the keys of a doc comment that describes each
-/// key in parentheses after its name.
-fn quoted_words_before_parenthesis(text: &str) -> BTreeSet<String> {
-    let parts: Vec<&str> = text.split('"').collect();
-    (1..parts.len().saturating_sub(1))
-        .step_by(2)
-        .filter(|&i| {
-            let after = parts[i + 1].trim_start_matches(|c: char| c.is_whitespace() || c == '*');
-            after.starts_with('(')
-        })
-        .map(|i| parts[i])
-        .filter(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'))
-        .map(str::to_string)
-        .collect()
+    assert_eq!(documented, adapter, "docs/vllm.md's vLLM entry table");
 }

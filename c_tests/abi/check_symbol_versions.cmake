@@ -1,6 +1,7 @@
 # Every symbol the shared library defines in its dynamic table is a tier_*
-# function in the version node KVTIER_<TIER_ABI_VERSION> (abi/kvtier.map), as
-# `objdump -T` shows it; the node itself is the only other entry.
+# function in the version node KVTIER_<TIER_ABI_VERSION> or a later node of
+# that ABI, KVTIER_<TIER_ABI_VERSION>.<n> (abi/kvtier.map), as `objdump -T`
+# shows it; the nodes themselves are the only other entries.
 #
 # Usage: cmake -DOBJDUMP= -DLIBRARY= -DNODE= -P check_symbol_versions.cmake
 execute_process(COMMAND "${OBJDUMP}" -T "${LIBRARY}"
@@ -19,13 +20,14 @@ foreach(line IN LISTS lines)
   string(REGEX MATCH "([^ \t]+)[ \t]+([^ \t]+)$" _ "${line}")
   set(version "${CMAKE_MATCH_1}")
   set(name "${CMAKE_MATCH_2}")
-  if(name STREQUAL NODE AND line MATCHES "\\*ABS\\*")
+  string(REGEX MATCH "^${NODE}(\\.[0-9]+)?$" in_node "${version}")
+  if(in_node AND name STREQUAL version AND line MATCHES "\\*ABS\\*")
     continue()
   endif()
   if(NOT name MATCHES "^tier_")
     list(APPEND problems "${name} is exported (only tier_* may be)")
-  elseif(NOT version STREQUAL NODE)
-    list(APPEND problems "${name} is in version ${version}, not ${NODE}")
+  elseif(NOT in_node)
+    list(APPEND problems "${name} is in version ${version}, not ${NODE} or ${NODE}.<n>")
   else()
     list(APPEND exports "${name}")
   endif()
@@ -38,4 +40,4 @@ if(problems)
   string(REPLACE ";" "\n  " problems "${problems}")
   message(FATAL_ERROR "${LIBRARY}:\n  ${problems}\n${table}")
 endif()
-message(STATUS "${LIBRARY}: ${n} exports, every one tier_* in ${NODE}")
+message(STATUS "${LIBRARY}: ${n} exports, every one tier_* in ${NODE} or ${NODE}.<n>")

@@ -12,6 +12,7 @@ else in the repository's target/release or target/debug. ``kvtier.vllm`` holds
 the vLLM secondary tier (``KVTierSecondaryTier``).
 """
 
+from ._config import config_keys
 from ._lib import (
     STATUS_CODES,
     TIER_MAX_KEY_LEN,
@@ -54,6 +55,7 @@ __all__ = [
     "LookupState",
     "Tier",
     "TierStats",
+    "config_keys",
     "library_path",
     "library_version",
     "status_name",

@@ -8,76 +8,65 @@ import logging
 import time
 from typing import Any
 
-from . import _lib
-from ._args import config_text
-from .errors import KVTierError, fail
+from ._config import read_back
+from .errors import KVTierError
 
-# The spellings of a flag, as the library's own boolean parser reads them
-# (trimmed, any case), for the adapters' keys the library does not know.
-_TRUE = frozenset({"true", "1", "on", "yes"})
-_FALSE = frozenset({"false", "0", "off", "no"})
-
-# Backend names the library accepts (trimmed, any case), by the kind it runs.
-_BACKENDS = {"memory": "memory", "disk": "disk", "redis": "redis", "valkey": "redis"}
+# A flag of the library's, set to an adapter's flag value to have the
+# library's own boolean parser judge the spelling (it reads back "true" or
+# "false"); prepare_dirs only because it is a plain boolean.
+_LIBRARY_FLAG = "prepare_dirs"
 
 
 def parse_bool(owner: str, name: str, value: Any) -> bool:
-    """An adapter's flag from JSON config: a bool, 0/1, or true/false/on/off/
-    yes/no in any case. Anything else is a ValueError naming ``owner``, so
-    that the string "false" never reads as true."""
+    """An adapter's flag from JSON config: a bool, 0/1, or any spelling the
+    library's boolean parser takes (true/false/on/off/yes/no, any case).
+    Anything else is a ValueError naming ``owner``, so that the string
+    "false" never reads as true."""
     if isinstance(value, bool):
         return value
     if isinstance(value, int) and value in (0, 1):
         return bool(value)
     if isinstance(value, str):
-        text = value.strip().lower()
-        if text in _TRUE:
-            return True
-        if text in _FALSE:
-            return False
-    raise ValueError(
-        f"{owner}: {name} must be true or false "
-        f"(a bool, or one of {sorted(_TRUE | _FALSE)}), got {value!r}"
-    )
+        try:
+            return read_back({_LIBRARY_FLAG: value}, (_LIBRARY_FLAG,))[_LIBRARY_FLAG] == "true"
+        except KVTierError:
+            pass
+    raise ValueError(f"{owner}: {name} must be true or false (a bool, or on/off, yes/no, 1/0), got {value!r}")
 
 
 def check_config(config: dict[str, Any]) -> None:
     """Raises :class:`KVTierError` (``TIER_ERR_CONFIG``, the library's
     message) on the first key or value the library refuses: the library is
     the one judge of its keys. ``None`` values are skipped, as ``Tier`` does."""
-    lib = _lib.lib
-    cfg = lib.tier_config_new()
-    if not cfg:
-        raise KVTierError(_lib.TIER_ERR_ALLOC, "tier_config_new returned NULL", "tier_config_new")
-    try:
-        for key, value in config.items():
-            if value is None:
-                continue
-            st = lib.tier_config_set(cfg, key.encode(), config_text(key, value).encode())
-            if st != _lib.TIER_OK:
-                raise fail(st, "tier_config_set")
-    finally:
-        lib.tier_config_free(cfg)
+    read_back(config, ())
+
+
+def _storage_keys(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: config[k] for k in ("backend", "shared", "sharing") if k in config}
 
 
 def backend_of(config: dict[str, Any]) -> str:
-    """The backend kind ("memory", "disk", "redis") the library will run, or
-    the raw text if unknown (the library then refuses it with its message)."""
-    text = str(config.get("backend", "memory")).strip().lower()
-    return _BACKENDS.get(text, text)
+    """The backend kind ("memory", "disk", "redis") the library will run, as
+    it reads the config, or the raw text if it refuses it (the library then
+    refuses the config with its message when the tier is built)."""
+    try:
+        return read_back({"backend": config.get("backend")}, ("backend",))["backend"]
+    except KVTierError:
+        return str(config.get("backend"))
 
 
 def is_shared(config: dict[str, Any]) -> bool:
     """Whether others may write the storage this config opens (disk
-    ``shared``, redis ``sharing=shared``), read as the library reads it
-    (trimmed, any case). A value the library refuses counts as shared: no
-    tier opens with it."""
-    backend = backend_of(config)
-    if backend == "disk":
-        text = str(config_text("shared", config.get("shared", False))).strip().lower()
-        return text not in _FALSE
-    if backend == "redis":
-        return str(config.get("sharing", "owned")).strip().lower() != "owned"
+    ``shared``, redis ``sharing=shared``), as the library reads it. A value
+    the library refuses counts as shared: no tier opens with it."""
+    try:
+        values = read_back(_storage_keys(config), ("backend", "shared", "sharing"))
+    except KVTierError:
+        return True
+    if values["backend"] == "disk":
+        return values["shared"] == "true"
+    if values["backend"] == "redis":
+        return values["sharing"] == "shared"
     return False
 
 

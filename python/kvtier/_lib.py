@@ -217,9 +217,9 @@ def _load() -> tuple[ctypes.CDLL, Path]:
     )
 
 
-def _declare(lib: ctypes.CDLL) -> None:
+def _signatures() -> dict[str, tuple[Any, list[Any]]]:
     P = c_void_p  # byte buffers, int64 arrays and handles all pass as void*
-    sigs = {
+    return {
         "tier_abi_info": (c_int32, [POINTER(tier_abi_info_t), c_size_t]),
         "tier_version": (c_char_p, []),
         "tier_status_str": (c_char_p, [c_int32]),
@@ -227,6 +227,8 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_config_new": (c_void_p, []),
         "tier_config_set": (c_int32, [P, c_char_p, c_char_p]),
         "tier_config_free": (None, [P]),
+        "tier_config_keys": (POINTER(c_char_p), [POINTER(c_size_t)]),
+        "tier_config_get": (c_int32, [P, c_char_p, c_void_p, c_size_t, POINTER(c_size_t)]),
         "tier_new": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_void_p)]),
         "tier_free": (None, [P]),
         "tier_lookup": (c_int32, [P, P, c_size_t, c_size_t, P]),
@@ -242,7 +244,10 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_metrics": (c_size_t, [P, c_void_p, c_size_t]),
         "tier_completion_fd": (c_int32, [P]),
     }
-    for name, (restype, argtypes) in sigs.items():
+
+
+def _declare(lib: ctypes.CDLL) -> None:
+    for name, (restype, argtypes) in _signatures().items():
         fn = getattr(lib, name, None)
         if fn is None:
             continue  # check_abi refuses a library without tier_abi_info
@@ -255,6 +260,22 @@ _declare(lib)
 # Before any other call: a library of another ABI would write structs of
 # another size into this binding's buffers.
 check_abi(lib, library_path)
+
+
+def check_functions(lib: Any, path: object) -> None:
+    """Refuse a library of this ABI that lacks a function this binding calls
+    (one older than the binding: a function added in a later version node,
+    such as KVTIER_1.1's tier_config_get), at import rather than at the
+    first call that needs it."""
+    missing = [name for name in _signatures() if getattr(lib, name, None) is None]
+    if missing:
+        raise AbiMismatchError(
+            f"kvtier: refusing {path}: it lacks {', '.join(missing)}, so it is older than this binding. "
+            f"Use the library built with this binding, or set {ENV_LIBRARY} to it."
+        )
+
+
+check_functions(lib, library_path)
 
 
 def _status_codes() -> dict[str, int]:

@@ -60,6 +60,15 @@ def test_another_abi_version_is_refused():
         _lib.check_abi(FakeLibrary(abi_version=2), "fake")
 
 
+def test_a_library_lacking_a_later_function_is_refused():
+    # FakeLibrary has tier_abi_info alone: an ABI 1 library older than the
+    # binding's KVTIER_1.1 functions.
+    _lib.check_functions(_lib.lib, kvtier.library_path)
+    with pytest.raises(kvtier.AbiMismatchError, match="lacks .*tier_config_get") as err:
+        _lib.check_functions(FakeLibrary(), "/old/libkvtier.so")
+    assert "refusing /old/libkvtier.so" in str(err.value) and "KVTIER_LIBRARY" in str(err.value)
+
+
 def _loaded_libc() -> Path:
     """The C library this process runs with, as the loader mapped it."""
     with open("/proc/self/maps") as maps:

@@ -5,6 +5,8 @@ library judges every kvtier key, and the adapters read the few they need
 from __future__ import annotations
 
 import logging
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -96,6 +98,52 @@ def test_both_adapters_use_the_shared_readers():
             assert not hasattr(adapter, name), (adapter.__name__, name)
     assert sglang.is_shared is _adapter.is_shared and sglang.backend_of is _adapter.backend_of
     assert vllm.is_shared is _adapter.is_shared and vllm.backend_of is _adapter.backend_of
+
+
+CONFIGURATION_PAGE = Path(__file__).resolve().parent.parent.parent / "docs" / "configuration.md"
+
+
+@pytest.mark.skipif(not CONFIGURATION_PAGE.is_file(), reason="no repository docs here")
+def test_config_keys_are_the_documented_keys_in_order():
+    documented = re.findall(r"^\| `(\w+)` \|", CONFIGURATION_PAGE.read_text(), re.M)
+    assert kvtier.config_keys() == documented
+    assert "io_timeout_ms" in documented and "backend" in documented
+
+
+@pytest.mark.parametrize("value", [" shared", "Shared ", "SHARED", "shared", " owned ", "owned"])
+def test_both_adapters_read_redis_sharing_alike(value):
+    config = {"backend": "redis", "url": "redis://127.0.0.1:1", "sharing": value}
+    expected = value.strip().lower() == "shared"
+    assert vllm.is_shared(config) is sglang.is_shared(config) is expected, value
+
+
+@pytest.mark.parametrize("value", [" true", "YES", " 1 ", "on", " false", "No", "0"])
+def test_both_adapters_read_disk_shared_alike(value):
+    config = {"backend": " Disk ", "path": "/nonexistent", "shared": value}
+    expected = value.strip().lower() in ("true", "yes", "1", "on")
+    assert vllm.is_shared(config) is sglang.is_shared(config) is expected, value
+    assert vllm.backend_of(config) == sglang.backend_of(config) == "disk"
+
+
+def test_the_library_reads_values_back_in_its_own_spelling():
+    from kvtier._config import read_back
+
+    values = read_back(
+        {"backend": " Valkey", "sharing": " Shared", "shared": "YES", "io_threads": 3, "seal_key": bytes(range(32))},
+        ("backend", "sharing", "shared", "io_threads", "io_timeout_ms", "seal_key", "seal_key_file"),
+    )
+    assert values == {
+        "backend": "redis",
+        "sharing": "shared",
+        "shared": "true",
+        "io_threads": "3",
+        "io_timeout_ms": "auto",
+        "seal_key": "set",
+        "seal_key_file": "none",
+    }
+    with pytest.raises(kvtier.KVTierError, match="no_such_key") as err:
+        read_back({}, ("no_such_key",))
+    assert err.value.status == kvtier.TIER_ERR_CONFIG
 
 
 def test_failure_log_throttles_by_interval(caplog):

@@ -85,3 +85,17 @@ def test_every_define_belongs_to_a_checked_group():
     prefixes = (*FAMILIES, "TIER_ERR_")
     stray = [n for n in header_defines() if n not in checked and not n.startswith(prefixes)]
     assert not stray, f"new header codes without a Python enum or a case here: {stray}"
+
+
+def test_the_header_version_defines_are_the_librarys():
+    # The KVTIER_VERSION_* defines (the only ones not named TIER_): the
+    # header and the library it was generated with are one version.
+    text = HEADER.read_text()
+    defines = dict(re.findall(r"^#define (KVTIER_VERSION_\w+) (.*)$", text, re.M))
+    assert set(defines) == {f"KVTIER_VERSION_{part}" for part in ("MAJOR", "MINOR", "PATCH", "STRING")}
+    version = defines["KVTIER_VERSION_STRING"].strip('"')
+    assert version == kvtier.library_version() == kvtier.__version__
+    parts = [defines[f"KVTIER_VERSION_{p}"] for p in ("MAJOR", "MINOR", "PATCH")]
+    assert ".".join(parts) == version
+    every = re.findall(r"^#define (\w+)", text, re.M)
+    assert [n for n in every if not n.startswith(("TIER_", "KVTIER_VERSION_", "KVTIER_H"))] == []

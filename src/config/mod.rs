@@ -1,18 +1,18 @@
 //! Tier configuration: typed fields, plus the string `key = value` form the C API
 //! and the bindings use; this file holds the types and what they resolve to,
-//! `parse` the string form, `keys` the key table.
+//! `keys` the key table behind the string form, `parse` its value parsers.
 
 mod keys;
 mod parse;
 #[cfg(test)]
 mod tests;
 
-pub use self::keys::CONFIG_KEYS;
+pub use self::keys::{ConfigKey, CONFIG_KEYS, CONFIG_TABLE};
 pub use self::parse::parse_size;
 
 use crate::error::{bail, Result};
 use crate::events::{DEFAULT_EVENTS_CAPACITY, MAX_EVENTS_CAPACITY};
-use crate::seal::{KeyOrigin, SealKey};
+use crate::seal::SealKey;
 use std::path::PathBuf;
 
 /// Where blocks live.

@@ -2,52 +2,40 @@
 //! is this struct): the caller-facing results, apart from the engine's own
 //! job record (`jobs`).
 
+use crate::codes::c_codes;
 use crate::error::ErrorKind;
 use crate::job_kind::JobKind;
 
-/// Why a job failed, finer than its [`ErrorKind`]: a hung device
-/// (`Deadline`) and storage known to be down (`Unavailable`) both fail with
-/// `Io`, a miss with `NotFound`. The discriminant is the C `TIER_FAIL_*` code.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u32)]
-pub enum FailReason {
-    /// The job succeeded.
-    None = 0,
-    /// A store found no room, even after eviction.
-    NoSpace = 1,
-    /// A load's key is not stored (or storage no longer holds it).
-    NotFound = 2,
-    /// A stored block failed verification.
-    Corrupt = 3,
-    /// Storage returned an error.
-    IoError = 4,
-    /// A storage call missed its deadline (`io_timeout_ms`).
-    Deadline = 5,
-    /// Storage was known to be unavailable, so nothing was tried: every I/O
-    /// thread stuck on a hung device, a server down or being reconnected to.
-    Unavailable = 6,
-    /// The tier was shutting down.
-    Shutdown = 7,
-    /// Memory for the job's buffers could not be allocated.
-    Alloc = 8,
-    /// A panic inside the library was caught.
-    Panic = 9,
+c_codes! {
+    /// Why a job failed, finer than its [`ErrorKind`]: a hung device
+    /// (`Deadline`) and storage known to be down (`Unavailable`) both fail with
+    /// `Io`, a miss with `NotFound`. The discriminant is the C `TIER_FAIL_*` code.
+    pub enum FailReason: u32 {
+        /// The job succeeded.
+        None = TIER_FAIL_NONE,
+        /// A store found no room, even after eviction.
+        NoSpace = TIER_FAIL_NO_SPACE,
+        /// A load's key is not stored (or storage no longer holds it).
+        NotFound = TIER_FAIL_NOT_FOUND,
+        /// A stored block failed verification.
+        Corrupt = TIER_FAIL_CORRUPT,
+        /// Storage returned an error.
+        IoError = TIER_FAIL_IO_ERROR,
+        /// A storage call missed its deadline (`io_timeout_ms`).
+        Deadline = TIER_FAIL_DEADLINE,
+        /// Storage was known to be unavailable, so nothing was tried: every I/O
+        /// thread stuck on a hung device, a server down or being reconnected to.
+        Unavailable = TIER_FAIL_UNAVAILABLE,
+        /// The tier was shutting down.
+        Shutdown = TIER_FAIL_SHUTDOWN,
+        /// Memory for the job's buffers could not be allocated.
+        Alloc = TIER_FAIL_ALLOC,
+        /// A panic inside the library was caught.
+        Panic = TIER_FAIL_PANIC,
+    }
 }
 
 impl FailReason {
-    const ALL: [FailReason; 10] = [
-        FailReason::None,
-        FailReason::NoSpace,
-        FailReason::NotFound,
-        FailReason::Corrupt,
-        FailReason::IoError,
-        FailReason::Deadline,
-        FailReason::Unavailable,
-        FailReason::Shutdown,
-        FailReason::Alloc,
-        FailReason::Panic,
-    ];
-
     /// The reason a failure of `kind` has when nothing more is known.
     pub fn of(kind: ErrorKind) -> FailReason {
         match kind {
@@ -61,11 +49,10 @@ impl FailReason {
         }
     }
 
-    pub(super) fn from_u32(v: u32) -> FailReason {
-        Self::ALL
-            .get(v as usize)
-            .copied()
-            .unwrap_or(FailReason::IoError)
+    /// The reason stored as `code`; an unknown number (never written) reads
+    /// as an I/O error rather than success.
+    pub(super) fn from_u32(code: u32) -> FailReason {
+        FailReason::from_code(code).unwrap_or(FailReason::IoError)
     }
 }
 

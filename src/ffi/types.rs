@@ -22,83 +22,11 @@ pub const TIER_EVENT_SIZE_V1: u32 = 160;
 /// accepts.
 pub const TIER_ABI_INFO_SIZE_V1: u32 = 20;
 
+pub use crate::codes::*;
 pub use crate::status::*;
-
-/// Job result reason: the job succeeded.
-pub const TIER_FAIL_NONE: u32 = 0;
-/// Job result reason: a store found no room, even after eviction
-/// (TIER_ERR_NO_SPACE).
-pub const TIER_FAIL_NO_SPACE: u32 = 1;
-/// Job result reason: a load's key is not stored, or storage no longer holds
-/// its block (TIER_ERR_NOT_FOUND): a miss.
-pub const TIER_FAIL_NOT_FOUND: u32 = 2;
-/// Job result reason: a stored block failed verification (TIER_ERR_CORRUPT).
-pub const TIER_FAIL_CORRUPT: u32 = 3;
-/// Job result reason: storage returned an error (TIER_ERR_IO).
-pub const TIER_FAIL_IO_ERROR: u32 = 4;
-/// Job result reason: a storage call missed its deadline, io_timeout_ms
-/// (TIER_ERR_IO): a hung device or server.
-pub const TIER_FAIL_DEADLINE: u32 = 5;
-/// Job result reason: storage was known to be unavailable, so nothing was
-/// tried (TIER_ERR_IO): every I/O thread stuck on a hung device, a Redis
-/// server down or being reconnected to.
-pub const TIER_FAIL_UNAVAILABLE: u32 = 6;
-/// Job result reason: the tier was shutting down (TIER_ERR_SHUTDOWN).
-pub const TIER_FAIL_SHUTDOWN: u32 = 7;
-/// Job result reason: no memory for the job's buffers (TIER_ERR_ALLOC).
-pub const TIER_FAIL_ALLOC: u32 = 8;
-/// Job result reason: a panic inside the library was caught (TIER_ERR_PANIC).
-pub const TIER_FAIL_PANIC: u32 = 9;
-
-/// Lookup state: the key is not stored.
-pub const TIER_MISS: u8 = 0;
-/// Lookup state: the key is stored and readable.
-pub const TIER_HIT: u8 = 1;
-/// Lookup state: the key is being stored; ask again later.
-pub const TIER_PENDING: u8 = 2;
-
-/// Job kind: primary rows copied into the tier.
-pub const TIER_JOB_STORE: u32 = 1;
-/// Job kind: tier blocks copied into primary rows.
-pub const TIER_JOB_LOAD: u32 = 2;
 
 /// Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
 pub const TIER_MAX_KEY_LEN: u32 = 128;
-
-/// Event kind: the key's block became readable in the tier (a lookup answers
-/// TIER_HIT). `reason` is a TIER_STORED_* code.
-pub const TIER_EVENT_STORED: u32 = 1;
-/// Event kind: the key's block stopped being readable in the tier (a lookup
-/// answers TIER_MISS). `reason` is a TIER_REMOVED_* code.
-pub const TIER_EVENT_REMOVED: u32 = 2;
-/// Event kind: the event ring was full and `dropped` events (sequence numbers
-/// `seq` to `seq + dropped - 1`) were dropped at this place; `key_len` is 0
-/// and `reason` 0. What the consumer mirrored is stale: forget it.
-pub const TIER_EVENT_LOST: u32 = 3;
-
-/// STORED reason: a store job of this tier wrote the block.
-pub const TIER_STORED_WRITTEN: u32 = 1;
-/// STORED reason: storage held the block when the tier was opened (disk
-/// restart, Redis sharing=owned adopting its keys).
-pub const TIER_STORED_RECOVERED: u32 = 2;
-/// STORED reason: shared storage (disk shared=true, Redis sharing=shared): a
-/// lookup's probe found a block another writer stored.
-pub const TIER_STORED_FOUND: u32 = 3;
-
-/// REMOVED reason: least recently used, evicted to make room.
-pub const TIER_REMOVED_EVICTED: u32 = 1;
-/// REMOVED reason: tier_clear.
-pub const TIER_REMOVED_CLEARED: u32 = 2;
-/// REMOVED reason: a load found the stored block corrupt (TIER_ERR_CORRUPT).
-pub const TIER_REMOVED_CORRUPT: u32 = 3;
-/// REMOVED reason: a load found that storage no longer holds the block
-/// (TIER_ERR_NOT_FOUND: a file deleted, a Redis key expired or evicted).
-pub const TIER_REMOVED_VANISHED: u32 = 4;
-/// REMOVED reason: the block's loads failed transiently (TIER_ERR_IO)
-/// MAX_TRANSIENT_LOAD_FAILURES times in a row (failures that never reached
-/// storage, such as a server known to be down, not counted); storage may
-/// still hold it.
-pub const TIER_REMOVED_UNREADABLE: u32 = 5;
 
 /// One block event, filled in by `tier_poll_events`.
 #[repr(C)]
@@ -124,15 +52,15 @@ pub struct tier_event_t {
 
 impl From<&Event> for tier_event_t {
     fn from(e: &Event) -> tier_event_t {
-        let (kind, reason, dropped) = match e.kind {
-            EventKind::Stored(r) => (TIER_EVENT_STORED, r as u32, 0),
-            EventKind::Removed(r) => (TIER_EVENT_REMOVED, r as u32, 0),
-            EventKind::Lost { dropped } => (TIER_EVENT_LOST, 0, dropped),
+        let (kind, reason) = e.kind.codes();
+        let dropped = match e.kind {
+            EventKind::Lost { dropped } => dropped,
+            EventKind::Stored(_) | EventKind::Removed(_) => 0,
         };
         let mut out = tier_event_t {
             seq: e.seq,
             dropped,
-            kind,
+            kind: kind.code(),
             reason,
             key_len: e.key().len() as u32,
             key: [0; TIER_MAX_KEY_LEN as usize],
@@ -234,13 +162,13 @@ impl From<JobResult> for tier_job_result_t {
         tier_job_result_t {
             job_id: r.job_id,
             status: r.status_code(),
-            kind: r.kind as u32,
+            kind: r.kind.code(),
             num_blocks: r.num_blocks,
             num_done: r.num_done,
             bytes: r.bytes,
             elapsed_ns: r.elapsed_ns,
             io_ns: r.io_ns,
-            reason: r.reason as u32,
+            reason: r.reason.code(),
             reserved: 0,
         }
     }
@@ -258,31 +186,6 @@ mod tests {
     #[test]
     fn constants_match_the_core() {
         assert_eq!(TIER_MAX_KEY_LEN as usize, crate::MAX_KEY_LEN);
-        assert_eq!(TIER_JOB_STORE, crate::JobKind::Store as u32);
-        assert_eq!(TIER_JOB_LOAD, crate::JobKind::Load as u32);
-        assert_eq!(TIER_HIT, crate::LookupState::Hit as u8);
-        assert_eq!(TIER_MISS, crate::LookupState::Miss as u8);
-        assert_eq!(TIER_PENDING, crate::LookupState::Pending as u8);
-        use crate::{RemovedReason as R, StoredReason as S};
-        assert_eq!(TIER_STORED_WRITTEN, S::Written as u32);
-        assert_eq!(TIER_STORED_RECOVERED, S::Recovered as u32);
-        assert_eq!(TIER_STORED_FOUND, S::Found as u32);
-        assert_eq!(TIER_REMOVED_EVICTED, R::Evicted as u32);
-        assert_eq!(TIER_REMOVED_CLEARED, R::Cleared as u32);
-        assert_eq!(TIER_REMOVED_CORRUPT, R::Corrupt as u32);
-        assert_eq!(TIER_REMOVED_VANISHED, R::Vanished as u32);
-        assert_eq!(TIER_REMOVED_UNREADABLE, R::Unreadable as u32);
-        use crate::FailReason as F;
-        assert_eq!(TIER_FAIL_NONE, F::None as u32);
-        assert_eq!(TIER_FAIL_NO_SPACE, F::NoSpace as u32);
-        assert_eq!(TIER_FAIL_NOT_FOUND, F::NotFound as u32);
-        assert_eq!(TIER_FAIL_CORRUPT, F::Corrupt as u32);
-        assert_eq!(TIER_FAIL_IO_ERROR, F::IoError as u32);
-        assert_eq!(TIER_FAIL_DEADLINE, F::Deadline as u32);
-        assert_eq!(TIER_FAIL_UNAVAILABLE, F::Unavailable as u32);
-        assert_eq!(TIER_FAIL_SHUTDOWN, F::Shutdown as u32);
-        assert_eq!(TIER_FAIL_ALLOC, F::Alloc as u32);
-        assert_eq!(TIER_FAIL_PANIC, F::Panic as u32);
     }
 
     #[test]

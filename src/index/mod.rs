@@ -39,6 +39,7 @@ mod tests;
 
 use self::lru::Link;
 use self::table::{hot_matches, hot_state, hot_word, tag_of, Bucket, Table};
+use crate::codes::{c_codes, TIER_HIT, TIER_PENDING};
 use crate::events::{EventLog, RemovedReason, StoredReason};
 use crate::key::{KeyHasher, MAX_KEY_LEN};
 use std::collections::HashMap;
@@ -65,16 +66,16 @@ pub(crate) enum SlotState {
     Dead,
 }
 
-/// What a lookup reports for one key.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[repr(u8)]
-pub enum LookupState {
-    /// Not stored.
-    Miss = 0,
-    /// Stored and readable.
-    Hit = 1,
-    /// Being stored; ask again.
-    Pending = 2,
+c_codes! {
+    /// What a lookup reports for one key.
+    pub enum LookupState: u8 {
+        /// Not stored.
+        Miss = TIER_MISS,
+        /// Stored and readable.
+        Hit = TIER_HIT,
+        /// Being stored; ask again.
+        Pending = TIER_PENDING,
+    }
 }
 
 impl LookupState {
@@ -83,8 +84,8 @@ impl LookupState {
     #[inline]
     pub fn from_byte(byte: u8) -> LookupState {
         match byte {
-            1 => LookupState::Hit,
-            2 => LookupState::Pending,
+            TIER_HIT => LookupState::Hit,
+            TIER_PENDING => LookupState::Pending,
             _ => LookupState::Miss,
         }
     }
