@@ -127,6 +127,43 @@ pub fn scattered_unaligned_extents_round_trip(cfg: Backend) {
     assert_eq!(r.bytes, to.iter().map(|s| s.1 as u64).sum::<u64>());
 }
 
+/// Blocks over a MiB: a disk tier under O_DIRECT reads them through its
+/// staging pieces.
+pub fn large_unaligned_extents_round_trip(cfg: Backend) {
+    let bb = (1 << 20) + 8192;
+    let h = Harness::new(&cfg(8, bb), 4, bb);
+    let from = [(3, bb), (bb + 5, bb - 7), (2 * bb + 100, (1 << 20) + 1)];
+    let to = [(2 * bb + 9, bb), (11, bb - 7), (bb + 4096, (1 << 20) + 1)];
+    let ids = [1, 2, 3];
+    for (&i, &(offset, len)) in ids.iter().zip(&from) {
+        write_at(&h, offset, &pattern(i, len));
+    }
+    let results = Arc::new(ItemResults::new(3));
+    h.tier()
+        .submit_store_extents(
+            1,
+            &keys(&ids),
+            KEY_LEN,
+            &extents(&from),
+            Some(results.clone()),
+        )
+        .unwrap();
+    assert!(h.result_of(1).is_ok());
+    let (r, items) = load(&h, 2, &ids, &to);
+    assert_eq!((r.error, items), (None, vec![ok(); 3]));
+    for (&i, &(offset, len)) in ids.iter().zip(&to) {
+        assert!(read_at(&h, offset, len) == pattern(i, len), "block {i}");
+    }
+    // A length mismatch is found before a byte is copied.
+    write_at(&h, 0, &[0x5a; 64]);
+    let (_, items) = load(&h, 3, &[2], &[(0, bb - 8)]);
+    assert_eq!(
+        items,
+        vec![item(ItemStatus::Failed, FailReason::LengthMismatch)]
+    );
+    assert_eq!(read_at(&h, 0, 64), [0x5a; 64]);
+}
+
 pub fn a_length_mismatch_fails_that_item_and_copies_nothing(cfg: Backend) {
     let h = Harness::new(&cfg(32, BB), ROWS, BB);
     assert_eq!(
@@ -336,6 +373,7 @@ macro_rules! extent_suite {
             extent_tests!(
                 $backend, $ready;
                 scattered_unaligned_extents_round_trip,
+                large_unaligned_extents_round_trip,
                 a_length_mismatch_fails_that_item_and_copies_nothing,
                 per_item_results_go_on_past_a_failed_item,
                 extents_outside_the_buffer_are_refused,
@@ -347,4 +385,21 @@ macro_rules! extent_suite {
     };
 }
 
+/// A disk tier that keeps each header in the file (not an attribute).
+fn disk_in_file_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    let mut c = disk_config(capacity_blocks, block_bytes);
+    c.set("block_header", "file").unwrap();
+    c
+}
+
+/// A disk tier under O_DIRECT whatever the file system says.
+fn disk_direct_config(capacity_blocks: usize, block_bytes: usize) -> TierConfig {
+    let mut c = disk_config(capacity_blocks, block_bytes);
+    c.set("o_direct", "on").unwrap();
+    c
+}
+
 extent_suite!(memory, crate::common::memory_config);
+extent_suite!(disk, crate::common::disk_config);
+extent_suite!(disk_in_file, super::disk_in_file_config);
+extent_suite!(disk_direct, super::disk_direct_config);

@@ -453,6 +453,10 @@ impl LoadJob for LoadRow<'_> {
             dst[offset..offset + piece.len()].copy_from_slice(piece)
         })
     }
+
+    fn row_len(&self) -> usize {
+        self.extent.len
+    }
 }
 
 /// A contiguous run of one job's items, copied by one worker.
