@@ -403,3 +403,43 @@ extent_suite!(memory, crate::common::memory_config);
 extent_suite!(disk, crate::common::disk_config);
 extent_suite!(disk_in_file, super::disk_in_file_config);
 extent_suite!(disk_direct, super::disk_direct_config);
+
+/// A delete reaches storage: a disk tier opened again over the directory
+/// does not find the deleted block, and finds the other.
+#[test]
+fn a_deleted_disk_block_stays_deleted_after_a_reopen() {
+    let cfg = disk_config(8, BB);
+    {
+        let h = Harness::leaving_dir(&cfg, ROWS, BB);
+        assert_eq!(store(&h, 1, &[1, 2], &[(0, 10), (BB, 20)]), vec![ok(); 2]);
+        assert_eq!(delete(&h, 2, &[1]), vec![ok()]);
+    }
+    let h = Harness::new(&cfg, ROWS, BB);
+    assert_eq!(h.lookup(&[1, 2]), [LookupState::Miss, LookupState::Hit]);
+    let (r, items) = load(&h, 3, &[2], &[(5, 20)]);
+    assert_eq!((r.error, items), (None, vec![ok()]));
+    assert_eq!(read_at(&h, 5, 20), pattern(2, 20));
+}
+
+/// Backends that do not store extents yet refuse them at submit, clearly;
+/// deletes and pins work there as everywhere.
+#[test]
+fn backends_without_extents_refuse_them_and_still_delete_and_pin() {
+    for cfg in [memory_persist_config(8, BB), sealed_disk_config(8, BB)] {
+        let h = Harness::new(&cfg, ROWS, BB);
+        let err = h
+            .tier()
+            .submit_store_extents(1, &keys(&[1]), KEY_LEN, &extents(&[(0, 10)]), None)
+            .unwrap_err();
+        assert_eq!(err.kind(), kvtier::ErrorKind::InvalidArg);
+        assert!(err.message().contains("does not store extents"), "{err}");
+        h.store_all(2, &[1, 2]);
+        assert_eq!(
+            h.tier().pin(&keys(&[2]), KEY_LEN).unwrap(),
+            [LookupState::Hit]
+        );
+        let busy = item(ItemStatus::Busy, FailReason::Busy);
+        assert_eq!(delete(&h, 3, &[1, 2]), vec![ok(), busy]);
+        assert_eq!(h.lookup(&[1, 2]), [LookupState::Miss, LookupState::Hit]);
+    }
+}
