@@ -2,7 +2,7 @@
 //! the job goes, and the hand-over to the caller's sink when it is
 //! reported.
 
-use super::jobs::{FailReason, Item, ItemResult, ItemSink, ItemStatus, Job};
+use super::jobs::{FailReason, Item, ItemResult, ItemSink, ItemStatus, Job, JobKind};
 use crate::error::{try_vec, ErrorKind, Result};
 use crate::primary::{Extent, PrimaryBuffer};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -106,9 +106,16 @@ impl Job {
         }
     }
 
-    /// Notes every key not yet noted as failed with `reason` (a job that
-    /// failed as a whole).
+    /// Notes the keys a failure of the whole job fails, not yet noted, as
+    /// failed with `reason`: a store's new keys (its present ones stay
+    /// stored), or every key when nothing was planned (no room).
     pub(super) fn note_all(&self, kind: ErrorKind, reason: FailReason) {
+        if self.kind == JobKind::Store && !self.items.is_empty() {
+            for item in &self.items {
+                self.note_item(item.pos, status_of(kind), reason);
+            }
+            return;
+        }
         for pos in 0..self.outcomes.len() as u32 {
             self.note_item(pos, status_of(kind), reason);
         }
