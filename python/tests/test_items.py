@@ -3,6 +3,8 @@ the Python surface the LMCache adapter codes against."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import threading
 
 import numpy as np
@@ -39,8 +41,20 @@ def result_of(tier: Tier, job_id: int) -> kvtier.JobResult:
 OK = ItemResult(ItemStatus.OK, FailReason.NONE)
 
 
-def test_unaligned_extents_round_trip_with_per_item_results():
-    buf, tier = make()
+@pytest.mark.parametrize("backend", ["memory", "disk", "persist"])
+def test_unaligned_extents_round_trip_with_per_item_results(backend, tmp_path):
+    cfg = {
+        "memory": {},
+        "disk": {"backend": "disk", "path": str(tmp_path), "o_direct": "on"},
+        "persist": {"persist_path": f"/dev/shm/kvtier-items-{os.getpid()}", "namespace": "items"},
+    }[backend]
+    try:
+        _round_trip(*make(**cfg))
+    finally:
+        shutil.rmtree(f"/dev/shm/kvtier-items-{os.getpid()}", ignore_errors=True)
+
+
+def _round_trip(buf: np.ndarray, tier: Tier) -> None:
     with tier:
         src = [(1, 1), (13, 4095), (5000, BLOCK), (20001, 777)]
         dst = [(100001, 1), (90000, 4095), (7, BLOCK), (60123, 777)]
