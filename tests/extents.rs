@@ -404,6 +404,9 @@ extent_suite!(disk, crate::common::disk_config);
 extent_suite!(disk_in_file, super::disk_in_file_config);
 extent_suite!(disk_direct, super::disk_direct_config);
 extent_suite!(memory_persist, crate::common::memory_persist_config);
+extent_suite!(redis, crate::common::redis::standalone_config, || {
+    crate::common::redis::redis_available() && crate::common::redis::shared_server().is_some()
+});
 
 /// An extent's length outlives the process with a persistent arena: a
 /// reopened tier loads it at its length and refuses another.
