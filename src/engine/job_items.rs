@@ -11,14 +11,6 @@ use std::sync::Arc;
 /// Marks an outcome as set (0 means nothing went wrong so far).
 const ITEM_SET: u32 = 1 << 31;
 
-/// An item's status for a failure of `kind`: a miss is MISS, else FAILED.
-pub(super) fn status_of(kind: ErrorKind) -> ItemStatus {
-    match kind {
-        ErrorKind::NotFound => ItemStatus::Miss,
-        _ => ItemStatus::Failed,
-    }
-}
-
 impl Job {
     /// Makes this a job with a result per key (extent and delete jobs):
     /// `extents` (empty for a delete) name each key's bytes, `sink` gets
@@ -101,7 +93,7 @@ impl Job {
         };
         for pos in 0..self.outcomes.len() as u32 {
             if self.item_result(pos as usize).status == ItemStatus::Ok && !present(self.key(pos)) {
-                self.note_item(pos, status_of(kind), reason);
+                self.note_item(pos, ItemStatus::for_failure(kind), reason);
             }
         }
     }
@@ -112,12 +104,12 @@ impl Job {
     pub(super) fn note_all(&self, kind: ErrorKind, reason: FailReason) {
         if self.kind == JobKind::Store && !self.items.is_empty() {
             for item in &self.items {
-                self.note_item(item.pos, status_of(kind), reason);
+                self.note_item(item.pos, ItemStatus::for_failure(kind), reason);
             }
             return;
         }
         for pos in 0..self.outcomes.len() as u32 {
-            self.note_item(pos, status_of(kind), reason);
+            self.note_item(pos, ItemStatus::for_failure(kind), reason);
         }
     }
 }

@@ -1,6 +1,5 @@
 //! Jobs and the tasks workers run for them.
 
-use super::job_items::status_of;
 use crate::backend::{LoadJob, StoreJob};
 use crate::error::{try_vec, Error, ErrorKind, Result};
 pub(crate) use crate::index::Item;
@@ -153,7 +152,7 @@ impl Job {
 
     /// Records a failure at `pos` with a reason finer than its kind.
     pub(crate) fn fail_with(&self, pos: u32, kind: ErrorKind, reason: FailReason) {
-        self.note_item(pos, status_of(kind), reason);
+        self.note_item(pos, ItemStatus::for_failure(kind), reason);
         let low = (reason as u32) << 16 | (-kind.code()) as u32 & 0xffff;
         let packed = (pos as u64) << 32 | low as u64;
         self.failure.fetch_min(packed, Ordering::AcqRel);

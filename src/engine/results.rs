@@ -93,6 +93,14 @@ pub enum ItemStatus {
 }
 
 impl ItemStatus {
+    /// An item's status for a failure of `kind`: a miss is MISS, else FAILED.
+    pub(crate) fn for_failure(kind: ErrorKind) -> ItemStatus {
+        match kind {
+            ErrorKind::NotFound => ItemStatus::Miss,
+            _ => ItemStatus::Failed,
+        }
+    }
+
     pub(super) fn from_u32(v: u32) -> ItemStatus {
         match v {
             0 => ItemStatus::Ok,
