@@ -5,6 +5,7 @@
 # other entries.
 #
 # Usage: cmake -DOBJDUMP= -DLIBRARY= -DNODE= -DMAP= -P check_symbol_versions.cmake
+cmake_policy(SET CMP0057 NEW)  # if(IN_LIST), in script mode too
 execute_process(COMMAND "${OBJDUMP}" -T "${LIBRARY}"
   OUTPUT_VARIABLE table ERROR_VARIABLE errors RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
@@ -13,6 +14,8 @@ endif()
 # The later nodes of the map and the functions each names explicitly.
 file(READ "${MAP}" map_text)
 string(REGEX REPLACE "/\\*[^*]*\\*+([^/*][^*]*\\*+)*/" "" map_text "${map_text}")
+# The map's semicolons would split CMake lists: spaces instead.
+string(REPLACE ";" " " map_text "${map_text}")
 string(REGEX MATCHALL "KVTIER_[0-9.]+ {[^}]*}" map_nodes "${map_text}")
 set(nodes "${NODE}")
 foreach(block IN LISTS map_nodes)
@@ -22,9 +25,8 @@ foreach(block IN LISTS map_nodes)
     continue()
   endif()
   list(APPEND nodes "${node}")
-  string(REGEX MATCHALL "tier_[a-z0-9_]+;" names "${block}")
+  string(REGEX MATCHALL "tier_[a-z0-9_]+" names "${block}")
   foreach(entry IN LISTS names)
-    string(REPLACE ";" "" entry "${entry}")
     set("node_of_${entry}" "${node}")
   endforeach()
 endforeach()
