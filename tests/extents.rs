@@ -474,3 +474,32 @@ fn backends_without_extents_refuse_them_and_still_delete_and_pin() {
         assert_eq!(h.lookup(&[1, 2]), [LookupState::Miss, LookupState::Hit]);
     }
 }
+
+/// A delete on a shared disk directory removes the file for every tier
+/// there: another tier that had found the block misses it at its next load.
+#[test]
+fn a_delete_in_a_shared_directory_reaches_the_other_tiers() {
+    let dir = scratch_dir();
+    let cfg = tenant_disk_config(&dir, true, None, BB);
+    let a = Harness::leaving_dir(&cfg, ROWS, BB);
+    let b = Harness::leaving_dir(&cfg, ROWS, BB);
+    assert_eq!(store(&a, 1, &[1], &[(3, 100)]), vec![ok()]);
+    let found = b.lookup_settled(&[1], std::time::Duration::from_secs(10));
+    assert_eq!(found, [LookupState::Hit]);
+    assert_eq!(delete(&b, 2, &[1]), vec![ok()]);
+    b.tier().drain();
+    // The deletion runs on b's I/O threads after the job is reported.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let (r, items) = load(&a, 3, &[1], &[(0, 100)]);
+        if items == [item(ItemStatus::Miss, FailReason::NotFound)] {
+            assert_eq!(r.error, Some(kvtier::ErrorKind::NotFound));
+            break;
+        }
+        assert_eq!(items, vec![ok()], "{r:?}");
+        assert!(std::time::Instant::now() < deadline, "the file stayed");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    drop((a, b));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
