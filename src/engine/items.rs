@@ -180,7 +180,10 @@ impl Tier {
             }
             match st.index.pin_readable(key) {
                 Some(slot) => {
-                    st.user_pins.get_mut(key).expect("made above").push(slot);
+                    // Room was made above: these pushes do not allocate.
+                    if let Some(slots) = st.user_pins.get_mut(key) {
+                        slots.push(slot);
+                    }
                     pinned.push((pos, slot));
                 }
                 // Removed since the lookup: not pinned, not a HIT.
