@@ -73,6 +73,21 @@ pub const TIER_FAIL_SHUTDOWN: u32 = 7;
 pub const TIER_FAIL_ALLOC: u32 = 8;
 /// Job result reason: a panic inside the library was caught (TIER_ERR_PANIC).
 pub const TIER_FAIL_PANIC: u32 = 9;
+/// Item reason: an extent load's length differs from the length stored
+/// with the block; nothing was copied (KVTIER_1.1).
+pub const TIER_FAIL_LENGTH_MISMATCH: u32 = 10;
+/// Item reason: a delete found the block pinned (tier_pin), being loaded or
+/// being stored, and left it (KVTIER_1.1).
+pub const TIER_FAIL_BUSY: u32 = 11;
+
+/// Item status: stored, loaded or deleted.
+pub const TIER_ITEM_OK: u32 = 0;
+/// Item status: the key is not in the tier (nothing to load or delete).
+pub const TIER_ITEM_MISS: u32 = 1;
+/// Item status: the item failed; `reason` says why.
+pub const TIER_ITEM_FAILED: u32 = 2;
+/// Item status: a delete left the block in place (TIER_FAIL_BUSY).
+pub const TIER_ITEM_BUSY: u32 = 3;
 
 /// Lookup state: the key is not stored.
 pub const TIER_MISS: u8 = 0;
@@ -85,6 +100,8 @@ pub const TIER_PENDING: u8 = 2;
 pub const TIER_JOB_STORE: u32 = 1;
 /// Job kind: tier blocks copied into primary rows.
 pub const TIER_JOB_LOAD: u32 = 2;
+/// Job kind: keys deleted from the tier and its storage (KVTIER_1.1).
+pub const TIER_JOB_DELETE: u32 = 3;
 
 /// Event kind: the key's block became readable in the tier (a lookup answers
 /// TIER_HIT). `reason` is a TIER_STORED_* code.
@@ -120,10 +137,15 @@ pub const TIER_REMOVED_VANISHED: u32 = 4;
 /// storage, such as a server known to be down, not counted); storage may
 /// still hold it.
 pub const TIER_REMOVED_UNREADABLE: u32 = 5;
+/// REMOVED reason: a delete job removed the block (tier_submit_delete,
+/// KVTIER_1.1).
+pub const TIER_REMOVED_DELETED: u32 = 6;
 
 #[cfg(test)]
 mod tests {
-    use crate::{EventCode, FailReason, JobKind, LookupState, RemovedReason, StoredReason};
+    use crate::{
+        EventCode, FailReason, ItemStatus, JobKind, LookupState, RemovedReason, StoredReason,
+    };
 
     /// The header's `#define`s whose names start with `prefix`, as (name, value).
     fn header_defines(prefix: &str) -> Vec<(String, i64)> {
@@ -153,7 +175,11 @@ mod tests {
     /// only fails here.
     #[test]
     fn each_family_is_exactly_the_headers_codes() {
-        let families: [(&str, Vec<(String, i64)>); 6] = [
+        let families: [(&str, Vec<(String, i64)>); 7] = [
+            (
+                "TIER_ITEM_",
+                listed(ItemStatus::ALL.iter().map(|c| (c.c_name(), c.code() as i64))),
+            ),
             (
                 "TIER_FAIL_",
                 listed(

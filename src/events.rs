@@ -43,6 +43,8 @@ c_codes! {
         /// ([`MAX_TRANSIENT_LOAD_FAILURES`](crate::MAX_TRANSIENT_LOAD_FAILURES));
         /// storage may still hold it.
         Unreadable = TIER_REMOVED_UNREADABLE,
+        /// A delete job removed it (`tier_submit_delete`).
+        Deleted = TIER_REMOVED_DELETED,
     }
 }
 

@@ -11,5 +11,7 @@ c_codes! {
         Store = TIER_JOB_STORE,
         /// Tier blocks into primary rows.
         Load = TIER_JOB_LOAD,
+        /// Keys removed from the tier and its storage; no data moves.
+        Delete = TIER_JOB_DELETE,
     }
 }

@@ -5,6 +5,7 @@
 use crate::codes::c_codes;
 use crate::error::ErrorKind;
 use crate::job_kind::JobKind;
+use std::sync::PoisonError;
 
 c_codes! {
     /// Why a job failed, finer than its [`ErrorKind`]: a hung device
@@ -32,6 +33,12 @@ c_codes! {
         Alloc = TIER_FAIL_ALLOC,
         /// A panic inside the library was caught.
         Panic = TIER_FAIL_PANIC,
+        /// An extent load's length differs from the length stored with the
+        /// block: nothing was copied.
+        LengthMismatch = TIER_FAIL_LENGTH_MISMATCH,
+        /// A delete found the block pinned (`tier_pin`), being loaded or being
+        /// stored: it stays.
+        Busy = TIER_FAIL_BUSY,
     }
 }
 
@@ -53,6 +60,81 @@ impl FailReason {
     /// as an I/O error rather than success.
     pub(super) fn from_u32(code: u32) -> FailReason {
         FailReason::from_code(code).unwrap_or(FailReason::IoError)
+    }
+}
+
+c_codes! {
+    /// What became of one key of an extent or delete job.
+    pub enum ItemStatus: u32 {
+        /// Stored, loaded, or deleted.
+        Ok = TIER_ITEM_OK,
+        /// The key is not in the tier: nothing to load or delete.
+        Miss = TIER_ITEM_MISS,
+        /// The item failed; its reason says why.
+        Failed = TIER_ITEM_FAILED,
+        /// A delete left the block in place: pinned, being loaded or stored.
+        Busy = TIER_ITEM_BUSY,
+    }
+}
+
+impl ItemStatus {
+    /// An item's status for a failure of `kind`: a miss is MISS, else FAILED.
+    pub(crate) fn for_failure(kind: ErrorKind) -> ItemStatus {
+        match kind {
+            ErrorKind::NotFound => ItemStatus::Miss,
+            _ => ItemStatus::Failed,
+        }
+    }
+
+    /// The status stored as `code`; an unknown number (never written) reads
+    /// as a failure rather than success.
+    pub(super) fn from_u32(code: u32) -> ItemStatus {
+        ItemStatus::from_code(code).unwrap_or(ItemStatus::Failed)
+    }
+}
+
+/// One key's outcome in an extent or delete job, in submit order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ItemResult {
+    /// What became of the key.
+    pub status: ItemStatus,
+    /// `FailReason::None` when OK, else why not.
+    pub reason: FailReason,
+}
+
+/// Where a job's per-item results go: the job hands each key's result to
+/// [`ItemSink::put`] once, in the moment before the job is reported, and
+/// never afterwards (the C shell writes them into the caller's array).
+pub trait ItemSink: Send + Sync {
+    /// The result of the key at position `pos` of the job.
+    fn put(&self, pos: usize, result: ItemResult);
+}
+
+/// An [`ItemSink`] that keeps the results, for Rust callers.
+#[derive(Debug, Default)]
+pub struct ItemResults(std::sync::Mutex<Vec<Option<ItemResult>>>);
+
+impl ItemResults {
+    /// Room for `n` results, none yet.
+    pub fn new(n: usize) -> ItemResults {
+        ItemResults(std::sync::Mutex::new(vec![None; n]))
+    }
+
+    /// The results so far (`None` until the job is reported).
+    pub fn get(&self) -> Vec<Option<ItemResult>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ItemSink for ItemResults {
+    fn put(&self, pos: usize, result: ItemResult) {
+        let mut results = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = results.get_mut(pos) {
+            *slot = Some(result);
+        }
     }
 }
 

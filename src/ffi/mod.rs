@@ -9,6 +9,7 @@
 
 mod api;
 mod api_config;
+mod api_items;
 mod api_jobs;
 mod api_observe;
 mod boundary;
@@ -16,6 +17,7 @@ mod types;
 
 pub use api::*;
 pub use api_config::*;
+pub use api_items::*;
 pub use api_jobs::*;
 pub use api_observe::*;
 pub use types::*;

@@ -21,12 +21,36 @@ pub const TIER_EVENT_SIZE_V1: u32 = 160;
 /// sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
 /// accepts.
 pub const TIER_ABI_INFO_SIZE_V1: u32 = 20;
+/// sizeof(tier_item_result_t) when it was added (KVTIER_1.1), the least
+/// `result_size` the extent and delete submits accept.
+pub const TIER_ITEM_RESULT_SIZE_V1: u32 = 8;
 
 pub use crate::codes::*;
 pub use crate::status::*;
 
 /// Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
 pub const TIER_MAX_KEY_LEN: u32 = 128;
+
+/// One key's outcome in an extent or delete job, written by the library
+/// into the caller's array (at the caller's `result_size` stride) before
+/// the job is reported by tier_poll_finished. Added in KVTIER_1.1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tier_item_result_t {
+    /// A TIER_ITEM_* code.
+    pub status: u32,
+    /// TIER_FAIL_NONE when OK, else a TIER_FAIL_* code: why not.
+    pub reason: u32,
+}
+
+impl From<crate::ItemResult> for tier_item_result_t {
+    fn from(r: crate::ItemResult) -> tier_item_result_t {
+        tier_item_result_t {
+            status: r.status as u32,
+            reason: r.reason as u32,
+        }
+    }
+}
 
 /// One block event, filled in by `tier_poll_events`.
 #[repr(C)]
@@ -186,6 +210,10 @@ mod tests {
     #[test]
     fn constants_match_the_core() {
         assert_eq!(TIER_MAX_KEY_LEN as usize, crate::MAX_KEY_LEN);
+        assert_eq!(
+            std::mem::size_of::<tier_item_result_t>(),
+            TIER_ITEM_RESULT_SIZE_V1 as usize
+        );
     }
 
     #[test]

@@ -27,7 +27,7 @@ use super::prefault::{ahead_window, allocate, ArenaProgress, Backing, Populator,
 use super::{Backend, Discards, EachBlock, Persistence};
 use crate::checksum_copy::copy_with_xxh3;
 use crate::config::Prefault;
-use crate::error::{bail, Result};
+use crate::error::{bail, Error, ErrorKind, Result};
 use crate::sync::Mutex;
 use std::collections::hash_map::{Entry, HashMap};
 use std::path::Path;
@@ -184,7 +184,7 @@ impl PersistentArena {
 
 impl Backend for PersistentArena {
     fn store(&self, slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
-        assert_eq!(block.len(), self.block_bytes);
+        assert!(!block.is_empty() && block.len() <= self.block_bytes);
         let p = self.arena_slot(slot);
         let rec = self.record(p);
         self.allocate_slot(p, rec)?;
@@ -193,18 +193,37 @@ impl Backend for PersistentArena {
         // written by this store alone (see the Sync note); `block` is the
         // caller's row, a distinct mapping.
         let sum = unsafe { copy_with_xxh3(block.as_ptr(), self.block_ptr(p), block.len()) };
-        rec.publish(key, sum, self.tick());
+        let short_len = if block.len() == self.block_bytes {
+            0
+        } else {
+            block.len() as u64
+        };
+        rec.publish(key, sum, self.tick(), short_len);
         self.trusted[p as usize].store(true, Ordering::Relaxed);
         let end = (p as usize + 1) * self.block_bytes;
         self.progress
             .note_stored(end, self.populator.as_ref().map(Populator::thread));
-        Ok(self.block_bytes as u64)
+        Ok(block.len() as u64)
+    }
+
+    fn stores_extents(&self) -> bool {
+        true
     }
 
     fn load(&self, slot: u32, _key: &[u8], dst: &mut [u8]) -> Result<()> {
-        assert_eq!(dst.len(), self.block_bytes);
         let p = self.arena_slot(slot);
         let rec = self.record(p);
+        let stored = rec.payload_len(self.block_bytes);
+        if dst.len() != stored {
+            return Err(Error::new(
+                ErrorKind::InvalidArg,
+                format!(
+                    "persist_path: the block was stored with {stored} bytes; the load asked for {}",
+                    dst.len()
+                ),
+            )
+            .wrong_length());
+        }
         let src = self.block_ptr(p);
         if self.trusted[p as usize].load(Ordering::Relaxed) {
             // SAFETY: a Ready, pinned slot (no writer); dst is distinct.

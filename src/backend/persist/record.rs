@@ -46,7 +46,11 @@ pub(super) struct Record {
     /// Nonzero once the slot's pages are allocated in the file (`fallocate`):
     /// a store into a hole of a full tmpfs would be SIGBUS, not an error.
     allocated: AtomicU64,
-    _reserved: [AtomicU64; 2],
+    /// The payload's length when shorter than the block size (an extent
+    /// store), in the check; 0 for a whole block, whose check leaves it out,
+    /// as records written before extents were.
+    short_len: AtomicU64,
+    _reserved: AtomicU64,
     key: [AtomicU64; KEY_WORDS],
 }
 
@@ -77,13 +81,19 @@ fn key_words(key: &[u8]) -> [u64; KEY_WORDS] {
     words
 }
 
-fn check_of(words: &[u64; KEY_WORDS], key_len: u64, sum: u64, stamp: u64) -> u64 {
-    let mut all = [0u8; 8 * (KEY_WORDS + 3)];
-    let tail = [key_len, sum, stamp];
+fn check_of(words: &[u64; KEY_WORDS], key_len: u64, sum: u64, stamp: u64, short_len: u64) -> u64 {
+    let mut all = [0u8; 8 * (KEY_WORDS + 4)];
+    let tail = [key_len, sum, stamp, short_len];
     for (at, w) in all.chunks_mut(8).zip(words.iter().chain(&tail)) {
         at.copy_from_slice(&w.to_le_bytes());
     }
-    xxh64(&all, CHECK_SEED)
+    // A whole block's check is over the words before `short_len`.
+    let len = if short_len == 0 {
+        all.len() - 8
+    } else {
+        all.len()
+    };
+    xxh64(&all[..len], CHECK_SEED)
 }
 
 impl Record {
@@ -95,7 +105,7 @@ impl Record {
     }
 
     /// After the payload: the record, then (fenced) the commit word.
-    pub(super) fn publish(&self, key: &[u8], sum: u64, stamp: u64) {
+    pub(super) fn publish(&self, key: &[u8], sum: u64, stamp: u64, short_len: u64) {
         debug_assert!(stamp != 0 && !key.is_empty() && key.len() <= MAX_KEY_LEN);
         let words = key_words(key);
         for (slot, &w) in self.key.iter().zip(&words) {
@@ -104,8 +114,9 @@ impl Record {
         self.key_len.store(key.len() as u64, Ordering::Relaxed);
         self.sum.store(sum, Ordering::Relaxed);
         self.used.store(stamp, Ordering::Relaxed);
+        self.short_len.store(short_len, Ordering::Relaxed);
         self.check.store(
-            check_of(&words, key.len() as u64, sum, stamp),
+            check_of(&words, key.len() as u64, sum, stamp, short_len),
             Ordering::Relaxed,
         );
         // The payload (non-temporal stores included) and the record before
@@ -123,9 +134,11 @@ impl Record {
         let words: [u64; KEY_WORDS] = std::array::from_fn(|i| self.key[i].load(Ordering::Relaxed));
         let key_len = self.key_len.load(Ordering::Relaxed);
         let sum = self.sum.load(Ordering::Relaxed);
+        let short_len = self.short_len.load(Ordering::Relaxed);
         if key_len == 0
             || key_len > MAX_KEY_LEN as u64
-            || self.check.load(Ordering::Relaxed) != check_of(&words, key_len, sum, stamp)
+            || self.check.load(Ordering::Relaxed)
+                != check_of(&words, key_len, sum, stamp, short_len)
         {
             return Found::Damaged(stamp);
         }
@@ -171,6 +184,14 @@ impl Record {
         self.sum.load(Ordering::Relaxed)
     }
 
+    /// The payload's length, for a block of `block_bytes`.
+    pub(super) fn payload_len(&self, block_bytes: usize) -> usize {
+        match self.short_len.load(Ordering::Relaxed) {
+            0 => block_bytes,
+            n => n as usize,
+        }
+    }
+
     /// A use of the block: recency for the next open.
     pub(super) fn touch(&self, stamp: u64) {
         self.used.store(stamp, Ordering::Relaxed);
@@ -198,7 +219,7 @@ mod tests {
     fn a_published_block_reads_back_and_a_begun_one_is_no_block() {
         let r = record();
         assert!(matches!(r.read(), Found::Nothing));
-        r.publish(b"some key", 42, 7);
+        r.publish(b"some key", 42, 7, 0);
         match r.read() {
             Found::Block(held) => {
                 assert_eq!(
@@ -219,24 +240,33 @@ mod tests {
     #[test]
     fn a_record_whose_words_do_not_belong_together_is_damaged() {
         let r = record();
-        r.publish(&[9u8; MAX_KEY_LEN], 42, 7);
+        r.publish(&[9u8; MAX_KEY_LEN], 42, 7, 0);
         r.sum.store(43, Ordering::Relaxed);
         assert!(matches!(r.read(), Found::Damaged(7)));
-        r.publish(b"k", 42, 8);
+        r.publish(b"k", 42, 8, 0);
         r.key[0].fetch_xor(1, Ordering::Relaxed);
         assert!(matches!(r.read(), Found::Damaged(8)));
         // A stamp that is not the one the record was checked with.
-        r.publish(b"k", 42, 9);
+        r.publish(b"k", 42, 9, 0);
         r.commit.store(10, Ordering::Relaxed);
         assert!(matches!(r.read(), Found::Damaged(10)));
+        // An extent's length is checked too: changed, or cleared (which
+        // would make it a whole block), the record is no block.
+        r.publish(b"k", 42, 11, 100);
+        assert!(matches!(r.read(), Found::Block(_)));
+        assert_eq!(r.payload_len(4096), 100);
+        r.short_len.store(101, Ordering::Relaxed);
+        assert!(matches!(r.read(), Found::Damaged(11)));
+        r.short_len.store(0, Ordering::Relaxed);
+        assert!(matches!(r.read(), Found::Damaged(11)));
     }
 
     #[test]
     fn withdrawing_fails_once_a_store_has_begun_or_committed_again() {
         let r = record();
-        r.publish(b"k", 1, 5);
+        r.publish(b"k", 1, 5, 0);
         assert!(!r.withdraw(4));
-        r.publish(b"k", 1, 6);
+        r.publish(b"k", 1, 6, 0);
         assert!(!r.withdraw(5), "a stale stamp withdraws nothing");
         assert!(r.withdraw(6));
         assert!(matches!(r.read(), Found::Nothing));

@@ -231,7 +231,11 @@ pub(super) fn check_header(
     if h.namespace_fp != namespace_fp {
         return Err("block of another namespace".into());
     }
-    if h.payload_len != block_bytes as u64 || value_len != h.len + block_bytes {
+    // An extent store's payload is 1 to block_bytes long.
+    if h.payload_len == 0
+        || h.payload_len > block_bytes as u64
+        || value_len != h.len + h.payload_len as usize
+    {
         return Err(format!(
             "value of {value_len} bytes for a block of {block_bytes}"
         ));

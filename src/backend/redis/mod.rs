@@ -159,7 +159,7 @@ impl RedisBackend {
         value: &mut [u8],
         key: &[u8],
         dst: &mut [u8],
-    ) -> std::result::Result<(), String> {
+    ) -> std::result::Result<std::result::Result<(), usize>, String> {
         if let Some(seal) = self.sealed() {
             // A newer format's value may be of another length: its record
             // says so first, once its key field proves it (a miss, never
@@ -178,16 +178,21 @@ impl RedisBackend {
             let (record, payload) = value.split_at_mut(RECORD_LEN);
             seal.unseal(self.naming().fp, self.block_bytes, key, record, payload)?;
             dst.copy_from_slice(payload);
-            return Ok(());
+            return Ok(Ok(()));
         }
         let sum =
             format::check_header(value, value.len(), self.naming().fp, key, self.block_bytes)?;
-        let payload = &value[value.len() - self.block_bytes..];
+        let payload = &value[format::header_len(key.len())..];
         if !sum.matches(payload) {
             return Err("payload checksum mismatch".into());
         }
+        // A good block of another length than asked (an extent load): not
+        // copied, and kept.
+        if payload.len() != dst.len() {
+            return Ok(Err(payload.len()));
+        }
         dst.copy_from_slice(payload);
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// A private GET's answer for `key`: copied into `dst` if it is this
@@ -204,10 +209,18 @@ impl RedisBackend {
         let Some(mut value) = value else {
             return Err(self.not_found(name));
         };
-        if let Err(problem) = self.verify_into(&mut value, key, dst) {
-            return Err(self.condemn(name, &problem, deadline));
+        match self.verify_into(&mut value, key, dst) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(stored)) => Err(Error::new(
+                ErrorKind::InvalidArg,
+                format!(
+                    "redis: {name}: the block was stored with {stored} bytes; the load asked for {}",
+                    dst.len()
+                ),
+            )
+            .wrong_length()),
+            Err(problem) => Err(self.condemn(name, &problem, deadline)),
         }
-        Ok(())
     }
 
     fn not_found(&self, name: &str) -> Error {

@@ -26,7 +26,7 @@ impl Batches for RedisBackend {
     ) {
         let _guards = self.stripes.lock_all(blocks.iter().map(|&(_, key, _)| key));
         for (i, outcome) in self.store_routed(blocks).into_iter().enumerate() {
-            done(i, outcome.map(|()| self.block_bytes as u64));
+            done(i, outcome.map(|()| blocks[i].2.len() as u64));
         }
     }
 
@@ -163,7 +163,12 @@ impl Backend for RedisBackend {
         let _guard = self.stripes.of(key).lock();
         let outcome = self.store_routed(&[(slot, key, block)]).pop();
         outcome.expect("one block, one outcome")?;
-        Ok(self.block_bytes as u64)
+        Ok(block.len() as u64)
+    }
+
+    fn stores_extents(&self) -> bool {
+        // A sealed record's layout is fixed to the block size.
+        self.seal.is_none()
     }
 
     /// A GET into a private buffer, verified there before it is copied
