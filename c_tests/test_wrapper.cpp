@@ -326,6 +326,44 @@ void test_round_trip_every_key_and_row_form() {
     CHECK(finish(tier, 1)[0].num_blocks == 0);
 }
 
+// Extents, deletes and pins (KVTIER_1.1) through the wrapper, with results per key.
+void test_items_through_the_wrapper() {
+    constexpr std::size_t kBlock = 16 * 1024;
+    Primary primary(8, kBlock);
+    kvtier::Tier tier(config("64KiB", 2), primary.data, primary.bytes, kBlock);
+    const std::vector<Key> both = keys(1, 2);
+    const std::uint64_t from[2] = {3, kBlock + 1}, lengths[2] = {100, kBlock};
+    tu_fill(primary.data + from[0], lengths[0], 1);
+    tu_fill(primary.data + from[1], lengths[1], 2);
+    std::array<kvtier::ItemResult, 2> items{};
+    tier.submit_store_extents(1, both, from, lengths, items);
+    CHECK(finish(tier, 1)[0].status == TIER_OK);
+    CHECK(items[0].status == TIER_ITEM_OK && items[1].status == TIER_ITEM_OK);
+    const std::vector<std::uint64_t> to = {3 * kBlock + 7, 5 * kBlock}, wrong = {100, kBlock - 1};
+    tier.submit_load_extents(2, both, to, wrong, items);
+    const kvtier::JobResult loaded = finish(tier, 1)[0];
+    CHECK(loaded.status != TIER_OK && loaded.num_done == 1);
+    CHECK(items[0].status == TIER_ITEM_OK && items[1].status == TIER_ITEM_FAILED &&
+          items[1].reason == TIER_FAIL_LENGTH_MISMATCH);
+    CHECK(tu_mismatch(primary.data + to[0], 100, 1) == -1);
+    std::array<kvtier::State, 2> states{};
+    tier.pin(both, states);
+    CHECK(states[0] == kvtier::State::hit && states[1] == kvtier::State::hit);
+    tier.unpin(keys(1, 1));
+    tier.submit_delete(3, both, items);
+    CHECK(finish(tier, 1)[0].kind == TIER_JOB_DELETE);
+    CHECK(items[0].status == TIER_ITEM_OK && items[1].status == TIER_ITEM_BUSY);
+    tier.unpin(both);  // key 1 no longer pinned, nor stored: ignored
+    tier.submit_delete(4, keys(2, 1));  // no results wanted
+    CHECK(finish(tier, 1)[0].num_done == 1);
+    expect_error(
+        __LINE__, [&] { tier.submit_store_extents(5, both, from, kvtier::Span<const std::uint64_t>(lengths, 1)); },
+        TIER_ERR_INVALID_ARG, "kvtier::Tier::submit_store_extents", "1 lengths for 2 keys");
+    expect_error(
+        __LINE__, [&] { tier.submit_load_extents(5, both, to, lengths, kvtier::Span<kvtier::ItemResult>(items.data(), 1)); },
+        TIER_ERR_INVALID_ARG, "kvtier::Tier::submit_load_extents", "results holds 1 entries for 2 keys");
+}
+
 // Several threads store, load, poll, look up and read stats on one Tier.
 void test_threads_share_one_tier() {
     constexpr std::size_t kBlock = 16 * 1024;
@@ -409,6 +447,7 @@ int main(int argc, char **argv) {
         TU_SUBTEST(events_through_the_wrapper),
         TU_SUBTEST(round_trip_every_key_and_row_form),
         TU_SUBTEST(threads_share_one_tier),
+        TU_SUBTEST(items_through_the_wrapper),
     };
     return tu_run_subtests("test_wrapper", argc, argv, subtests, TU_COUNT(subtests));
 }

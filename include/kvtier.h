@@ -58,6 +58,12 @@
 #define TIER_ABI_INFO_SIZE_V1 20
 
 /**
+ * sizeof(tier_item_result_t) when it was added (KVTIER_1.1), the least
+ * `result_size` the extent and delete submits accept.
+ */
+#define TIER_ITEM_RESULT_SIZE_V1 8
+
+/**
  * Job result reason: the job succeeded.
  */
 #define TIER_FAIL_NONE 0
@@ -113,6 +119,38 @@
 #define TIER_FAIL_PANIC 9
 
 /**
+ * Item reason: an extent load's length differs from the length stored
+ * with the block; nothing was copied (KVTIER_1.1).
+ */
+#define TIER_FAIL_LENGTH_MISMATCH 10
+
+/**
+ * Item reason: a delete found the block pinned (tier_pin), being loaded or
+ * being stored, and left it (KVTIER_1.1).
+ */
+#define TIER_FAIL_BUSY 11
+
+/**
+ * Item status: stored, loaded or deleted.
+ */
+#define TIER_ITEM_OK 0
+
+/**
+ * Item status: the key is not in the tier (nothing to load or delete).
+ */
+#define TIER_ITEM_MISS 1
+
+/**
+ * Item status: the item failed; `reason` says why.
+ */
+#define TIER_ITEM_FAILED 2
+
+/**
+ * Item status: a delete left the block in place (TIER_FAIL_BUSY).
+ */
+#define TIER_ITEM_BUSY 3
+
+/**
  * Lookup state: the key is not stored.
  */
 #define TIER_MISS 0
@@ -136,6 +174,11 @@
  * Job kind: tier blocks copied into primary rows.
  */
 #define TIER_JOB_LOAD 2
+
+/**
+ * Job kind: keys deleted from the tier and its storage (KVTIER_1.1).
+ */
+#define TIER_JOB_DELETE 3
 
 /**
  * Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
@@ -208,6 +251,12 @@
 #define TIER_REMOVED_UNREADABLE 5
 
 /**
+ * REMOVED reason: a delete job removed the block (tier_submit_delete,
+ * KVTIER_1.1).
+ */
+#define TIER_REMOVED_DELETED 6
+
+/**
  * An opaque configuration builder, created by `tier_config_new` and destroyed
  * by `tier_config_free`. Not safe for concurrent mutation.
  */
@@ -252,6 +301,22 @@ typedef struct tier_abi_info_t {
      */
     uint32_t event_size;
 } tier_abi_info_t;
+
+/**
+ * One key's outcome in an extent or delete job, written by the library
+ * into the caller's array (at the caller's `result_size` stride) before
+ * the job is reported by tier_poll_finished. Added in KVTIER_1.1.
+ */
+typedef struct tier_item_result_t {
+    /**
+     * A TIER_ITEM_* code.
+     */
+    uint32_t status;
+    /**
+     * TIER_FAIL_NONE when OK, else a TIER_FAIL_* code: why not.
+     */
+    uint32_t reason;
+} tier_item_result_t;
 
 /**
  * The result of one finished job, filled in by `tier_poll_finished`.
@@ -753,6 +818,123 @@ tier_status_t tier_new(const struct tier_config_t *cfg,
  * queued jobs) until the child exits. The parent's tier is unaffected.
  */
 void tier_free(struct tier_t *tier);
+
+/**
+ * Submits a job that stores key `i` (n keys of key_len bytes, packed) from
+ * the `lengths[i]` bytes at byte `offsets[i]` of the primary buffer given
+ * to tier_new. Lengths are 1 to the tier's block_bytes; offsets need not be
+ * row-aligned. The length is stored with the block: a load must ask for the
+ * same. Otherwise as tier_submit_store (present keys count as done, room by
+ * eviction of unpinned blocks, TIER_ERR_NO_SPACE as a whole).
+ * Per key, `results[i]` (if `results` is not NULL) is written before the
+ * job is reported: TIER_ITEM_OK, or TIER_ITEM_FAILED with a TIER_FAIL_*
+ * reason (TIER_FAIL_NO_SPACE when the job found no room).
+ * Returns TIER_OK if accepted (reported exactly once by
+ * tier_poll_finished, kind TIER_JOB_STORE). A rejected call produces no
+ * result and writes nothing: TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG
+ * (key_len; a length of 0 or above block_bytes, or an extent that runs past
+ * the primary buffer; result_size below TIER_ITEM_RESULT_SIZE_V1; a backend
+ * that does not store extents); TIER_ERR_DUPLICATE_JOB; TIER_ERR_ALLOC;
+ * TIER_ERR_SHUTDOWN.
+ * Ownership: `keys`, `offsets` and `lengths` are copied before return. The
+ * extents are read, and `results` written, until the job is polled: leave
+ * them alone and alive until then.
+ * NULL: `keys`, `offsets` and `lengths` may be NULL when `n` is 0;
+ * `results` may be NULL (no per-key results).
+ * Threads: any thread, concurrently with other calls.
+ */
+tier_status_t tier_submit_store_extents(struct tier_t *tier,
+                                        uint64_t job_id,
+                                        const uint8_t *keys,
+                                        size_t key_len,
+                                        const uint64_t *offsets,
+                                        const uint64_t *lengths,
+                                        size_t n,
+                                        struct tier_item_result_t *results,
+                                        size_t result_size);
+
+/**
+ * Submits a job that loads key `i` into the `lengths[i]` bytes at byte
+ * `offsets[i]` of the primary buffer. Unlike tier_submit_load the job goes
+ * on past a key that misses or fails, so `results[i]` says which keys
+ * loaded: TIER_ITEM_OK, TIER_ITEM_MISS (not stored; TIER_FAIL_NOT_FOUND),
+ * or TIER_ITEM_FAILED with its reason: TIER_FAIL_LENGTH_MISMATCH (the
+ * block was stored with another length: nothing copied, the block kept),
+ * TIER_FAIL_CORRUPT, TIER_FAIL_IO_ERROR, TIER_FAIL_DEADLINE, ... as for
+ * tier_submit_load. The job's status is its first failure's (TIER_OK if
+ * every key loaded); num_done counts the keys loaded.
+ * The extents of one load must not overlap (TIER_ERR_INVALID_ARG).
+ * Returns and rejections as for tier_submit_store_extents (kind
+ * TIER_JOB_LOAD). Ownership: as for tier_submit_store_extents; the extents
+ * are written until the job is polled.
+ * NULL: as for tier_submit_store_extents.
+ * Threads: any thread, concurrently with other calls.
+ */
+tier_status_t tier_submit_load_extents(struct tier_t *tier,
+                                       uint64_t job_id,
+                                       const uint8_t *keys,
+                                       size_t key_len,
+                                       const uint64_t *offsets,
+                                       const uint64_t *lengths,
+                                       size_t n,
+                                       struct tier_item_result_t *results,
+                                       size_t result_size);
+
+/**
+ * Submits a job that deletes `n` packed keys from the tier and its storage
+ * (a shared tier's storage too, for the blocks this tier knows), reported
+ * by tier_poll_finished like any job (kind TIER_JOB_DELETE, status
+ * TIER_OK, num_done the keys removed). Per key, `results[i]`: TIER_ITEM_OK
+ * (removed: lookups answer TIER_MISS at once, a TIER_EVENT_REMOVED with
+ * TIER_REMOVED_DELETED, storage deletes the block as it does an evicted
+ * one), TIER_ITEM_MISS (not in the tier), TIER_ITEM_BUSY (TIER_FAIL_BUSY:
+ * pinned by tier_pin, being loaded or being stored; left in place).
+ * Rejections as for tier_submit_store_extents, with no result.
+ * Ownership: `keys` is copied before return; `results` is written before
+ * the job is reported. NULL: `keys` when `n` is 0; `results` (no per-key
+ * results). Threads: any thread, concurrently with other calls.
+ */
+tier_status_t tier_submit_delete(struct tier_t *tier,
+                                 uint64_t job_id,
+                                 const uint8_t *keys,
+                                 size_t key_len,
+                                 size_t n,
+                                 struct tier_item_result_t *results,
+                                 size_t result_size);
+
+/**
+ * Looks up `n` packed keys as tier_lookup does, writing one state per key
+ * to `out_states`, and pins every key answered TIER_HIT: its block is not
+ * evicted (a store that finds every block pinned fails with
+ * TIER_ERR_NO_SPACE instead) nor deleted (TIER_ITEM_BUSY) until tier_unpin
+ * is called for it as many times. Pins belong to this tier handle, in this
+ * process: on shared storage another process may still delete the stored
+ * block (a later load of it then fails TIER_ITEM_MISS).
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (key_len);
+ * TIER_ERR_ALLOC (nothing pinned); TIER_ERR_SHUTDOWN. `out_states` is
+ * written only on success.
+ * Ownership: both buffers are borrowed for the call.
+ * NULL: `keys` and `out_states` may be NULL when `n` is 0.
+ * Threads: any thread, concurrently with other calls.
+ */
+tier_status_t tier_pin(struct tier_t *tier,
+                       const uint8_t *keys,
+                       size_t key_len,
+                       size_t n,
+                       uint8_t *out_states);
+
+/**
+ * Drops one tier_pin of each of `n` packed keys. Keys never pinned, or
+ * unpinned as often as pinned, are ignored; a handle inherited across
+ * fork() does nothing. Returns TIER_OK, or for bad arguments only:
+ * TIER_ERR_NULL_ARG, TIER_ERR_INVALID_ARG (key_len).
+ * Ownership: `keys` is borrowed for the call. NULL: `keys` when `n` is 0.
+ * Threads: any thread, concurrently with other calls.
+ */
+tier_status_t tier_unpin(struct tier_t *tier,
+                         const uint8_t *keys,
+                         size_t key_len,
+                         size_t n);
 
 /**
  * Looks up `n` keys of `key_len` bytes, packed back to back in `keys`, and

@@ -88,6 +88,8 @@ enum class EventKind : std::uint32_t { stored = TIER_EVENT_STORED, removed = TIE
  * reason is a TIER_STORED_* or TIER_REMOVED_* code.
  */
 using Event = tier_event_t;
+/** One key's outcome in an extent or delete job (KVTIER_1.1). */
+using ItemResult = tier_item_result_t;
 
 /** The event's kind as an EventKind. */
 inline EventKind kind(const Event &event) noexcept { return static_cast<EventKind>(event.kind); }
@@ -503,6 +505,58 @@ class Tier {
     }
 
     /**
+     * Submits a job storing keys[i] from the lengths[i] bytes at byte
+     * offsets[i] of the primary buffer (KVTIER_1.1). `results` (empty, or
+     * one per key) gets each key's outcome before the job is reported: keep
+     * it alive until then. Throws Error if rejected (see
+     * tier_submit_store_extents).
+     */
+    void submit_store_extents(std::uint64_t job_id, Keys keys, Span<const std::uint64_t> offsets,
+                              Span<const std::uint64_t> lengths, Span<ItemResult> results = {}) {
+        check_extents("submit_store_extents", keys, offsets, lengths, results);
+        detail::check(tier_submit_store_extents(tier_, job_id, keys.data(), keys.key_len(), offsets.data(),
+                                                lengths.data(), keys.size(), results_or_null(results),
+                                                sizeof(ItemResult)));
+    }
+
+    /** Submits a job loading keys[i] into the extents; goes on past a failed key. See tier_submit_load_extents. */
+    void submit_load_extents(std::uint64_t job_id, Keys keys, Span<const std::uint64_t> offsets,
+                             Span<const std::uint64_t> lengths, Span<ItemResult> results = {}) {
+        check_extents("submit_load_extents", keys, offsets, lengths, results);
+        detail::check(tier_submit_load_extents(tier_, job_id, keys.data(), keys.key_len(), offsets.data(),
+                                               lengths.data(), keys.size(), results_or_null(results),
+                                               sizeof(ItemResult)));
+    }
+
+    /** Submits a job deleting keys from the tier and its storage. See tier_submit_delete. */
+    void submit_delete(std::uint64_t job_id, Keys keys, Span<ItemResult> results = {}) {
+        detail::check_keys("submit_delete", keys);
+        if (!results.empty() && results.size() < keys.size()) {
+            detail::invalid("submit_delete", "results holds " + std::to_string(results.size()) + " entries for " +
+                                                 std::to_string(keys.size()) + " keys");
+        }
+        detail::check(tier_submit_delete(tier_, job_id, keys.data(), keys.key_len(), keys.size(),
+                                         results_or_null(results), sizeof(ItemResult)));
+    }
+
+    /** Looks up keys and pins every HIT, writing one state per key. See tier_pin. */
+    void pin(Keys keys, Span<State> states) {
+        detail::check_keys("pin", keys);
+        if (states.size() < keys.size()) {
+            detail::invalid("pin", "states holds " + std::to_string(states.size()) + " entries for " +
+                                       std::to_string(keys.size()) + " keys");
+        }
+        detail::check(tier_pin(tier_, keys.data(), keys.key_len(), keys.size(),
+                               reinterpret_cast<std::uint8_t *>(states.data())));
+    }
+
+    /** Drops one pin of each key; unknown keys are ignored. See tier_unpin. */
+    void unpin(Keys keys) {
+        detail::check_keys("unpin", keys);
+        detail::check(tier_unpin(tier_, keys.data(), keys.key_len(), keys.size()));
+    }
+
+    /**
      * Moves up to out.size() finished results, oldest first, into `out` and
      * returns how many (0 if none is ready). Never blocks; `out` must not be
      * empty. See tier_poll_finished.
@@ -550,6 +604,25 @@ class Tier {
 #endif  // KVTIER_NO_EXCEPTIONS
 
   private:
+#ifndef KVTIER_NO_EXCEPTIONS
+    static ItemResult *results_or_null(Span<ItemResult> results) {
+        return results.empty() ? nullptr : results.data();
+    }
+
+    static void check_extents(const char *method, const Keys &keys, Span<const std::uint64_t> offsets,
+                              Span<const std::uint64_t> lengths, Span<ItemResult> results) {
+        detail::check_rows(method, keys, offsets.size());
+        if (lengths.size() != keys.size()) {
+            detail::invalid(method, std::to_string(lengths.size()) + " lengths for " +
+                                        std::to_string(keys.size()) + " keys");
+        }
+        if (!results.empty() && results.size() < keys.size()) {
+            detail::invalid(method, "results holds " + std::to_string(results.size()) + " entries for " +
+                                        std::to_string(keys.size()) + " keys");
+        }
+    }
+#endif  // KVTIER_NO_EXCEPTIONS
+
     tier_t *tier_ = nullptr;
 };
 

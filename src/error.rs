@@ -95,6 +95,9 @@ pub struct Error {
     unsent: bool,
     /// Storage did not answer within its deadline (see [`Error::late`]).
     late: bool,
+    /// The stored block's length is not the one asked for (see
+    /// [`Error::wrong_length`]).
+    wrong_length: bool,
 }
 
 impl Error {
@@ -105,6 +108,7 @@ impl Error {
             message: message.into(),
             unsent: false,
             late: false,
+            wrong_length: false,
         }
     }
 
@@ -127,6 +131,20 @@ impl Error {
     pub(crate) fn late(mut self) -> Error {
         self.late = true;
         self
+    }
+
+    /// Marks a load whose destination length differs from the length stored
+    /// with the block (an extent load): the job fails that item with
+    /// `TIER_FAIL_LENGTH_MISMATCH` and the stored block stays as it is.
+    pub(crate) fn wrong_length(mut self) -> Error {
+        self.wrong_length = true;
+        self
+    }
+
+    /// Whether a load asked for another length than stored (see
+    /// [`Error::wrong_length`]).
+    pub(crate) fn is_wrong_length(&self) -> bool {
+        self.wrong_length
     }
 
     /// Whether storage missed its deadline (see [`Error::late`]).

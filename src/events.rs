@@ -43,6 +43,8 @@ pub enum RemovedReason {
     /// ([`MAX_TRANSIENT_LOAD_FAILURES`](crate::MAX_TRANSIENT_LOAD_FAILURES));
     /// storage may still hold it.
     Unreadable = 5,
+    /// A delete job removed it (`tier_submit_delete`).
+    Deleted = 6,
 }
 
 /// What an [`Event`] reports.

@@ -10,4 +10,6 @@ pub enum JobKind {
     Store = 1,
     /// Tier blocks into primary rows.
     Load = 2,
+    /// Keys removed from the tier and its storage; no data moves.
+    Delete = 3,
 }

@@ -59,7 +59,9 @@ pub use config::{
     DEFAULT_CAPACITY_BYTES, DEFAULT_DISK_IO_TIMEOUT_MS, DEFAULT_REDIS_IO_TIMEOUT_MS,
     MAX_IO_THREADS, MAX_IO_TIMEOUT_MS,
 };
-pub use engine::jobs::{FailReason, JobKind, JobResult};
+pub use engine::jobs::{
+    FailReason, ItemResult, ItemResults, ItemSink, ItemStatus, JobKind, JobResult,
+};
 #[cfg(feature = "test-hooks")]
 pub use engine::{DiskIoSeam, HangPoint};
 pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
@@ -69,7 +71,7 @@ pub use events::{
 };
 pub use index::LookupState;
 pub use key::MAX_KEY_LEN;
-pub use primary::PrimaryBuffer;
+pub use primary::{Extent, PrimaryBuffer};
 pub use seal::SealKey;
 pub use stats::Stats;
 

@@ -82,69 +82,83 @@ impl PrimaryBuffer {
     pub fn is_empty(&self) -> bool {
         false
     }
+}
 
-    /// Runs `f` over row `row`, read-only. Panics if `row` is out of range: every
-    /// row id was validated at submit time, so that would be a bug here.
-    pub(crate) fn with_row<R>(&self, row: usize, f: impl FnOnce(&[u8]) -> R) -> R {
-        assert!(row < self.rows, "row {row} out of range");
-        // SAFETY: in bounds (checked above, len validated at construction); the
-        // caller does not write this row while a store reads it.
-        let slice = unsafe {
-            std::slice::from_raw_parts(
-                self.base.as_ptr().add(row * self.block_bytes),
-                self.block_bytes,
-            )
-        };
-        f(slice)
+/// A caller's byte range inside the primary buffer: a job's item by
+/// (offset, length) rather than by row, for engines whose objects are not
+/// rows (LMCache's arena). Checked against the buffer at submit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Extent {
+    /// Bytes from the start of the primary buffer.
+    pub offset: usize,
+    /// Bytes in the range: 1 to the tier's block size.
+    pub len: usize,
+}
+
+impl PrimaryBuffer {
+    /// Row `row` as an extent.
+    pub(crate) fn row_extent(&self, row: usize) -> Extent {
+        Extent {
+            offset: row * self.block_bytes,
+            len: self.block_bytes,
+        }
     }
 
-    /// Row `row` as an address and length, without borrowing it: for a store
-    /// that may outlive the buffer (see `WatchedIo::store_unless`). Panics if
-    /// `row` is out of range.
-    pub(crate) fn row_unborrowed(&self, row: usize) -> Row {
-        assert!(row < self.rows, "row {row} out of range");
-        // In bounds (checked above, len validated at construction): `add`
-        // stays inside the buffer's allocation, and nothing is read.
-        let ptr = unsafe { self.base.as_ptr().add(row * self.block_bytes) };
-        Row::new(ptr, self.block_bytes)
+    /// Whether `extent` is a valid item: 1 to `block_bytes` long and inside
+    /// the buffer.
+    pub(crate) fn check_extent(&self, i: usize, extent: Extent) -> Result<()> {
+        if extent.len == 0 || extent.len > self.block_bytes {
+            bail!(
+                InvalidArg,
+                "lengths[{i}]: {} is not between 1 and the block size ({})",
+                extent.len,
+                self.block_bytes
+            );
+        }
+        if extent.offset > self.len || self.len - extent.offset < extent.len {
+            bail!(
+                InvalidArg,
+                "offsets[{i}]: {} + {} bytes runs past the primary buffer ({} bytes)",
+                extent.offset,
+                extent.len,
+                self.len
+            );
+        }
+        Ok(())
     }
 
-    /// Row `row`, read-only, for a store that reads several rows at once (a
-    /// pipelined batch). Panics if `row` is out of range.
-    pub(crate) fn row(&self, row: usize) -> &[u8] {
-        self.with_row(row, |r| {
-            // SAFETY: the same row `with_row` lends, for as long as `self`:
-            // the caller does not write a row while a store reads it.
-            unsafe { std::slice::from_raw_parts(r.as_ptr(), r.len()) }
-        })
+    fn extent_ptr(&self, extent: Extent) -> *mut u8 {
+        assert!(
+            extent.offset <= self.len && self.len - extent.offset >= extent.len,
+            "extent {extent:?} out of range"
+        );
+        // SAFETY: in bounds (checked above, len validated at construction).
+        unsafe { self.base.as_ptr().add(extent.offset) }
     }
 
-    /// Row `row`, writable, for a load that writes several rows at once (a
-    /// pipelined batch). Panics if `row` is out of range.
+    /// The bytes of `extent` (a row or an extent job's range), read-only,
+    /// for a store. Panics if it is out of range: every row and extent was
+    /// checked at submit.
+    pub(crate) fn at(&self, extent: Extent) -> &[u8] {
+        // SAFETY: in bounds; the caller does not write a range a store reads.
+        unsafe { std::slice::from_raw_parts(self.extent_ptr(extent), extent.len) }
+    }
+
+    /// The bytes of `extent`, writable, for a load.
     ///
     /// # Safety
-    /// No other reference to this row may exist while the result lives: a
-    /// load job names each row once (checked at submit) and its rows are
-    /// handed to one task each.
+    /// No other reference to these bytes may exist while the result lives:
+    /// a load's extents do not overlap (checked at submit) and are handed to
+    /// one task each.
     #[allow(clippy::mut_from_ref)]
-    pub(crate) unsafe fn row_mut(&self, row: usize) -> &mut [u8] {
-        self.with_row_mut(row, |r| {
-            std::slice::from_raw_parts_mut(r.as_mut_ptr(), r.len())
-        })
+    pub(crate) unsafe fn at_mut(&self, extent: Extent) -> &mut [u8] {
+        std::slice::from_raw_parts_mut(self.extent_ptr(extent), extent.len)
     }
 
-    /// Runs `f` over row `row`, writable. Panics if `row` is out of range.
-    pub(crate) fn with_row_mut<R>(&self, row: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        assert!(row < self.rows, "row {row} out of range");
-        // SAFETY: in bounds; a load owns its destination rows until its result is
-        // polled, and the tier hands each destination row of a job to one task.
-        let slice = unsafe {
-            std::slice::from_raw_parts_mut(
-                self.base.as_ptr().add(row * self.block_bytes),
-                self.block_bytes,
-            )
-        };
-        f(slice)
+    /// `extent` as an address and length, without borrowing it: for a store
+    /// that may outlive the buffer (see `WatchedIo::store_unless`).
+    pub(crate) fn at_unborrowed(&self, extent: Extent) -> Row {
+        Row::new(self.extent_ptr(extent), extent.len)
     }
 }
 
@@ -211,7 +225,7 @@ mod tests {
             assert_eq!(kind(PrimaryBuffer::new(p, 0, 1)), ErrorKind::InvalidArg);
             let pb = PrimaryBuffer::new(p, 64, 16).unwrap();
             assert_eq!(pb.rows(), 4);
-            pb.with_row_mut(3, |r| r.fill(7));
+            pb.at_mut(pb.row_extent(3)).fill(7);
         }
         assert_eq!(&buf[48..], &[7u8; 16]);
         assert!(buf[..48].iter().all(|&b| b == 0));

@@ -18,10 +18,15 @@ const BB: usize = 4096;
 
 pub fn empty_job_is_reported_as_success(cfg: Backend) {
     let h = Harness::new(&cfg(8, BB), 8, BB);
-    for (job, kind) in [(1, JobKind::Store), (2, JobKind::Load)] {
+    for (job, kind) in [
+        (1, JobKind::Store),
+        (2, JobKind::Load),
+        (3, JobKind::Delete),
+    ] {
         match kind {
             JobKind::Store => h.tier().submit_store(job, &[], KEY_LEN, &[]).unwrap(),
             JobKind::Load => h.tier().submit_load(job, &[], KEY_LEN, &[]).unwrap(),
+            JobKind::Delete => h.tier().submit_delete(job, &[], KEY_LEN, None).unwrap(),
         }
         let r = h.result_of(job);
         assert_eq!(

@@ -242,6 +242,7 @@ impl Model {
                     }
                 }
             }
+            JobKind::Delete => unreachable!("the model submits no deletes"),
             JobKind::Load => {
                 // A read is a use: copied blocks become most recent, the
                 // job's first key most recent of all.

@@ -1,13 +1,33 @@
 # Every symbol the shared library defines in its dynamic table is a tier_*
-# function in the version node KVTIER_<TIER_ABI_VERSION> (abi/kvtier.map), as
-# `objdump -T` shows it; the node itself is the only other entry.
+# function in the version node KVTIER_<TIER_ABI_VERSION> (abi/kvtier.map), or
+# in the later node the map names it in (functions added since, e.g.
+# KVTIER_1.1), as `objdump -T` shows it; the nodes themselves are the only
+# other entries.
 #
-# Usage: cmake -DOBJDUMP= -DLIBRARY= -DNODE= -P check_symbol_versions.cmake
+# Usage: cmake -DOBJDUMP= -DLIBRARY= -DNODE= -DMAP= -P check_symbol_versions.cmake
 execute_process(COMMAND "${OBJDUMP}" -T "${LIBRARY}"
   OUTPUT_VARIABLE table ERROR_VARIABLE errors RESULT_VARIABLE rc)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "${OBJDUMP} -T ${LIBRARY} failed (${rc}): ${errors}")
 endif()
+# The later nodes of the map and the functions each names explicitly.
+file(READ "${MAP}" map_text)
+string(REGEX REPLACE "/\\*[^*]*\\*+([^/*][^*]*\\*+)*/" "" map_text "${map_text}")
+string(REGEX MATCHALL "KVTIER_[0-9.]+ {[^}]*}" map_nodes "${map_text}")
+set(nodes "${NODE}")
+foreach(block IN LISTS map_nodes)
+  string(REGEX MATCH "^(KVTIER_[0-9.]+)" _ "${block}")
+  set(node "${CMAKE_MATCH_1}")
+  if(node STREQUAL NODE)
+    continue()
+  endif()
+  list(APPEND nodes "${node}")
+  string(REGEX MATCHALL "tier_[a-z0-9_]+;" names "${block}")
+  foreach(entry IN LISTS names)
+    string(REPLACE ";" "" entry "${entry}")
+    set("node_of_${entry}" "${node}")
+  endforeach()
+endforeach()
 string(REPLACE "\n" ";" lines "${table}")
 set(exports)
 set(problems)
@@ -19,13 +39,17 @@ foreach(line IN LISTS lines)
   string(REGEX MATCH "([^ \t]+)[ \t]+([^ \t]+)$" _ "${line}")
   set(version "${CMAKE_MATCH_1}")
   set(name "${CMAKE_MATCH_2}")
-  if(name STREQUAL NODE AND line MATCHES "\\*ABS\\*")
+  if(name IN_LIST nodes AND line MATCHES "\\*ABS\\*")
     continue()
+  endif()
+  set(want "${NODE}")
+  if(DEFINED "node_of_${name}")
+    set(want "${node_of_${name}}")
   endif()
   if(NOT name MATCHES "^tier_")
     list(APPEND problems "${name} is exported (only tier_* may be)")
-  elseif(NOT version STREQUAL NODE)
-    list(APPEND problems "${name} is in version ${version}, not ${NODE}")
+  elseif(NOT version STREQUAL want)
+    list(APPEND problems "${name} is in version ${version}, not ${want}")
   else()
     list(APPEND exports "${name}")
   endif()
@@ -38,4 +62,4 @@ if(problems)
   string(REPLACE ";" "\n  " problems "${problems}")
   message(FATAL_ERROR "${LIBRARY}:\n  ${problems}\n${table}")
 endif()
-message(STATUS "${LIBRARY}: ${n} exports, every one tier_* in ${NODE}")
+message(STATUS "${LIBRARY}: ${n} exports, every one tier_* in its node of ${nodes}")

@@ -54,6 +54,7 @@ kvtier_abi_test(abi_check_selftest
   -P "${_kvtier_abi}/selftest.cmake")
 kvtier_abi_test(abi_symbol_versions
   "-DOBJDUMP=${KVTIER_OBJDUMP}" "-DLIBRARY=${_kvtier_abi_library}" "-DNODE=KVTIER_${KVTIER_ABI_VERSION}"
+  "-DMAP=${KVTIER_ROOT}/abi/kvtier.map"
   -P "${_kvtier_abi}/check_symbol_versions.cmake")
 kvtier_abi_test(abi_old_binary_refused
   "-DCC=${CMAKE_C_COMPILER}" "-DREADELF=${KVTIER_READELF}" "-DSOURCE_DIR=${_kvtier_abi}/old_0_1_0"

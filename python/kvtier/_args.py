@@ -114,3 +114,25 @@ def pack_block_ids(block_ids: Any, function: str) -> tuple[Any, int]:
     except TypeError:
         raise KVTierError(TIER_ERR_INVALID_ARG, "block_ids must be a sequence of integers", function) from None
     return arr.tobytes(), len(arr)
+
+
+def count_extents(values: Any, what: str, function: str) -> tuple[Any, int]:
+    """Offsets or lengths packed as native uint64 bytes (passed as
+    ``const uint64_t *``), and their count."""
+    if type(values) is _ndarray or isinstance(values, _ndarray):
+        if values.ndim != 1 or values.dtype.kind not in "iu":
+            raise KVTierError(
+                TIER_ERR_INVALID_ARG,
+                f"{what} must be a one-dimensional integer array, got {values.dtype} {values.shape}",
+                function,
+            )
+        if values.dtype.kind == "i" and values.size and values.min() < 0:
+            raise KVTierError(TIER_ERR_INVALID_ARG, f"{what}: a value is negative", function)
+        return values.astype(_np.uint64).tobytes(), values.shape[0]
+    try:
+        arr = array.array("Q", values)
+    except OverflowError:
+        raise KVTierError(TIER_ERR_INVALID_ARG, f"{what}: a value is negative or above uint64", function) from None
+    except TypeError:
+        raise KVTierError(TIER_ERR_INVALID_ARG, f"{what} must be a sequence of integers", function) from None
+    return arr.tobytes(), len(arr)

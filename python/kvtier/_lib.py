@@ -30,6 +30,7 @@ TIER_PENDING = 2
 
 TIER_JOB_STORE = 1
 TIER_JOB_LOAD = 2
+TIER_JOB_DELETE = 3
 
 TIER_MAX_KEY_LEN = 128
 TIER_EVENT_STORED = 1
@@ -43,6 +44,7 @@ TIER_REMOVED_CLEARED = 2
 TIER_REMOVED_CORRUPT = 3
 TIER_REMOVED_VANISHED = 4
 TIER_REMOVED_UNREADABLE = 5
+TIER_REMOVED_DELETED = 6
 
 # The ABI this binding speaks (TIER_ABI_VERSION of include/kvtier.h).
 TIER_ABI_VERSION = 1
@@ -58,6 +60,18 @@ TIER_FAIL_UNAVAILABLE = 6
 TIER_FAIL_SHUTDOWN = 7
 TIER_FAIL_ALLOC = 8
 TIER_FAIL_PANIC = 9
+TIER_FAIL_LENGTH_MISMATCH = 10
+TIER_FAIL_BUSY = 11
+
+# tier_item_result_t.status: what became of one key of an extent or delete
+# job (TIER_ITEM_*).
+TIER_ITEM_OK = 0
+TIER_ITEM_MISS = 1
+TIER_ITEM_FAILED = 2
+TIER_ITEM_BUSY = 3
+# sizeof(tier_item_result_t) when it was added, the least result_size the
+# library accepts.
+TIER_ITEM_RESULT_SIZE_V1 = 8
 
 
 class tier_job_result_t(Structure):
@@ -72,6 +86,13 @@ class tier_job_result_t(Structure):
         ("io_ns", c_uint64),
         ("reason", c_uint32),
         ("reserved", c_uint32),
+    ]
+
+
+class tier_item_result_t(Structure):
+    _fields_ = [
+        ("status", c_uint32),
+        ("reason", c_uint32),
     ]
 
 
@@ -241,6 +262,18 @@ def _declare(lib: ctypes.CDLL) -> None:
         "tier_poll_events": (c_int32, [P, P, c_size_t, c_size_t, POINTER(c_size_t)]),
         "tier_metrics": (c_size_t, [P, c_void_p, c_size_t]),
         "tier_completion_fd": (c_int32, [P]),
+        # KVTIER_1.1
+        "tier_submit_store_extents": (
+            c_int32,
+            [P, c_uint64, P, c_size_t, P, P, c_size_t, P, c_size_t],
+        ),
+        "tier_submit_load_extents": (
+            c_int32,
+            [P, c_uint64, P, c_size_t, P, P, c_size_t, P, c_size_t],
+        ),
+        "tier_submit_delete": (c_int32, [P, c_uint64, P, c_size_t, c_size_t, P, c_size_t]),
+        "tier_pin": (c_int32, [P, P, c_size_t, c_size_t, P]),
+        "tier_unpin": (c_int32, [P, P, c_size_t, c_size_t]),
     }
     for name, (restype, argtypes) in sigs.items():
         fn = getattr(lib, name, None)

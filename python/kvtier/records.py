@@ -28,6 +28,7 @@ LOOKUP_STATES = (LookupState.MISS, LookupState.HIT, LookupState.PENDING)
 class JobKind(enum.IntEnum):
     STORE = _lib.TIER_JOB_STORE
     LOAD = _lib.TIER_JOB_LOAD
+    DELETE = _lib.TIER_JOB_DELETE
 
 
 class FailReason(enum.IntEnum):
@@ -43,6 +44,30 @@ class FailReason(enum.IntEnum):
     SHUTDOWN = _lib.TIER_FAIL_SHUTDOWN
     ALLOC = _lib.TIER_FAIL_ALLOC
     PANIC = _lib.TIER_FAIL_PANIC
+    LENGTH_MISMATCH = _lib.TIER_FAIL_LENGTH_MISMATCH  # an extent load of another length
+    BUSY = _lib.TIER_FAIL_BUSY  # a delete found the block pinned or in flight
+
+
+class ItemStatus(enum.IntEnum):
+    """What became of one key of an extent or delete job (``ItemResult.status``,
+    the C ``TIER_ITEM_*``)."""
+
+    OK = _lib.TIER_ITEM_OK
+    MISS = _lib.TIER_ITEM_MISS
+    FAILED = _lib.TIER_ITEM_FAILED
+    BUSY = _lib.TIER_ITEM_BUSY
+
+
+class ItemResult(NamedTuple):
+    """One key's outcome in an extent or delete job (``JobResult.items``)."""
+
+    status: ItemStatus
+    #: ``FailReason.NONE`` when OK, else why not.
+    reason: FailReason
+
+    @property
+    def ok(self) -> bool:
+        return self.status == ItemStatus.OK
 
 
 class JobResult(NamedTuple):
@@ -65,6 +90,9 @@ class JobResult(NamedTuple):
     #: (``NONE`` on success; ``DEADLINE``, a hung device, and
     #: ``UNAVAILABLE`` both come with ``TIER_ERR_IO``).
     reason: int = 0
+    #: Extent and delete jobs: one :class:`ItemResult` per key, in submit
+    #: order; ``None`` for jobs of rows.
+    items: list[ItemResult] | None = None
 
     @property
     def ok(self) -> bool:
@@ -87,7 +115,18 @@ class JobResult(NamedTuple):
 # num_done u32, bytes u64, elapsed_ns u64, io_ns u64, reason u32,
 # reserved u32 (56 bytes, no padding).
 RESULT_STRUCT = struct.Struct("=QiIIIQQQI4x")
-make_result = JobResult._make
+_NO_ITEMS = (None,)
+_tuple_new = tuple.__new__
+
+
+def make_result(fields: tuple[Any, ...]) -> JobResult:
+    """A :class:`JobResult` from one unpacked ``tier_job_result_t`` (no items)."""
+    return _tuple_new(JobResult, fields + _NO_ITEMS)
+
+
+# tier_item_result_t: status u32, reason u32.
+ITEM_STRUCT = struct.Struct("=II")
+assert ITEM_STRUCT.size == ctypes.sizeof(_lib.tier_item_result_t) == _lib.TIER_ITEM_RESULT_SIZE_V1
 assert RESULT_STRUCT.size == ctypes.sizeof(_lib.tier_job_result_t)
 
 
@@ -113,6 +152,7 @@ class RemovedReason(enum.IntEnum):
     CORRUPT = _lib.TIER_REMOVED_CORRUPT
     VANISHED = _lib.TIER_REMOVED_VANISHED  # storage no longer holds it
     UNREADABLE = _lib.TIER_REMOVED_UNREADABLE  # transient load failures, given up on
+    DELETED = _lib.TIER_REMOVED_DELETED  # a delete job (Tier.submit_delete)
 
 
 class Event(NamedTuple):

@@ -11,6 +11,7 @@ from typing import Any
 
 from . import _lib
 from ._args import config_text, count_packed, pack_block_ids, pack_keys
+from ._items import ItemJobs
 from ._lib import (
     TIER_ERR_INVALID_ARG,
     TIER_ERR_SHUTDOWN,
@@ -26,6 +27,8 @@ from .records import (
     Event,
     EventKind,
     FailReason,
+    ItemResult,
+    ItemStatus,
     JobKind,
     JobResult,
     LookupState,
@@ -42,6 +45,8 @@ __all__ = [
     "Event",
     "EventKind",
     "FailReason",
+    "ItemResult",
+    "ItemStatus",
     "JobKind",
     "JobResult",
     "KVTierError",
@@ -75,7 +80,7 @@ _EVENT_CHUNK = 256
 _WAIT_SLICE_S = 0.05
 
 
-class Tier:
+class Tier(ItemJobs):
     """A kvtier secondary tier over a caller-owned primary buffer.
 
     ``buffer`` is any writable, C-contiguous object with the buffer protocol
@@ -114,6 +119,7 @@ class Tier:
         self._calls: list[None] = []
         self._poll_buffers: list[Any] = []
         self._event_buffers: list[Any] = []
+        self._item_arrays: dict[int, tuple[Any, int]] = {}
         self._anchor = None
         self._view = None
         # The creating process: in a forked child, close() must not wait for
@@ -224,6 +230,7 @@ class Tier:
         # and the calls never end; tier_free on an inherited handle neither
         # waits nor touches anything those calls used.
         lib.tier_free(handle)
+        self._item_arrays.clear()  # abandoned jobs: never reported
         self._anchor = None
         if self._view is not None:
             try:
@@ -385,6 +392,8 @@ class Tier:
                         map(make_result, RESULT_STRUCT.iter_unpack(view[: n * RESULT_STRUCT.size]))
                     )
                 if n < want or len(results) >= max:
+                    if self._item_arrays:
+                        results = [self._with_items(r) for r in results]
                     return results
         finally:
             bufs.append((buf, view))

@@ -20,6 +20,7 @@ FAMILIES = {
     "TIER_STORED_": kvtier.StoredReason,
     "TIER_REMOVED_": kvtier.RemovedReason,
     "TIER_JOB_": kvtier.JobKind,
+    "TIER_ITEM_": kvtier.ItemStatus,
 }
 LOOKUP_STATES = ("TIER_MISS", "TIER_HIT", "TIER_PENDING")
 # The least struct sizes of ABI 1: the binding's structs are at least that big
@@ -29,6 +30,7 @@ SIZES_V1 = {
     "TIER_JOB_RESULT_SIZE_V1": _lib.tier_job_result_t,
     "TIER_EVENT_SIZE_V1": _lib.tier_event_t,
     "TIER_ABI_INFO_SIZE_V1": _lib.tier_abi_info_t,
+    "TIER_ITEM_RESULT_SIZE_V1": _lib.tier_item_result_t,
 }
 
 pytestmark = pytest.mark.skipif(not HEADER.is_file(), reason="no repository header here")

@@ -226,6 +226,10 @@ pub(crate) trait LoadJob {
     /// Copies `piece` to byte `offset` of the job's row unless the job was
     /// reported; false if it was. Short, and never waits for storage.
     fn write_row(&self, offset: usize, piece: &[u8]) -> bool;
+
+    /// The row's length: the block size, or an extent's length, which must
+    /// be the stored one.
+    fn row_len(&self) -> usize;
 }
 
 /// Storage calls that may hang (a device, a network file system), so the

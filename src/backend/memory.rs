@@ -8,8 +8,9 @@
 use super::prefault::{ahead_window, ArenaProgress, Populator, Target};
 use super::Backend;
 use crate::config::Prefault;
-use crate::error::{bail, Result};
+use crate::error::{bail, Error, ErrorKind, Result};
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 
 pub(crate) struct MemoryBackend {
@@ -21,6 +22,9 @@ pub(crate) struct MemoryBackend {
     progress: Arc<ArenaProgress>,
     /// Dropped (stopped and joined) before the arena is unmapped.
     populator: Option<Populator>,
+    /// Each slot's stored length (1 to `block_bytes`: an extent store may
+    /// be shorter than a block), written by its store, read by its loads.
+    lengths: Vec<AtomicU32>,
 }
 
 // SAFETY: the arena is plain bytes. The index gives each slot to one writer
@@ -41,6 +45,8 @@ impl MemoryBackend {
         else {
             bail!(Config, "capacity_bytes: {slots} blocks of {block_bytes} bytes do not fit in the address space");
         };
+        let mut lengths = crate::error::try_vec(slots, "the memory backend's block lengths")?;
+        lengths.extend((0..slots).map(|_| AtomicU32::new(0)));
         let page = 4096;
         let mapped_len = len.div_ceil(page) * page;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected.
@@ -75,6 +81,7 @@ impl MemoryBackend {
             prefault,
             progress: Arc::new(ArenaProgress::new()),
             populator: None,
+            lengths,
         };
         let target = match prefault {
             Prefault::Off => None,
@@ -105,23 +112,38 @@ impl MemoryBackend {
 
 impl Backend for MemoryBackend {
     fn store(&self, slot: u32, _key: &[u8], block: &[u8]) -> Result<u64> {
-        assert_eq!(block.len(), self.block_bytes);
+        assert!(!block.is_empty() && block.len() <= self.block_bytes);
         let dst = self.slot_ptr(slot);
         // SAFETY: dst is this slot's block inside the arena, written by this
         // store alone (see the Sync note); `block` is a distinct allocation.
         unsafe { std::ptr::copy_nonoverlapping(block.as_ptr(), dst, block.len()) }
+        self.lengths[slot as usize].store(block.len() as u32, Ordering::Release);
         let end = (slot as usize + 1) * self.block_bytes;
         self.progress
             .note_stored(end, self.populator.as_ref().map(Populator::thread));
-        Ok(self.block_bytes as u64)
+        Ok(block.len() as u64)
     }
 
     fn load(&self, slot: u32, _key: &[u8], dst: &mut [u8]) -> Result<()> {
-        assert_eq!(dst.len(), self.block_bytes);
         let src = self.slot_ptr(slot);
+        let stored = self.lengths[slot as usize].load(Ordering::Acquire) as usize;
+        if dst.len() != stored {
+            return Err(Error::new(
+                ErrorKind::InvalidArg,
+                format!(
+                    "the block was stored with {stored} bytes; the load asked for {}",
+                    dst.len()
+                ),
+            )
+            .wrong_length());
+        }
         // SAFETY: src is a Ready, pinned slot (no writer); dst is distinct.
         unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) }
         Ok(())
+    }
+
+    fn stores_extents(&self) -> bool {
+        true
     }
 
     fn describe(&self) -> String {

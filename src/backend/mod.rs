@@ -51,6 +51,15 @@ pub(crate) trait Backend: Send + Sync {
     /// writing it (see `tier_submit_load`).
     fn load(&self, slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()>;
 
+    /// Whether blocks may be shorter than the tier's block size (extent
+    /// jobs): `store` is then given 1 to `block_bytes` bytes and keeps their
+    /// length with the block, and `load` fails with
+    /// [`Error::wrong_length`](crate::error::Error::wrong_length), copying
+    /// nothing, when `dst` is not that length.
+    fn stores_extents(&self) -> bool {
+        false
+    }
+
     /// One line for logs and `tier_describe`.
     fn describe(&self) -> String;
 

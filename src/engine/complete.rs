@@ -59,6 +59,9 @@ impl Shared {
                         },
                     );
                     job.set_present_after(present);
+                    if job.per_item() {
+                        job.note_absent_repeats(|key| index.contains(key));
+                    }
                 }
                 JobKind::Load => {
                     let failed = job.failed_items();
@@ -113,6 +116,7 @@ impl Shared {
                         }
                     });
                 }
+                JobKind::Delete => {}
             }
             released = st.index.take_released();
         }
@@ -167,7 +171,7 @@ impl Shared {
 
     /// Counts a job's outcome and queues its result (once: the caller
     /// claimed the report).
-    fn report(&self, job: &Job) {
+    pub(super) fn report(&self, job: &Job) {
         let result = job.result();
         let c = &self.counters;
         match (job.kind, result.is_ok()) {
@@ -175,12 +179,17 @@ impl Shared {
             (JobKind::Store, false) => Counters::add(&c.stores_failed, 1),
             (JobKind::Load, true) => Counters::add(&c.loads_ok, 1),
             (JobKind::Load, false) => Counters::add(&c.loads_failed, 1),
+            (JobKind::Delete, _) => {}
         }
         match job.kind {
             JobKind::Store => Counters::add(&c.bytes_stored, result.bytes),
             JobKind::Load => Counters::add(&c.bytes_loaded, result.bytes),
+            JobKind::Delete => {}
         }
         self.metrics.job_completed(job.kind, result.elapsed_ns);
+        // Before the result is queued: once it can be polled, the caller's
+        // result array is the caller's again.
+        job.write_items();
         self.done.complete(result);
     }
 

@@ -157,7 +157,8 @@ impl Shared {
         let min_items = job.items.len().div_ceil(max_tasks);
         let lane = match job.kind {
             JobKind::Load => Lane::Loads,
-            JobKind::Store => Lane::Stores,
+            // A delete is done at submit and never queued.
+            JobKind::Store | JobKind::Delete => Lane::Stores,
         };
         let tasks = Arc::clone(&job).into_tasks(max_tasks, min_items);
         if self.queue.push_all(lane, tasks.map(Work::Copy)).is_err() {
@@ -172,12 +173,14 @@ impl Shared {
     /// returns how many it handed to the backend.
     fn copy_batch(&self, batches: &dyn Batches, task: &Task) -> u64 {
         let job = &task.job;
-        let block_bytes = self.primary.block_bytes() as u64;
         match job.kind {
-            JobKind::Store => {
+            JobKind::Store | JobKind::Delete => {
                 let blocks: Vec<(u32, &[u8], &[u8])> = job.items[task.range.clone()]
                     .iter()
-                    .map(|item| (item.slot, job.key(item.pos), self.primary.row(item.row)))
+                    .map(|item| {
+                        let bytes = self.primary.at(job.extent(item, &self.primary));
+                        (item.slot, job.key(item.pos), bytes)
+                    })
                     .collect();
                 batches.store_batch(&blocks, &mut |i, outcome| match outcome {
                     Ok(bytes) => job.add_bytes(bytes),
@@ -190,22 +193,24 @@ impl Shared {
                 let mut blocks: Vec<(u32, &[u8], &mut [u8])> = job.items[task.range.clone()]
                     .iter()
                     .take_while(|item| item.pos < limit)
-                    // SAFETY: a load names each row once (checked at submit),
-                    // and this task alone holds these items.
+                    // SAFETY: a load names each row once and its extents do
+                    // not overlap (checked at submit), and this task alone
+                    // holds these items.
                     .map(|item| {
                         (item.slot, job.key(item.pos), unsafe {
-                            self.primary.row_mut(item.row)
+                            self.primary.at_mut(job.extent(item, &self.primary))
                         })
                     })
                     .collect();
+                let lens: Vec<usize> = blocks.iter().map(|b| b.2.len()).collect();
                 batches.load_batch(&mut blocks, &mut |i, outcome| match outcome {
                     Ok(()) => {
-                        job.add_bytes(block_bytes);
+                        job.add_bytes(lens[i] as u64);
                         true
                     }
                     Err(e) => {
                         job.load_failed(task.range.start + i, &e);
-                        false
+                        job.per_item()
                     }
                 });
                 blocks.len() as u64
@@ -224,14 +229,15 @@ impl Shared {
             Some((w, io)) => {
                 // No borrow of the row is held across the call: the backend
                 // reads it only through the job (see `StoreJob`).
-                let row = self.primary.row_unborrowed(item.row);
+                let row = self.primary.at_unborrowed(job.extent(&item, &self.primary));
                 w.watch(Some(job), i, || {
                     io.store_unless(item.slot, key, row, job.as_ref())
                 })
             }
-            None => self
-                .primary
-                .with_row(item.row, |block| self.backend.store(item.slot, key, block)),
+            None => {
+                let block = self.primary.at(job.extent(&item, &self.primary));
+                self.backend.store(item.slot, key, block)
+            }
         }
     }
 
@@ -245,11 +251,12 @@ impl Shared {
     fn load_item(&self, job: &Arc<Job>, i: usize, worker: Option<&Worker>) -> Result<bool> {
         let item = job.items[i];
         let key = job.key(item.pos);
+        let extent = job.extent(&item, &self.primary);
         let Some((w, io)) = self.watched(worker) else {
-            return self
-                .primary
-                .with_row_mut(item.row, |dst| self.backend.load(item.slot, key, dst))
-                .map(|()| true);
+            // SAFETY: a load names each row once and its extents do not
+            // overlap (checked at submit); this task alone holds this item.
+            let dst = unsafe { self.primary.at_mut(extent) };
+            return self.backend.load(item.slot, key, dst).map(|()| true);
         };
         let piece_bytes = io.load_piece_bytes();
         let bounce_bytes = piece_bytes.unwrap_or(self.primary.block_bytes());
@@ -257,7 +264,7 @@ impl Shared {
             Some(_) => {
                 let row = LoadRow {
                     job,
-                    row: item.row,
+                    extent,
                     primary: &self.primary,
                 };
                 let complete =
@@ -267,10 +274,11 @@ impl Shared {
                 Ok(complete && job.deliver(i, || {}))
             }
             None => {
+                let buf = &mut buf[..extent.len];
                 w.watch(Some(job), i, || self.backend.load(item.slot, key, buf))?;
                 Ok(job.deliver(i, || {
-                    self.primary
-                        .with_row_mut(item.row, |dst| dst.copy_from_slice(buf))
+                    // SAFETY: as for a load without a deadline, above.
+                    unsafe { self.primary.at_mut(extent) }.copy_from_slice(buf)
                 }))
             }
         })
@@ -298,7 +306,6 @@ impl Shared {
     /// completes the job.
     pub(super) fn run_task(&self, task: Task, worker: Option<&Worker>) {
         let job = &task.job;
-        let block_bytes = self.primary.block_bytes() as u64;
         let started_ns = job.age_ns();
         // Blocks whose copy ran, whatever its outcome.
         let mut attempted = 0u64;
@@ -331,9 +338,9 @@ impl Shared {
                 }
                 attempted += 1;
                 let outcome = match job.kind {
-                    JobKind::Store => self.store_item(job, i, worker),
+                    JobKind::Store | JobKind::Delete => self.store_item(job, i, worker),
                     JobKind::Load => match self.load_item(job, i, worker) {
-                        Ok(true) => Ok(block_bytes),
+                        Ok(true) => Ok(job.extent(&job.items[i], &self.primary).len as u64),
                         Ok(false) => break,
                         Err(e) => Err(e),
                     },
@@ -342,7 +349,9 @@ impl Shared {
                     Ok(bytes) => job.add_bytes(bytes),
                     Err(e) if job.kind == JobKind::Load => {
                         job.load_failed(i, &e);
-                        break;
+                        if !job.per_item() {
+                            break;
+                        }
                     }
                     Err(e) => job.store_failed(i, &e),
                 }

@@ -1,23 +1,26 @@
 //! Jobs and the tasks workers run for them.
 
+use super::job_items::status_of;
 use crate::backend::{LoadJob, StoreJob};
 use crate::error::{try_vec, Error, ErrorKind, Result};
 pub(crate) use crate::index::Item;
 use crate::key::PackedKeys;
-use crate::primary::{PrimaryBuffer, Row};
+use crate::primary::{Extent, PrimaryBuffer, Row};
 use crate::sync::{Mutex, MutexGuard, RwLock};
 use crate::workers::{self, CopyTask};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-pub use super::results::{FailReason, JobResult};
+pub use super::results::{FailReason, ItemResult, ItemResults, ItemSink, ItemStatus, JobResult};
 pub use crate::job_kind::JobKind;
 
 /// The reason a backend's error gives a job: a deadline missed is
 /// `Deadline`, else what its kind says.
 fn reason_of(e: &Error) -> FailReason {
-    if e.missed_deadline() {
+    if e.is_wrong_length() {
+        FailReason::LengthMismatch
+    } else if e.missed_deadline() {
         FailReason::Deadline
     } else {
         FailReason::of(e.kind())
@@ -71,6 +74,15 @@ pub(crate) struct Job {
     /// index took its outcome (slots, pins): a deadline firing after that
     /// changes nothing, the job's own result is on its way.
     settled: AtomicBool,
+    /// Extent jobs: each key's range of the primary buffer, by position
+    /// (their items' `row` is the position); empty for jobs of rows.
+    pub(super) extents: Vec<Extent>,
+    /// Extent and delete jobs: each key's outcome, by position, as
+    /// `ITEM_SET | status << 16 | reason` (0 while nothing went wrong), so a
+    /// load goes on past a failed key and the caller learns which.
+    pub(super) outcomes: Vec<AtomicU32>,
+    /// Where the per-item results go when the job is reported.
+    pub(super) sink: Option<Arc<dyn ItemSink>>,
 }
 
 const NOT_STARTED: u64 = u64::MAX;
@@ -97,7 +109,7 @@ impl Job {
                     delivered,
                 )
             }
-            JobKind::Store => (Vec::new(), Vec::new()), // sized when planned
+            JobKind::Store | JobKind::Delete => (Vec::new(), Vec::new()), // sized when planned
         };
         Ok(Job {
             id,
@@ -119,6 +131,9 @@ impl Job {
             reported: RwLock::new(false),
             delivered,
             settled: AtomicBool::new(false),
+            extents: Vec::new(),
+            outcomes: Vec::new(),
+            sink: None,
         })
     }
 
@@ -138,6 +153,7 @@ impl Job {
 
     /// Records a failure at `pos` with a reason finer than its kind.
     pub(crate) fn fail_with(&self, pos: u32, kind: ErrorKind, reason: FailReason) {
+        self.note_item(pos, status_of(kind), reason);
         let low = (reason as u32) << 16 | (-kind.code()) as u32 & 0xffff;
         let packed = (pos as u64) << 32 | low as u64;
         self.failure.fetch_min(packed, Ordering::AcqRel);
@@ -148,7 +164,7 @@ impl Job {
         self.failure_reason().map(|(pos, kind, _)| (pos, kind))
     }
 
-    fn failure_reason(&self) -> Option<(u32, ErrorKind, FailReason)> {
+    pub(super) fn failure_reason(&self) -> Option<(u32, ErrorKind, FailReason)> {
         let f = self.failure.load(Ordering::Acquire);
         (f != NO_FAILURE).then(|| {
             let kind = ErrorKind::from_code(-((f & 0xffff) as i32)).expect("valid code");
@@ -157,8 +173,12 @@ impl Job {
         })
     }
 
-    /// Position before which blocks are still worth copying.
+    /// Position before which blocks are still worth copying: a job of rows
+    /// stops at its first failure, one with per-item results goes on.
     pub(crate) fn copy_limit(&self) -> u32 {
+        if self.per_item() {
+            return u32::MAX;
+        }
         self.failure().map_or(u32::MAX, |(pos, _)| pos)
     }
 
@@ -213,7 +233,12 @@ impl Job {
                 self.fail_all_with(kind, reason)
             }
             JobKind::Store => range.for_each(|i| self.item_failed_with(i, kind, reason)),
-            JobKind::Load => self.fail_with(self.items[range.start].pos, kind, reason),
+            JobKind::Load if self.per_item() => {
+                range.for_each(|i| self.fail_with(self.items[i].pos, kind, reason))
+            }
+            JobKind::Load | JobKind::Delete => {
+                self.fail_with(self.items[range.start].pos, kind, reason)
+            }
         }
     }
 
@@ -224,6 +249,7 @@ impl Job {
 
     pub(crate) fn fail_all_with(&self, kind: ErrorKind, reason: FailReason) {
         self.failed_items.lock().all.get_or_insert(kind);
+        self.note_all(kind, reason);
         self.fail_with(self.items.first().map_or(0, |i| i.pos), kind, reason);
     }
 
@@ -295,7 +321,19 @@ impl Job {
             return false;
         }
         *reported = true;
-        if self.kind == JobKind::Load {
+        if self.per_item() {
+            // Every key not yet in place fails: a load's undelivered
+            // blocks, a store's new blocks (none of them becomes readable).
+            for (i, item) in self.items.iter().enumerate() {
+                let delivered = self
+                    .delivered
+                    .get(i)
+                    .is_some_and(|d| d.load(Ordering::Acquire));
+                if !delivered {
+                    self.fail_with(item.pos, ErrorKind::Io, FailReason::Deadline);
+                }
+            }
+        } else if self.kind == JobKind::Load {
             let first_missing = (0..self.items.len())
                 .find(|&i| !self.delivered[i].load(Ordering::Acquire))
                 .unwrap_or(item);
@@ -357,7 +395,8 @@ impl Job {
     pub(crate) fn result(&self) -> JobResult {
         let failure = self.failure_reason();
         let num_done = match self.kind {
-            JobKind::Load => failure.map_or(self.num_blocks, |(pos, _, _)| pos),
+            JobKind::Load | JobKind::Delete if self.per_item() => self.items_ok(),
+            JobKind::Load | JobKind::Delete => failure.map_or(self.num_blocks, |(pos, _, _)| pos),
             JobKind::Store => self.present_after.load(Ordering::Acquire),
         };
         JobResult {
@@ -401,17 +440,22 @@ impl StoreJob for Job {
 /// under the read side of `reported`, as `Job::deliver` copies a whole block.
 pub(crate) struct LoadRow<'a> {
     pub job: &'a Job,
-    pub row: usize,
+    pub extent: Extent,
     pub primary: &'a PrimaryBuffer,
 }
 
 impl LoadJob for LoadRow<'_> {
     fn write_row(&self, offset: usize, piece: &[u8]) -> bool {
         self.job.unless_reported(|| {
-            self.primary.with_row_mut(self.row, |dst| {
-                dst[offset..offset + piece.len()].copy_from_slice(piece)
-            })
+            // SAFETY: a load's extents do not overlap (checked at submit),
+            // and this item's task alone writes this one.
+            let dst = unsafe { self.primary.at_mut(self.extent) };
+            dst[offset..offset + piece.len()].copy_from_slice(piece)
         })
+    }
+
+    fn row_len(&self) -> usize {
+        self.extent.len
     }
 }
 

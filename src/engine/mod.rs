@@ -28,6 +28,8 @@ mod hooks;
 #[cfg(feature = "test-hooks")]
 pub use self::hooks::{DiskIoSeam, HangPoint};
 mod inherited;
+mod items;
+mod job_items;
 pub(crate) mod jobs;
 mod open;
 mod plan;
@@ -240,7 +242,14 @@ impl Tier {
         }
         // Memory the caller's job size decides is reserved before the tier
         // changes: a job without it is rejected, and leaves no trace.
-        let mut job = Job::new(job_id, kind, n as u32, keys, key_len)?;
+        let job = Job::new(job_id, kind, n as u32, keys, key_len)?;
+        self.enqueue(job, block_ids)
+    }
+
+    /// Registers a validated job and plans it; `block_ids` are its rows (for
+    /// an extent job, the positions that index its extents).
+    fn enqueue(&self, mut job: Job, block_ids: &[i64]) -> Result<()> {
+        let (kind, job_id, n) = (job.kind, job.id, block_ids.len());
         self.shared.done.register(job_id)?;
         if n == 0 {
             self.shared.finish(Arc::new(job));
@@ -248,12 +257,12 @@ impl Tier {
         }
         let planned = {
             let mut st = self.shared.state.lock();
-            let ready = match kind {
-                JobKind::Store => self
-                    .shared
+            let ready = if kind == JobKind::Load {
+                self.shared.plan_load(&mut st, job, block_ids)
+            } else {
+                self.shared
                     .plan_store(&mut st, &mut job, block_ids)
-                    .map(|()| Some(Arc::new(job))),
-                JobKind::Load => self.shared.plan_load(&mut st, job, block_ids),
+                    .map(|()| Some(Arc::new(job)))
             };
             ready.map(|ready| (ready, st.index.take_released()))
         };

@@ -152,6 +152,7 @@ impl Tier {
                 probes: LruCache::new(MAX_PROBE_MEMORY),
                 load_failures: HashMap::new(),
                 victims: Vec::new(),
+                user_pins: HashMap::new(),
             }),
             queue: WorkQueue::new(),
             crew: Crew::new(if spawn { io_threads } else { 0 }, deadline),

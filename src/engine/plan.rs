@@ -3,7 +3,7 @@
 //! allocation comes before the index changes, so a job that cannot get memory
 //! is rejected and leaves no trace.
 
-use super::jobs::Job;
+use super::jobs::{FailReason, Job};
 use super::shared::{Shared, State, WaitingLoad};
 use super::Tier;
 use crate::error::{alloc_error, bail, try_vec, ErrorKind, Result};
@@ -89,7 +89,7 @@ impl Shared {
                 job.pinned = reserved.pinned;
                 job.evicts_nothing = reserved.evicted == 0;
             }
-            None => job.fail(0, ErrorKind::NoSpace),
+            None => job.fail_all_with(ErrorKind::NoSpace, FailReason::NoSpace),
         }
         Ok(())
     }
@@ -108,11 +108,23 @@ impl Shared {
     ) -> Result<Option<Arc<Job>>> {
         let mut storing = Vec::new();
         let keys = PackedKeys::new(&job.keys, job.key_len);
-        let missing = st
-            .index
-            .find_load(keys, block_ids, &mut job.items, &mut storing)?;
-        if let Some(pos) = missing {
-            job.fail(pos, ErrorKind::NotFound);
+        let per_item = job.per_item();
+        let missing =
+            st.index
+                .find_load(keys, block_ids, per_item, &mut job.items, &mut storing)?;
+        if missing.is_some() {
+            // Every key without an item (in key order) is a miss; a load
+            // with a result per key goes on past them.
+            let mut found = job.items.iter().map(|item| item.pos).peekable();
+            for pos in 0..job.num_blocks {
+                if found.next_if_eq(&pos).is_some() {
+                    continue;
+                }
+                job.fail(pos, ErrorKind::NotFound);
+                if !per_item {
+                    break;
+                }
+            }
         }
         let wait_id = st.next_wait_id;
         if !storing.is_empty() {

@@ -4,6 +4,7 @@
 
 use crate::error::ErrorKind;
 use crate::job_kind::JobKind;
+use std::sync::PoisonError;
 
 /// Why a job failed, finer than its [`ErrorKind`]: a hung device
 /// (`Deadline`) and storage known to be down (`Unavailable`) both fail with
@@ -32,10 +33,16 @@ pub enum FailReason {
     Alloc = 8,
     /// A panic inside the library was caught.
     Panic = 9,
+    /// An extent load's length differs from the length stored with the
+    /// block: nothing was copied.
+    LengthMismatch = 10,
+    /// A delete found the block pinned (`tier_pin`), being loaded or being
+    /// stored: it stays.
+    Busy = 11,
 }
 
 impl FailReason {
-    const ALL: [FailReason; 10] = [
+    const ALL: [FailReason; 12] = [
         FailReason::None,
         FailReason::NoSpace,
         FailReason::NotFound,
@@ -46,6 +53,8 @@ impl FailReason {
         FailReason::Shutdown,
         FailReason::Alloc,
         FailReason::Panic,
+        FailReason::LengthMismatch,
+        FailReason::Busy,
     ];
 
     /// The reason a failure of `kind` has when nothing more is known.
@@ -66,6 +75,76 @@ impl FailReason {
             .get(v as usize)
             .copied()
             .unwrap_or(FailReason::IoError)
+    }
+}
+
+/// What became of one key of an extent or delete job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ItemStatus {
+    /// Stored, loaded, or deleted.
+    Ok = 0,
+    /// The key is not in the tier: nothing to load or delete.
+    Miss = 1,
+    /// The item failed; its reason says why.
+    Failed = 2,
+    /// A delete left the block in place: pinned, being loaded or stored.
+    Busy = 3,
+}
+
+impl ItemStatus {
+    pub(super) fn from_u32(v: u32) -> ItemStatus {
+        match v {
+            0 => ItemStatus::Ok,
+            1 => ItemStatus::Miss,
+            3 => ItemStatus::Busy,
+            _ => ItemStatus::Failed,
+        }
+    }
+}
+
+/// One key's outcome in an extent or delete job, in submit order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ItemResult {
+    /// What became of the key.
+    pub status: ItemStatus,
+    /// `FailReason::None` when OK, else why not.
+    pub reason: FailReason,
+}
+
+/// Where a job's per-item results go: the job hands each key's result to
+/// [`ItemSink::put`] once, in the moment before the job is reported, and
+/// never afterwards (the C shell writes them into the caller's array).
+pub trait ItemSink: Send + Sync {
+    /// The result of the key at position `pos` of the job.
+    fn put(&self, pos: usize, result: ItemResult);
+}
+
+/// An [`ItemSink`] that keeps the results, for Rust callers.
+#[derive(Debug, Default)]
+pub struct ItemResults(std::sync::Mutex<Vec<Option<ItemResult>>>);
+
+impl ItemResults {
+    /// Room for `n` results, none yet.
+    pub fn new(n: usize) -> ItemResults {
+        ItemResults(std::sync::Mutex::new(vec![None; n]))
+    }
+
+    /// The results so far (`None` until the job is reported).
+    pub fn get(&self) -> Vec<Option<ItemResult>> {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl ItemSink for ItemResults {
+    fn put(&self, pos: usize, result: ItemResult) {
+        let mut results = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(slot) = results.get_mut(pos) {
+            *slot = Some(result);
+        }
     }
 }
 

@@ -37,6 +37,9 @@ pub(super) struct State {
     /// row (almost always empty).
     pub(super) load_failures: HashMap<Vec<u8>, u32>,
     pub(super) victims: Vec<u32>,
+    /// Keys pinned by `Tier::pin`, each with the slot of every pin not yet
+    /// dropped (a key stored again after a clear may hold pins on two).
+    pub(super) user_pins: HashMap<Vec<u8>, Vec<u32>>,
 }
 
 pub(super) struct Shared {

@@ -54,7 +54,7 @@ pub unsafe extern "C" fn tier_abi_info(
     out_size: usize,
 ) -> tier_status_t {
     status(this_export!(), || {
-        let mut out = sized_out(out, out_size, 1, TIER_ABI_INFO_SIZE_V1, "out")?;
+        let out = sized_out(out, out_size, 1, TIER_ABI_INFO_SIZE_V1, "out")?;
         out.write(0, &tier_abi_info_t::current());
         OK
     })

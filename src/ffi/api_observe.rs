@@ -130,7 +130,7 @@ pub unsafe extern "C" fn tier_stats(
 ) -> tier_status_t {
     status(this_export!(), || {
         let tier = tier_ref(tier)?;
-        let mut out = sized_out(out, out_size, 1, TIER_STATS_SIZE_V1, "out")?;
+        let out = sized_out(out, out_size, 1, TIER_STATS_SIZE_V1, "out")?;
         out.write(0, &tier.stats());
         OK
     })

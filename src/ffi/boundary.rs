@@ -268,8 +268,9 @@ impl<T: Copy> SizedOut<T> {
         self.len
     }
 
-    /// Writes `value` as element `i`.
-    pub(crate) fn write(&mut self, i: usize, value: &T) {
+    /// Writes `value` as element `i`. Takes `&self`: elements are distinct
+    /// bytes, and a job's per-item results are written by one thread.
+    pub(crate) fn write(&self, i: usize, value: &T) {
         assert!(i < self.len, "element {i} of {}", self.len);
         let n = self.stride.min(std::mem::size_of::<T>());
         // SAFETY: `sized_out` was promised `len` writable elements of
@@ -341,7 +342,7 @@ pub(crate) unsafe fn poll_into<T: Copy>(
     fill: impl FnOnce(usize, &mut dyn FnMut(&T)) -> Result<()>,
 ) -> Result<tier_status_t> {
     let out_n = as_mut(out_n, "out_n")?;
-    let mut out = sized_out(out, size, cap, min_size, "out")?;
+    let out = sized_out(out, size, cap, min_size, "out")?;
     if cap == 0 {
         bail!(InvalidArg, "cap is 0: no room for {item}");
     }

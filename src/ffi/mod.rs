@@ -8,12 +8,14 @@
 #![allow(clippy::missing_safety_doc)] // each export's safety rules are in its header docs
 
 mod api;
+mod api_items;
 mod api_jobs;
 mod api_observe;
 mod boundary;
 mod types;
 
 pub use api::*;
+pub use api_items::*;
 pub use api_jobs::*;
 pub use api_observe::*;
 pub use types::*;

@@ -21,6 +21,9 @@ pub const TIER_EVENT_SIZE_V1: u32 = 160;
 /// sizeof(tier_abi_info_t) in ABI 1, the least `out_size` tier_abi_info
 /// accepts.
 pub const TIER_ABI_INFO_SIZE_V1: u32 = 20;
+/// sizeof(tier_item_result_t) when it was added (KVTIER_1.1), the least
+/// `result_size` the extent and delete submits accept.
+pub const TIER_ITEM_RESULT_SIZE_V1: u32 = 8;
 
 pub use crate::status::*;
 
@@ -49,6 +52,21 @@ pub const TIER_FAIL_SHUTDOWN: u32 = 7;
 pub const TIER_FAIL_ALLOC: u32 = 8;
 /// Job result reason: a panic inside the library was caught (TIER_ERR_PANIC).
 pub const TIER_FAIL_PANIC: u32 = 9;
+/// Item reason: an extent load's length differs from the length stored
+/// with the block; nothing was copied (KVTIER_1.1).
+pub const TIER_FAIL_LENGTH_MISMATCH: u32 = 10;
+/// Item reason: a delete found the block pinned (tier_pin), being loaded or
+/// being stored, and left it (KVTIER_1.1).
+pub const TIER_FAIL_BUSY: u32 = 11;
+
+/// Item status: stored, loaded or deleted.
+pub const TIER_ITEM_OK: u32 = 0;
+/// Item status: the key is not in the tier (nothing to load or delete).
+pub const TIER_ITEM_MISS: u32 = 1;
+/// Item status: the item failed; `reason` says why.
+pub const TIER_ITEM_FAILED: u32 = 2;
+/// Item status: a delete left the block in place (TIER_FAIL_BUSY).
+pub const TIER_ITEM_BUSY: u32 = 3;
 
 /// Lookup state: the key is not stored.
 pub const TIER_MISS: u8 = 0;
@@ -61,6 +79,8 @@ pub const TIER_PENDING: u8 = 2;
 pub const TIER_JOB_STORE: u32 = 1;
 /// Job kind: tier blocks copied into primary rows.
 pub const TIER_JOB_LOAD: u32 = 2;
+/// Job kind: keys deleted from the tier and its storage (KVTIER_1.1).
+pub const TIER_JOB_DELETE: u32 = 3;
 
 /// Longest accepted key, in bytes (keys are 1..=TIER_MAX_KEY_LEN bytes).
 pub const TIER_MAX_KEY_LEN: u32 = 128;
@@ -99,6 +119,30 @@ pub const TIER_REMOVED_VANISHED: u32 = 4;
 /// storage, such as a server known to be down, not counted); storage may
 /// still hold it.
 pub const TIER_REMOVED_UNREADABLE: u32 = 5;
+/// REMOVED reason: a delete job removed the block (tier_submit_delete,
+/// KVTIER_1.1).
+pub const TIER_REMOVED_DELETED: u32 = 6;
+
+/// One key's outcome in an extent or delete job, written by the library
+/// into the caller's array (at the caller's `result_size` stride) before
+/// the job is reported by tier_poll_finished. Added in KVTIER_1.1.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tier_item_result_t {
+    /// A TIER_ITEM_* code.
+    pub status: u32,
+    /// TIER_FAIL_NONE when OK, else a TIER_FAIL_* code: why not.
+    pub reason: u32,
+}
+
+impl From<crate::ItemResult> for tier_item_result_t {
+    fn from(r: crate::ItemResult) -> tier_item_result_t {
+        tier_item_result_t {
+            status: r.status as u32,
+            reason: r.reason as u32,
+        }
+    }
+}
 
 /// One block event, filled in by `tier_poll_events`.
 #[repr(C)]
@@ -272,6 +316,17 @@ mod tests {
         assert_eq!(TIER_REMOVED_CORRUPT, R::Corrupt as u32);
         assert_eq!(TIER_REMOVED_VANISHED, R::Vanished as u32);
         assert_eq!(TIER_REMOVED_UNREADABLE, R::Unreadable as u32);
+        assert_eq!(TIER_REMOVED_DELETED, R::Deleted as u32);
+        assert_eq!(TIER_JOB_DELETE, crate::JobKind::Delete as u32);
+        use crate::ItemStatus as I;
+        assert_eq!(TIER_ITEM_OK, I::Ok as u32);
+        assert_eq!(TIER_ITEM_MISS, I::Miss as u32);
+        assert_eq!(TIER_ITEM_FAILED, I::Failed as u32);
+        assert_eq!(TIER_ITEM_BUSY, I::Busy as u32);
+        assert_eq!(
+            std::mem::size_of::<tier_item_result_t>(),
+            TIER_ITEM_RESULT_SIZE_V1 as usize
+        );
         use crate::FailReason as F;
         assert_eq!(TIER_FAIL_NONE, F::None as u32);
         assert_eq!(TIER_FAIL_NO_SPACE, F::NoSpace as u32);
@@ -283,6 +338,8 @@ mod tests {
         assert_eq!(TIER_FAIL_SHUTDOWN, F::Shutdown as u32);
         assert_eq!(TIER_FAIL_ALLOC, F::Alloc as u32);
         assert_eq!(TIER_FAIL_PANIC, F::Panic as u32);
+        assert_eq!(TIER_FAIL_LENGTH_MISMATCH, F::LengthMismatch as u32);
+        assert_eq!(TIER_FAIL_BUSY, F::Busy as u32);
     }
 
     #[test]

@@ -44,6 +44,17 @@ pub(crate) enum LoadOutcome {
     Forget(RemovedReason),
 }
 
+/// What [`Index::delete`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Deleted {
+    /// Removed; storage deletes the block.
+    Removed,
+    /// Not in the index.
+    Missing,
+    /// Pinned, being loaded or being stored: left in place.
+    Busy,
+}
+
 /// What [`Index::admit_found`] did.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Admitted {
@@ -191,22 +202,30 @@ impl Index {
 
     /// Finds a load's blocks in key order into `items` (which has room for
     /// all of them), up to the first key that is not stored, whose position
-    /// is returned. Blocks still being stored are also listed in `storing` as
-    /// (slot, position). Changes nothing: [`Index::pin_load`] pins them once
-    /// the engine has registered its waits.
+    /// is returned; or, with `past_misses`, every stored key's block (the
+    /// first miss still returned). Blocks still being stored are also listed
+    /// in `storing` as (slot, position). Changes nothing:
+    /// [`Index::pin_load`] pins them once the engine has registered its
+    /// waits.
     pub(crate) fn find_load(
         &self,
         keys: PackedKeys,
         rows: &[i64],
+        past_misses: bool,
         items: &mut Vec<Item>,
         storing: &mut Vec<(u32, u32)>,
     ) -> Result<Option<u32>> {
         debug_assert!(items.capacity() >= rows.len());
+        let mut first_miss = None;
         for pos in 0..rows.len() as u32 {
             let key = keys.get(pos);
             let slot = self.find(key, self.hash(key));
             let Some(slot) = slot.filter(|&s| self.state(s) != SlotState::Dead) else {
-                return Ok(Some(pos));
+                first_miss = first_miss.or(Some(pos));
+                if past_misses {
+                    continue;
+                }
+                return Ok(first_miss);
             };
             if self.state(slot) == SlotState::Storing {
                 try_reserve(storing, 1, "the load's keys in flight")?;
@@ -218,7 +237,45 @@ impl Index {
                 slot,
             });
         }
-        Ok(None)
+        Ok(first_miss)
+    }
+
+    /// Pins `key`'s block if a lookup would answer HIT for it (`tier_pin`):
+    /// it is then never evicted or deleted until [`Index::unpin_slot`].
+    /// Returns the slot pinned.
+    pub(crate) fn pin_readable(&mut self, key: &[u8]) -> Option<u32> {
+        let slot = self.find(key, self.hash(key))?;
+        if !self.is_readable(slot) {
+            return None;
+        }
+        self.pin(slot);
+        Some(slot)
+    }
+
+    /// Drops a pin of [`Index::pin_readable`]; the slot is freed if its
+    /// block was removed meanwhile (a clear) and this was its last pin.
+    pub(crate) fn unpin_slot(&mut self, slot: u32) {
+        self.unpin(slot);
+    }
+
+    /// Deletes `key`'s block (a delete job): removed from the index (a
+    /// REMOVED event) and released to storage's deletion like an eviction,
+    /// unless it is pinned or in flight.
+    pub(crate) fn delete(&mut self, key: &[u8]) -> Deleted {
+        let Some(slot) = self.find(key, self.hash(key)) else {
+            return Deleted::Missing;
+        };
+        let s = self.slots[slot as usize];
+        if s.state == SlotState::Dead || !s.linked {
+            return Deleted::Missing;
+        }
+        if s.state != SlotState::Ready || s.pins > 0 {
+            return Deleted::Busy;
+        }
+        self.note_removed(slot, RemovedReason::Deleted);
+        self.unlink_quietly(slot);
+        self.release_slot(slot);
+        Deleted::Removed
     }
 
     /// Pins a load's blocks against eviction while they are read.

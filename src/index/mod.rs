@@ -43,7 +43,7 @@ use crate::events::{EventLog, RemovedReason, StoredReason};
 use crate::key::{KeyHasher, MAX_KEY_LEN};
 use std::collections::HashMap;
 
-pub(crate) use self::jobs::{Admitted, Item, LoadOutcome};
+pub(crate) use self::jobs::{Admitted, Deleted, Item, LoadOutcome};
 use self::slots::try_long_tail;
 
 /// Key bytes kept in the slot record; longer keys keep the rest apart.

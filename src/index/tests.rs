@@ -266,6 +266,7 @@ fn load_job(ix: &mut Index, ids: &[u32], outcome: LoadOutcome) {
         .find_load(
             PackedKeys::new(&packed, 36),
             &rows,
+            false,
             &mut items,
             &mut Vec::new(),
         )

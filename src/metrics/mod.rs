@@ -21,22 +21,28 @@ pub(crate) struct JobMetrics {
     block_io: [Histogram; 2],
 }
 
-fn kind_index(kind: JobKind) -> usize {
+/// The histograms of jobs that move data; a delete moves none.
+fn kind_index(kind: JobKind) -> Option<usize> {
     match kind {
-        JobKind::Store => 0,
-        JobKind::Load => 1,
+        JobKind::Store => Some(0),
+        JobKind::Load => Some(1),
+        JobKind::Delete => None,
     }
 }
 
 impl JobMetrics {
     /// A job completed `elapsed_ns` after it was submitted.
     pub(crate) fn job_completed(&self, kind: JobKind, elapsed_ns: u64) {
-        self.latency[kind_index(kind)].observe(elapsed_ns);
+        if let Some(i) = kind_index(kind) {
+            self.latency[i].observe(elapsed_ns);
+        }
     }
 
     /// A worker moved `blocks` blocks of one job back to back in `total_ns`.
     pub(crate) fn blocks_moved(&self, kind: JobKind, blocks: u64, total_ns: u64) {
-        self.block_io[kind_index(kind)].observe_spread(total_ns, blocks);
+        if let Some(i) = kind_index(kind) {
+            self.block_io[i].observe_spread(total_ns, blocks);
+        }
     }
 
     fn snapshots(histograms: &[Histogram; 2]) -> [HistogramSnapshot; 2] {

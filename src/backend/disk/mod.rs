@@ -277,7 +277,7 @@ impl DiskBackend {
     fn header(&self, key: &[u8], payload: &[u8]) -> Header {
         Header {
             namespace_fp: self.block_fp(),
-            payload_len: self.block_bytes as u64,
+            payload_len: payload.len() as u64,
             key: key.to_vec(),
             payload_sum: PayloadSum::of(payload),
         }
@@ -439,6 +439,11 @@ impl super::TestSeams for DiskBackend {
 impl Backend for DiskBackend {
     fn store(&self, _slot: u32, key: &[u8], block: &[u8]) -> Result<u64> {
         self.store_checked(key, Row::of(block), &Unwatched)
+    }
+
+    fn stores_extents(&self) -> bool {
+        // A sealed record's layout is fixed to the block size.
+        self.seal.is_none()
     }
 
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {

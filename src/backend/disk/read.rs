@@ -35,6 +35,23 @@ impl LoadJob for IntoRow<'_> {
         self.0.borrow_mut()[offset..offset + piece.len()].copy_from_slice(piece);
         true
     }
+
+    fn row_len(&self) -> usize {
+        self.0.borrow().len()
+    }
+}
+
+/// A load of `want` bytes of a block stored with `stored`: fails that load
+/// (`TIER_FAIL_LENGTH_MISMATCH`), keeps the file.
+fn wrong_length(path: &Path, stored: u64, want: usize) -> Error {
+    Error::new(
+        ErrorKind::InvalidArg,
+        format!(
+            "{}: the block was stored with {stored} bytes; the load asked for {want}",
+            path.display()
+        ),
+    )
+    .wrong_length()
 }
 
 impl DiskBackend {
@@ -151,6 +168,21 @@ impl DiskBackend {
         }
     }
 
+    /// The length an intact-looking header of this key says its block was
+    /// stored with, if that is not `want` (an extent load of another
+    /// length): the load fails and the file stays.
+    fn other_length(
+        &self,
+        header: &std::result::Result<Claims, String>,
+        want: usize,
+    ) -> Option<u64> {
+        let h = header.as_ref().ok()?;
+        let plausible = h.namespace_fp == self.block_fp()
+            && h.names_key
+            && (1..=self.block_bytes as u64).contains(&h.payload_len);
+        (plausible && h.payload_len != want as u64).then_some(h.payload_len)
+    }
+
     /// What is wrong with a block's header and the length read, if
     /// anything; else the payload's checksum, still to be checked.
     fn header_problem(
@@ -165,8 +197,8 @@ impl DiskBackend {
             }
             Err(why) => Err(why),
             Ok(h) if h.namespace_fp != self.block_fp() => Err("block of another namespace".into()),
-            Ok(h) if h.payload_len != self.block_bytes as u64 => Err(format!(
-                "block of {} bytes, expected {}",
+            Ok(h) if h.payload_len == 0 || h.payload_len > self.block_bytes as u64 => Err(format!(
+                "block of {} bytes, beyond the block size {}",
                 h.payload_len, self.block_bytes
             )),
             Ok(h) if !h.names_key => Err("header names another key".into()),
@@ -204,19 +236,23 @@ impl DiskBackend {
             .map_err(read_error)?,
         };
         self.read_returned();
+        let want = job.row_len();
+        if let Some(stored) = self.other_length(&claims, want) {
+            return Err(wrong_length(path, stored, want));
+        }
         let mut sum = match self.header_problem(claims, read, header_len + first) {
             Ok(sum) => sum.hasher(),
             Err(problem) => return Err(self.condemn(key, path, id, problem)),
         };
         let (mut offset, mut got) = (0, first);
         loop {
-            let bytes = &piece[..got.min(self.block_bytes - offset)];
+            let bytes = &piece[..got.min(want - offset)];
             sum.write(bytes);
             if !job.write_row(offset, bytes) {
                 return Ok(false);
             }
             offset += got;
-            if offset >= self.block_bytes {
+            if offset >= want {
                 break;
             }
             let want = piece.len().min(stored - offset);
@@ -254,7 +290,16 @@ impl DiskBackend {
             Form::Attr => 0,
             Form::InFile => HEADER_LEN,
         };
-        if self.in_place(row) {
+        if let Some(stored) = attr
+            .as_ref()
+            .and_then(|attr| self.other_length(&Ok(attr.claims(key)), row.len()))
+        {
+            return Err(wrong_length(path, stored, row.len()));
+        }
+        // An in-file header is read with the payload: a row shorter than the
+        // block size (an extent) is read privately, so that its length is
+        // checked before a byte reaches it.
+        if self.in_place(row) && (attr.is_some() || row.len() == self.block_bytes) {
             let (header, read) = match &attr {
                 Some(attr) => {
                     let n = io::read_at(&fd, &mut [row], 0).map_err(read_error)?;
@@ -282,16 +327,20 @@ impl DiskBackend {
                 Some(attr) => Ok(attr.claims(key)),
                 None => Header::decode(header).map(|h| h.claims(key)),
             };
+            if let Some(stored) = self.other_length(&claims, row.len()) {
+                return Ok(Err(stored));
+            }
             let problem = self.problem(claims, n, want, payload);
             if problem.is_none() {
                 row.copy_from_slice(payload);
             }
-            Ok(problem)
+            Ok(Ok(problem))
         })
         .map_err(read_error)?;
         match problem {
-            None => Ok(()),
-            Some(problem) => Err(self.condemn(key, path, id, problem)),
+            Err(stored) => Err(wrong_length(path, stored, row.len())),
+            Ok(None) => Ok(()),
+            Ok(Some(problem)) => Err(self.condemn(key, path, id, problem)),
         }
     }
 
