@@ -80,7 +80,7 @@ def lmcache_bench(spec: dict, size_kb: int, rounds: int, only: str | None = None
     start = out.find("\n{")
     if proc.returncode != 0 or start < 0:
         raise SystemExit(f"lmcache bench failed ({proc.returncode}): {' '.join(cmd)}\n{out}\n{proc.stderr}")
-    metrics = json.loads(out[start:])["metrics"]
+    metrics = json.JSONDecoder().raw_decode(out[start:].lstrip())[0]["metrics"]
     ops = {v["operation"]: v for k, v in metrics.items() if k.startswith("op_")}
     for name, op in ops.items():
         if name != "Lookup" and op["total_success"] != op["total_keys"]:

@@ -16,7 +16,9 @@ Zero copy: the tier is built at construction over LMCache's L1 arena, which
 LMCache's factory hands every L2 adapter as ``l1_memory_desc`` (base address
 and size; the arena is allocated whole before any adapter, so its address
 never changes). Objects are (offset, length) extents in it: a store copies
-straight out of the L1 object, a load straight into it.
+straight out of the L1 object, a load straight into it. Where the library
+stores no extents (Redis, sealed disk, ``persist_path``: ``stores_extents``)
+objects must be whole rows of ``block_bytes`` and run through the row calls.
 
 LMCache's ``ObjectKey`` (model, kv rank, object group, cache salt, chunk
 hash) becomes a 32-byte kvtier key digest of all of them, so the objects of

@@ -38,6 +38,16 @@ def arena():
     return Arena(16 << 20)
 
 
+@pytest.fixture(params=["memory", "disk", "redis"])
+def backend(request, tmp_path):
+    """Params of each backend: memory and disk store extents, Redis whole rows."""
+    if request.param == "disk":
+        return {"backend": "disk", "path": str(tmp_path / "kv")}
+    if request.param == "redis":
+        return {"backend": "redis", "url": request.getfixturevalue("redis_url")}
+    return {"backend": "memory"}
+
+
 def _adapter(arena, **params):
     params.setdefault("block_bytes", BLOCK)
     params.setdefault("capacity_bytes", 64 * BLOCK)
@@ -75,8 +85,8 @@ def test_config_errors_are_clear(arena):
         make_adapter(arena, block_bytes=BLOCK, events=False)
 
 
-def test_lock_holds_against_delete_and_unlock_never_fails(arena):
-    adapter = _adapter(arena)
+def test_lock_holds_against_delete_and_unlock_never_fails(arena, backend):
+    adapter = _adapter(arena, **backend)
     try:
         keys = [key(i) for i in range(4)]
         objs = _objs(arena, 0, 4)
@@ -221,8 +231,8 @@ def test_eight_tasks_in_flight_from_two_threads(arena):
         adapter.close()
 
 
-def test_partial_load_sets_only_the_present_keys(arena):
-    adapter = _adapter(arena)
+def test_partial_load_sets_only_the_present_keys(arena, backend):
+    adapter = _adapter(arena, **backend)
     try:
         keys = [key(i) for i in range(6)]
         objs = _objs(arena, 0, 6)
@@ -281,6 +291,23 @@ def test_arena_tail_past_the_last_whole_block():
         adapter.close()
     with pytest.raises(ValueError, match="smaller than block_bytes"):
         make_adapter(Arena(4096), block_bytes=BLOCK)
+
+
+def test_rows_where_the_library_stores_no_extents(arena, redis_url):
+    adapter = _adapter(arena, backend="redis", url=redis_url)
+    try:
+        assert adapter.extents is False
+        # Not a whole row, or not on a row boundary: refused, logged.
+        assert not store(adapter, [key(1)], [arena.obj(0, BLOCK - 4096)]).is_successful()
+        assert not store(adapter, [key(2)], [arena.obj(4096, BLOCK)]).is_successful()
+        obj = arena.obj(2 * BLOCK, BLOCK)
+        want = arena.fill(obj, 3)
+        assert store(adapter, [key(3)], [obj]).is_successful()
+        out = arena.obj(5 * BLOCK, BLOCK)
+        assert load(adapter, [key(9), key(3)], [arena.obj(4 * BLOCK, BLOCK), out]) == [False, True]
+        assert bytes(out.raw_data.numpy()) == want
+    finally:
+        adapter.close()
 
 
 def test_after_close(arena):
