@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Ensures the Python environment the engine adapters are tested in (vLLM, and
-# any later engine's packages) and prints its interpreter's path on stdout;
+# Ensures the Python environment the engine adapters are tested in (vLLM,
+# SGLang and LMCache) and prints its interpreter's path on stdout;
 # everything else goes to stderr.
 #
 #   scripts/engine_env.sh           # reuse the environment, or build it (vLLM is ~10 GB)
@@ -11,8 +11,9 @@
 # It holds vllm==$KVTIER_VLLM_VERSION (0.33.0), what the Python tests need
 # (pytest, numpy, prometheus_client), then python/requirements-engines-nodeps.txt
 # (pip install --no-deps -r) and python/requirements-engines.txt (pip install -r),
-# where those files exist. It is complete when vllm imports at that version
-# and a stamp written after the last install matches those inputs; otherwise
+# where those files exist (SGLang and LMCache come --no-deps over vLLM's
+# packages). It is complete when vllm imports at that version, the LMCache
+# pinned there imports, and a stamp written after the last install matches those inputs; otherwise
 # the missing parts are installed (pip keeps what is already there).
 set -euo pipefail
 
@@ -47,8 +48,21 @@ assert vllm.__version__ == sys.argv[1], vllm.__version__
 EOF
 }
 
+# The stamp already covers the pinned LMCache; this checks that it imports.
+lmcache_ok() {
+    local want
+    want="$(sed -n 's/^lmcache==//p' "$nodeps_reqs" 2>/dev/null)"
+    [ -z "$want" ] && return 0
+    "$py" - "$want" <<'EOF' >/dev/null 2>&1
+import sys
+from importlib.metadata import version
+assert version("lmcache") == sys.argv[1]
+import lmcache.v1.distributed.l2_adapters.plugin_l2_adapter
+EOF
+}
+
 if [ "${1:-}" = "--check" ]; then
-    complete && { echo "$py"; exit 0; }
+    complete && lmcache_ok && { echo "$py"; exit 0; }
     exit 1
 fi
 
@@ -57,7 +71,7 @@ mkdir -p "$(dirname "$venv")"
 exec 9>"$venv.lock"
 flock 9
 
-if complete; then
+if complete && lmcache_ok; then
     log "reusing $venv (vllm $vllm_version)"
     echo "$py"
     exit 0
@@ -94,6 +108,10 @@ fi
 wanted_stamp >"$stamp"
 if ! complete; then
     log "$venv is still incomplete after installing: vllm $vllm_version does not import"
+    exit 1
+fi
+if ! lmcache_ok; then
+    log "$venv is still incomplete after installing: lmcache does not import"
     exit 1
 fi
 echo "$py"

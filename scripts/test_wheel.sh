@@ -133,21 +133,26 @@ fi
 run "$venv/bin/python" - <<'EOF'
 import pathlib
 import kvtier
+import lmcache
 import sglang
 import vllm
+from kvtier.lmcache import KVTierL2Adapter
 from kvtier.sglang import KVTierStorage
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from kvtier.vllm import KVTierSecondaryTier
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage
 from vllm.v1.kv_offload.tiering.base import SecondaryTierManager
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
 installed = pathlib.Path(kvtier.__file__).parent
-for module in (kvtier.vllm, kvtier.sglang):
+for module in (kvtier.vllm, kvtier.sglang, kvtier.lmcache):
     assert pathlib.Path(module.__file__).parent == installed, module.__file__
 entry = {"type": "KVTierSecondaryTier", "module_path": "kvtier.vllm"}
 assert SecondaryTierFactory.get_tier_class(entry) is KVTierSecondaryTier
 assert issubclass(KVTierSecondaryTier, SecondaryTierManager)
 assert issubclass(KVTierStorage, HiCacheStorage)
-print(f"test_wheel.sh: kvtier.vllm with vLLM {vllm.__version__}, kvtier.sglang with SGLang {sglang.__version__}")
+assert issubclass(KVTierL2Adapter, L2AdapterInterface)
+print(f"test_wheel.sh: kvtier.vllm with vLLM {vllm.__version__}, kvtier.sglang with SGLang {sglang.__version__}, "
+      f"kvtier.lmcache with LMCache {lmcache.__version__}")
 EOF
 log "the wheel installs and passes without cargo: $(basename "$wheel")"

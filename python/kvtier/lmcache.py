@@ -1,0 +1,574 @@
+"""kvtier as LMCache's L2 storage (LMCache 0.5.6, multiprocess mode).
+
+LMCache loads it through its ``plugin`` adapter type, without a patch::
+
+    --l2-adapter '{"type": "plugin", "module_path": "kvtier.lmcache",
+                   "class_name": "KVTierL2Adapter",
+                   "adapter_params": {"block_bytes": "32MiB", "backend": "disk",
+                                      "path": "/nvme/kvtier", "capacity_bytes": "200GiB"}}'
+
+``adapter_params`` holds this adapter's own ``block_bytes`` (the largest
+object LMCache will store, required) and any kvtier config key, passed to the
+library as in the vLLM and SGLang adapters; an unknown key fails at
+construction. ``docs/lmcache.md`` lists them.
+
+Zero copy: the tier is built at construction over LMCache's L1 arena, which
+LMCache's factory hands every L2 adapter as ``l1_memory_desc`` (base address
+and size; the arena is allocated whole before any adapter, so its address
+never changes). Objects are (offset, length) extents in it: a store copies
+straight out of the L1 object, a load straight into it. Where the library
+stores no extents (Redis, sealed disk, ``persist_path``: ``stores_extents``)
+objects must be whole rows of ``block_bytes`` and run through the row calls.
+
+LMCache's ``ObjectKey`` (model, kv rank, object group, cache salt, chunk
+hash) becomes a 32-byte kvtier key digest of all of them, so the objects of
+every model and rank one LMCache server serves live apart in one tier; the
+tier's ``namespace`` names that key format (plus the user's ``namespace``),
+as docs/sharing.md asks of shared storage.
+
+Completions: one thread waits on the tier's completion fd and hands each
+finished job to the store or load side, each with its own eventfd; a
+lookup-and-lock is answered on the caller's thread (the tier's ``pin`` only
+takes the index lock) and signals the third. Submits never wait for I/O and
+may come from any thread.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import logging
+import re
+import select
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmcache.lmcache_native import Bitmap
+from lmcache.v1.distributed.api import KeyEntry, KeyListPage
+from lmcache.v1.distributed.internal_api import L2StoreResult
+from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
+from lmcache.v1.platform import create_event_notifier
+
+from . import ItemStatus, identity
+from ._adapter import FailureLog, backend_of, check_config
+from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_key
+from .errors import KVTierError
+from .records import EventKind, LookupState
+from .tier import Tier
+
+__all__ = ["KVTierL2Adapter"]
+
+logger = logging.getLogger(__name__)
+
+_OWNER = "kvtier.lmcache"
+# How long delete() waits for its job: LMCache's eviction calls it from its
+# own thread and expects the usage to have dropped when it returns (its fs
+# adapter waits as long).
+_DELETE_WAIT_S = 30.0
+# The completion thread also reads the tier's events this often without a
+# finished job: a shared tier's lookups report blocks other writers removed.
+_IDLE_POLL_MS = 1000
+
+_STORE, _LOAD, _DELETE = "store", "load", "delete"
+_SIZE = re.compile(r"\s*(\d+)\s*(|B|KiB|MiB|GiB)\s*", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _size(owner: str, name: str, raw: Any) -> int:
+    """A positive byte count: an int, or digits with B/KiB/MiB/GiB."""
+    value: Any = raw
+    if isinstance(raw, str):
+        match = _SIZE.fullmatch(raw)
+        value = int(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ValueError(f"{owner}: {name} must be a positive size (bytes, or with KiB/MiB/GiB), got {raw!r}")
+    return value
+
+
+def namespace(user: str = "") -> str:
+    """The tier's namespace: ``lmcache/k<format>/<digest>`` of what a key
+    means, then the user's ``namespace`` if set (docs/sharing.md)."""
+    fields = {
+        "inference_engine": "lmcache",
+        "kvtier_identity": 1,
+        "key_format": KEY_FORMAT,
+        "key_fields": ["model_name", "kv_rank", "object_group_id", "cache_salt", "chunk_hash"],
+    }
+    return identity.with_user(f"lmcache/k{KEY_FORMAT}/{identity.digest(fields)}", user)
+
+
+def stores_extents(config: dict[str, Any]) -> bool:
+    """Whether the library stores extents for this config (docs/contract.md:
+    memory without ``persist_path``, unsealed disk). The others are run on
+    whole rows: objects must then be ``block_bytes`` long, at a multiple of
+    ``block_bytes`` from the arena's start."""
+    backend = backend_of(config)
+    if backend == "memory":
+        return not config.get("persist_path")
+    if backend == "disk":
+        return not (config.get("seal_key") or config.get("seal_key_file"))
+    return False
+
+
+def _split_params(params: Any) -> tuple[int, dict[str, Any]]:
+    """(block_bytes, kvtier config) from LMCache's ``adapter_params``."""
+    if params is None:
+        params = {}
+    if not isinstance(params, dict):
+        raise ValueError(f"{_OWNER}: adapter_params must be a JSON object, got {type(params).__name__}")
+    config = {str(k): v for k, v in params.items()}
+    raw = config.pop("block_bytes", None)
+    if raw is None:
+        raise ValueError(
+            f"{_OWNER}: adapter_params needs block_bytes, the largest object LMCache "
+            "stores (bytes, or a number with KiB/MiB/GiB)"
+        )
+    block_bytes = _size(_OWNER, "block_bytes", raw)
+    events = str(config.get("events", "true")).strip().lower()
+    if events not in ("true", "1", "on", "yes"):
+        raise ValueError(f"{_OWNER}: events must stay on: the adapter counts bytes from them")
+    config["events"] = True
+    config["namespace"] = namespace(str(config.get("namespace") or ""))
+    return block_bytes, config
+
+
+@dataclass
+class _Job:
+    kind: str
+    keys: list[Any]
+    tkeys: list[bytes]
+    sizes: list[int]
+    # A load's items are the keys whose extents were valid: item i is key index[i].
+    index: list[int] = field(default_factory=list)
+    num_keys: int = 0
+    done: threading.Event | None = None
+
+
+class KVTierL2Adapter(L2AdapterInterface):
+    """LMCache's ``L2AdapterInterface`` over one kvtier ``Tier`` on LMCache's
+    L1 arena. Built by LMCache's ``plugin`` factory from ``adapter_params``
+    and ``l1_memory_desc``."""
+
+    def __init__(self, config: Any, l1_memory_desc: Any = None) -> None:
+        super().__init__(max_capacity_bytes=0)
+        block_bytes, tier_config = _split_params(config)
+        if l1_memory_desc is None:
+            raise ValueError(
+                f"{_OWNER}: LMCache gave no l1_memory_desc; the adapter works on "
+                "LMCache's L1 arena and needs its address and size"
+            )
+        self._base = int(l1_memory_desc.ptr)
+        arena_bytes = int(l1_memory_desc.size)
+        # The tier takes a whole number of blocks: the arena's tail past the
+        # last one is left out, and an object there fails (logged).
+        self._size = arena_bytes - arena_bytes % block_bytes
+        if self._base <= 0 or self._size <= 0:
+            raise ValueError(
+                f"{_OWNER}: the L1 arena ({arena_bytes} bytes at {self._base:#x}) is smaller "
+                f"than block_bytes={block_bytes}"
+            )
+        if self._size < arena_bytes:
+            logger.warning(
+                "%s: the L1 arena's last %d bytes are not a whole block of %d: objects there "
+                "are not stored (a block_bytes dividing %d avoids it)",
+                _OWNER, arena_bytes - self._size, block_bytes, arena_bytes,
+            )
+        self.block_bytes = block_bytes
+        check_config({k: v for k, v in tier_config.items()})
+        arena = (ctypes.c_ubyte * self._size).from_address(self._base)
+        self._tier = Tier(arena, block_bytes=block_bytes, **tier_config)
+        self.extents = stores_extents(tier_config)
+        self.namespace: str = tier_config["namespace"]
+        self._books = Books()
+        self._log = FailureLog(logger, "kvtier", None)
+        self._mutex = threading.Condition()
+        self._ids = itertools.count(1)
+        self._jobs: dict[int, _Job] = {}
+        self._stores_done: dict[int, L2StoreResult] = {}
+        self._lookups_done: dict[int, Any] = {}
+        self._loads_done: dict[int, Any] = {}
+        self._closed = False
+        self._active = 0  # submits between their closed check and their signal
+        self._store_fd = create_event_notifier()
+        self._lookup_fd = create_event_notifier()
+        self._load_fd = create_event_notifier()
+        self._wake = create_event_notifier()
+        self._thread = threading.Thread(target=self._serve, name="kvtier-lmcache", daemon=True)
+        self._thread.start()
+        logger.info(
+            "kvtier L2 adapter: %s backend, block_bytes %d, arena %d bytes at %#x, namespace %r",
+            tier_config.get("backend", "memory"), block_bytes, self._size, self._base, self.namespace,
+        )
+
+    # -- event fds -------------------------------------------------------------
+
+    def get_store_event_fd(self) -> int:
+        return int(self._store_fd.fileno())
+
+    def get_lookup_and_lock_event_fd(self) -> int:
+        return int(self._lookup_fd.fileno())
+
+    def get_load_event_fd(self) -> int:
+        return int(self._load_fd.fileno())
+
+    # -- submits -----------------------------------------------------------------
+
+    def _enter(self, what: str) -> int:
+        with self._mutex:
+            if self._closed:
+                raise RuntimeError(f"{_OWNER}: {what} after close()")
+            self._active += 1
+            return next(self._ids)
+
+    def _leave(self) -> None:
+        with self._mutex:
+            self._active -= 1
+            self._mutex.notify_all()
+
+    def _extent(self, obj: Any) -> tuple[int, int] | None:
+        """(offset, length) of an L1 object in the arena, or None if it lies
+        outside it or is larger than a block (or, on rows, is not one)."""
+        try:
+            offset = int(obj.data_ptr) - self._base
+            length = int(obj.get_size())
+        except Exception as exc:
+            self._log.failed("reading an L1 object's address", exc)
+            return None
+        if offset < 0 or length <= 0 or length > self.block_bytes or offset + length > self._size:
+            return None
+        if not self.extents and (length != self.block_bytes or offset % self.block_bytes):
+            return None
+        return offset, length
+
+    def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
+        task = self._enter("submit_store_task")
+        try:
+            extents = [self._extent(obj) for obj in objects]
+            if len(keys) != len(objects) or any(e is None for e in extents):
+                logger.warning(
+                    "%s: store task %d refused: %d keys, %d objects, %d outside the L1 arena "
+                    "or over block_bytes=%d", _OWNER, task, len(keys), len(objects),
+                    sum(e is None for e in extents), self.block_bytes,
+                )
+                self._finish_store(task, L2StoreResult(False, 0))
+                return task
+            if not keys:
+                self._finish_store(task, L2StoreResult(True, 0))
+                return task
+            tkeys = [tier_key(k) for k in keys]
+            offsets = [e[0] for e in extents if e is not None]
+            sizes = [e[1] for e in extents if e is not None]
+            self._books.store_submitted(tkeys, keys, sizes)
+            with self._mutex:
+                self._jobs[task] = _Job(_STORE, list(keys), tkeys, sizes, num_keys=len(keys))
+            try:
+                if self.extents:
+                    self._tier.submit_store_extents(task, tkeys, offsets, sizes)
+                else:
+                    self._tier.submit_store(task, tkeys, [o // self.block_bytes for o in offsets])
+            except KVTierError as exc:
+                self._log.failed("submit_store_extents", exc)
+                with self._mutex:
+                    self._jobs.pop(task, None)
+                self._books.store_finished(tkeys, [False] * len(tkeys), Change([], []))
+                self._finish_store(task, L2StoreResult(False, 0))
+            return task
+        finally:
+            self._leave()
+
+    def _finish_store(self, task: int, result: L2StoreResult) -> None:
+        with self._mutex:
+            self._stores_done[task] = result
+        self._store_fd.notify()
+
+    def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
+        with self._mutex:
+            done, self._stores_done = self._stores_done, {}
+        return done
+
+    def submit_lookup_and_lock_task(self, keys: list[Any], group_layout_descs: Any = None) -> int:
+        task = self._enter("submit_lookup_and_lock_task")
+        try:
+            bitmap = Bitmap(len(keys))
+            if keys:
+                try:
+                    found = self._books.lock([tier_key(k) for k in keys], self._pin)
+                except KVTierError as exc:
+                    self._log.failed("pin", exc)
+                    found = []
+                for i, hit in enumerate(found):
+                    if hit:
+                        bitmap.set(i)
+            with self._mutex:
+                self._lookups_done[task] = bitmap
+            self._lookup_fd.notify()
+            return task
+        finally:
+            self._leave()
+
+    def _pin(self, tkeys: list[bytes]) -> list[bool]:
+        return [state == LookupState.HIT for state in self._tier.pin(tkeys)]
+
+    def query_lookup_and_lock_result(self, task_id: int) -> Any:
+        with self._mutex:
+            return self._lookups_done.pop(task_id, None)
+
+    def submit_unlock(self, keys: list[Any]) -> None:
+        """Never raises: LMCache never retries an unlock. Keys never locked,
+        and any call after close, are ignored."""
+        try:
+            if keys and not self._closed:
+                self._books.unlock([tier_key(k) for k in keys], self._tier.unpin)
+        except Exception as exc:
+            self._log.failed("submit_unlock", exc)
+
+    def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
+        task = self._enter("submit_load_task")
+        try:
+            index: list[int] = []
+            offsets: list[int] = []
+            sizes: list[int] = []
+            for i, obj in enumerate(objects[: len(keys)]):
+                extent = self._extent(obj)
+                if extent is not None:
+                    index.append(i)
+                    offsets.append(extent[0])
+                    sizes.append(extent[1])
+            if len(index) < len(keys):
+                logger.warning(
+                    "%s: load task %d: %d of %d objects outside the L1 arena or over "
+                    "block_bytes=%d are not loaded", _OWNER, task, len(keys) - len(index),
+                    len(keys), self.block_bytes,
+                )
+            if not index:
+                self._finish_load(task, Bitmap(len(keys)))
+                return task
+            tkeys = [tier_key(keys[i]) for i in index]
+            if not self.extents:
+                # A row load stops at its first miss: load only what is there.
+                try:
+                    states = self._tier.lookup(tkeys)
+                except KVTierError as exc:
+                    self._log.failed("lookup", exc)
+                    states = []
+                hits = [j for j, state in enumerate(states) if state == LookupState.HIT]
+                index = [index[j] for j in hits]
+                offsets = [offsets[j] for j in hits]
+                sizes = [sizes[j] for j in hits]
+                tkeys = [tkeys[j] for j in hits]
+                if not index:
+                    self._finish_load(task, Bitmap(len(keys)))
+                    return task
+            with self._mutex:
+                self._jobs[task] = _Job(
+                    _LOAD, [keys[i] for i in index], tkeys, sizes, index=index, num_keys=len(keys)
+                )
+            try:
+                if self.extents:
+                    self._tier.submit_load_extents(task, tkeys, offsets, sizes)
+                else:
+                    self._tier.submit_load(task, tkeys, [o // self.block_bytes for o in offsets])
+            except KVTierError as exc:
+                self._log.failed("submit_load_extents", exc)
+                with self._mutex:
+                    self._jobs.pop(task, None)
+                self._finish_load(task, Bitmap(len(keys)))
+            return task
+        finally:
+            self._leave()
+
+    def _finish_load(self, task: int, bitmap: Any) -> None:
+        with self._mutex:
+            self._loads_done[task] = bitmap
+        self._load_fd.notify()
+
+    def query_load_result(self, task_id: int) -> Any:
+        with self._mutex:
+            return self._loads_done.pop(task_id, None)
+
+    # -- delete, usage, listing ------------------------------------------------
+
+    def delete(self, keys: list[Any]) -> None:
+        """Deletes the keys' objects and returns once the tier has (at most
+        30 s). A locked key (being loaded) is kept, as is one being stored.
+        Listeners and the byte counts hear of every object removed. After
+        close, nothing."""
+        if not keys:
+            return
+        try:
+            task = self._enter("delete")
+        except RuntimeError:
+            return
+        done = threading.Event()
+        try:
+            tkeys = [tier_key(k) for k in keys]
+            with self._mutex:
+                self._jobs[task] = _Job(_DELETE, list(keys), tkeys, [], num_keys=len(keys), done=done)
+            try:
+                self._tier.submit_delete(task, tkeys)
+            except KVTierError as exc:
+                self._log.failed("submit_delete", exc)
+                with self._mutex:
+                    self._jobs.pop(task, None)
+                return
+        finally:
+            self._leave()
+        if not done.wait(_DELETE_WAIT_S):
+            logger.warning("%s: delete of %d keys still running after %.0f s", _OWNER, len(keys), _DELETE_WAIT_S)
+
+    def list_l2_keys(
+        self, model_name: str | None = None, page_size: int = 500, cursor: str | None = None
+    ) -> KeyListPage:
+        """The objects this adapter counts (stored, or found by a load, since
+        it opened), by key, ``page_size`` at a time."""
+        if page_size <= 0:
+            raise ValueError(f"page_size must be positive (got {page_size})")
+        after = None
+        if cursor is not None:
+            try:
+                after = bytes.fromhex(cursor)
+            except ValueError:
+                after = None
+            if after is None or len(after) != KEY_BYTES:
+                raise ValueError(f"{_OWNER}: malformed cursor {cursor!r}")
+        items, last = self._books.page(model_name, page_size, after)
+        entries = tuple(KeyEntry(key=k.to_encoded_object_key(), size_bytes=size) for k, size in items)
+        return KeyListPage(entries=entries, next_page_token=None if last is None else last.hex())
+
+    # -- completions ---------------------------------------------------------------
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._tier.completion_fd(), select.POLLIN)
+        poller.register(self._wake.fileno(), select.POLLIN)
+        while True:
+            poller.poll(_IDLE_POLL_MS)
+            if self._is_closed():
+                return
+            try:
+                self._collect()
+            except Exception as exc:  # the thread must outlive one bad batch
+                self._log.failed("collecting completions", exc)
+
+    def _collect(self) -> None:
+        change = Change([], [])
+        lost = False
+        for event in self._tier.poll_events():
+            if event.kind == EventKind.STORED:
+                self._books.stored(event.key, change)
+            elif event.kind == EventKind.REMOVED:
+                self._books.removed(event.key, change)
+            else:
+                lost = True
+        if lost:
+            self._reconcile(change)
+        finished: list[tuple[_Job, int, Any]] = []
+        for result in self._tier.poll():
+            with self._mutex:
+                job = self._jobs.pop(result.job_id, None)
+            if job is not None:
+                finished.append((job, result.job_id, result))
+        stores: dict[int, L2StoreResult] = {}
+        loads: dict[int, Any] = {}
+        accessed: list[Any] = []
+        deletes: list[threading.Event] = []
+        for job, task, result in finished:
+            if result.items is not None:
+                ok = [item.status == ItemStatus.OK for item in result.items]
+            else:  # a row job: its leading num_done keys were done
+                ok = [i < result.num_done for i in range(len(job.tkeys))]
+            ok += [False] * (len(job.tkeys) - len(ok))
+            if job.kind == _STORE:
+                self._books.store_finished(job.tkeys, ok, change)
+                moved = sum(size for size, good in zip(job.sizes, ok) if good)
+                stores[task] = L2StoreResult(bool(result.ok) and all(ok), moved)
+            elif job.kind == _LOAD:
+                bitmap = Bitmap(job.num_keys)
+                for i, good in enumerate(ok):
+                    if good:
+                        bitmap.set(job.index[i])
+                        accessed.append(job.keys[i])
+                for tkey, key, size, good in zip(job.tkeys, job.keys, job.sizes, ok):
+                    if good:
+                        self._books.learned(tkey, key, size, change)
+                loads[task] = bitmap
+            else:
+                for tkey, good in zip(job.tkeys, ok):
+                    if good:
+                        self._books.removed(tkey, change)
+                if job.done is not None:
+                    deletes.append(job.done)
+        self._notify(change)
+        if accessed:
+            self._notify_keys_accessed(accessed)
+        if stores:
+            with self._mutex:
+                self._stores_done.update(stores)
+            self._store_fd.notify()
+        if loads:
+            with self._mutex:
+                self._loads_done.update(loads)
+            self._load_fd.notify()
+        for done in deletes:
+            done.set()
+
+    def _reconcile(self, change: Change) -> None:
+        """Events were dropped: every object the books hold that the tier no
+        longer has is counted out."""
+        logger.warning("%s: the tier dropped events; rechecking the objects it holds", _OWNER)
+        tkeys = self._books.resident_keys()
+        for start in range(0, len(tkeys), 4096):
+            chunk = tkeys[start : start + 4096]
+            for tkey, state in zip(chunk, self._tier.lookup(chunk)):
+                if state == LookupState.MISS:
+                    self._books.removed(tkey, change)
+
+    def _notify(self, change: Change) -> None:
+        if change.stored:
+            self._notify_keys_stored([k for k, _ in change.stored], [s for _, s in change.stored])
+        if change.deleted:
+            self._notify_keys_deleted([k for k, _ in change.deleted], [s for _, s in change.deleted])
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    # -- status and close ----------------------------------------------------------
+
+    def report_status(self) -> dict:
+        usage = self.get_usage()
+        status: dict[str, Any] = {
+            "is_healthy": not self._closed and self._thread.is_alive(),
+            "type": type(self).__name__,
+            "namespace": self.namespace,
+            "current_size_bytes": usage.total_bytes_used,
+            "locked_key_count": self._books.locked(),
+        }
+        if not self._closed:
+            try:
+                status["tier"] = self._tier.stats().as_dict()
+            except KVTierError as exc:
+                status["is_healthy"] = False
+                status["error"] = str(exc)
+        return status
+
+    def close(self) -> None:
+        """Stops the completion thread, frees the tier (which never touches
+        the L1 arena again once this returns), drops every lock and closes
+        the event fds. Jobs in flight are abandoned. Idempotent."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+            while self._active:
+                self._mutex.wait()
+            waiting = [job.done for job in self._jobs.values() if job.done is not None]
+            self._jobs.clear()
+        self._wake.notify()
+        self._thread.join()
+        self._books.release_all()
+        self._tier.close()
+        for done in waiting:
+            done.set()
+        for notifier in (self._store_fd, self._lookup_fd, self._load_fd, self._wake):
+            notifier.close()
