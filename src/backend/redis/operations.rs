@@ -3,7 +3,7 @@
 //! each has one path, the router's passes over the nodes (`routed`), for a
 //! single server and a cluster alike.
 
-use super::client::reply::Value;
+use super::client::Value;
 use super::direct::get_ceiling;
 use super::routed::KeyCommand;
 use super::RedisBackend;
