@@ -6,7 +6,7 @@
 //! stored in, so after a clear a block of an older one is never even asked
 //! for; the clearing tier deletes those it finds (SCAN, every master).
 
-use super::client::{Endpoint, Problem, Value, MAP_REPLY, SMALL_REPLY};
+use super::client::{call_each, Endpoint, Problem, Value, MAP_REPLY, SMALL_REPLY};
 use super::{Naming, RedisBackend};
 use crate::backend::checksum::generation_fingerprint;
 use crate::error::{Error, ErrorKind, Result};
@@ -48,7 +48,8 @@ impl RedisBackend {
     /// ASK followed, within one deadline); a refusal is `Value::Error`.
     fn generation_reply(&self, command: &'static str) -> Result<Value> {
         let name = self.generation_name();
-        self.calls_routed(
+        call_each(
+            &self.router,
             command,
             &[name.as_bytes()],
             SMALL_REPLY,
@@ -111,7 +112,8 @@ impl RedisBackend {
                 let next = current + 1;
                 let name = self.generation_name();
                 let text = next.to_string();
-                self.calls_routed(
+                call_each(
+                    &self.router,
                     "SET",
                     &[name.as_bytes()],
                     SMALL_REPLY,

@@ -49,7 +49,7 @@ mod operations;
 mod routed;
 mod sealed;
 
-use self::client::{Problem, Router, SMALL_REPLY};
+use self::client::{call_each, Problem, Router, SMALL_REPLY};
 use self::direct::{Fetched, Layout};
 use self::sealed::SealedLayout;
 use crate::config::Sharing;
@@ -246,9 +246,14 @@ impl RedisBackend {
     /// Deletes the value named `name` (a condemned one), best effort, by
     /// `deadline`.
     fn delete_named(&self, name: &str, deadline: Instant) {
-        let _ = self.calls_routed("DEL", &[name.as_bytes()], SMALL_REPLY, deadline, |name| {
-            vec![b"DEL", name]
-        });
+        let _ = call_each(
+            &self.router,
+            "DEL",
+            &[name.as_bytes()],
+            SMALL_REPLY,
+            deadline,
+            |name| vec![b"DEL", name],
+        );
     }
 
     /// A private GET the server refused: a value of another type under a

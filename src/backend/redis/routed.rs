@@ -12,7 +12,7 @@
 //! The caller holds the blocks' stripe locks throughout, later passes
 //! included.
 
-use super::client::{call_each, run_job, slots_of, unsettled, Pass, RespConn, ServerError, Value};
+use super::client::{run_job, slots_of, unsettled, Pass, RespConn, ServerError};
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
 use super::{server_error, RedisBackend};
 use crate::error::{Error, Result};
@@ -142,21 +142,6 @@ impl RedisBackend {
             refused: Vec::new(),
         };
         run_job(&self.router, &slots, self.job_deadline(), &mut pass);
-    }
-
-    /// Whole commands, one per key name in `names` (`args(name)` makes
-    /// it), a pipeline per node, by `deadline` (the job's): each one's
-    /// reply of at most `ceiling` bytes, or why there is none (`what` names
-    /// the command in errors).
-    pub(super) fn calls_routed<'a>(
-        &self,
-        what: &'static str,
-        names: &[&'a [u8]],
-        ceiling: usize,
-        deadline: Instant,
-        args: impl Fn(&'a [u8]) -> Vec<&'a [u8]>,
-    ) -> Vec<Result<Value>> {
-        call_each(&self.router, what, names, ceiling, deadline, args)
     }
 }
 
