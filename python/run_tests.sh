@@ -15,6 +15,9 @@
 #                   (tests/conftest.py) and the packaging test runs.
 #   KVTIER_LIBRARY  the library to test; default <repo>/target/release/libkvtier.so,
 #                   built with cargo if missing.
+#   KVTIER_REDIS_HARNESS  the redis-server launcher the Redis fixtures run
+#                   (redis-harness/); default <repo>/target/release/kvtier-redis-harness,
+#                   built with cargo if missing.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -25,6 +28,14 @@ if [[ -z "${KVTIER_LIBRARY:-}" ]]; then
     if [[ ! -f "$KVTIER_LIBRARY" ]]; then
         echo "run_tests.sh: building $KVTIER_LIBRARY" >&2
         (cd "$repo" && cargo build --release --lib)
+    fi
+fi
+
+if [[ -z "${KVTIER_REDIS_HARNESS:-}" ]]; then
+    export KVTIER_REDIS_HARNESS="$repo/target/release/kvtier-redis-harness"
+    if [[ ! -x "$KVTIER_REDIS_HARNESS" ]]; then
+        echo "run_tests.sh: building $KVTIER_REDIS_HARNESS" >&2
+        (cd "$repo" && cargo build --release -p kvtier-redis-harness)
     fi
 fi
 

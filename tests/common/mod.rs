@@ -13,27 +13,11 @@ use std::path::{Path, PathBuf};
 
 pub const KEY_LEN: usize = 36;
 
-/// What a test prints (to the real stderr) when it cannot run here: CTest's
-/// SKIP_REGULAR_EXPRESSION matches it, so the test counts as skipped.
-pub const SKIP_MARKER: &str = "KVTIER-SKIP:";
-
-/// Whether this is a CI run (`CI=true`), where no test may skip.
-pub fn in_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| v.trim() == "true")
-}
-
-/// Says why the calling test cannot run here, before it returns early; a
-/// panic instead under `CI=true`, so CI never passes a test that did not run.
-pub fn skip(why: &str) {
-    use std::io::Write;
-    assert!(
-        !in_ci(),
-        "cannot run under CI=true, where nothing may skip: {why}"
-    );
-    let test = std::thread::current().name().unwrap_or("?").to_string();
-    // Not eprintln!: libtest captures that and shows it only on failure.
-    let _ = writeln!(std::io::stderr(), "{SKIP_MARKER} {test}: {why}");
-}
+/// Skipping (`skip`, `in_ci`, the marker CTest matches) and scratch
+/// directories are the Redis harness's, so a test and its servers agree.
+/// (Each test binary uses some of them.)
+#[allow(unused_imports)]
+pub use kvtier_redis_harness::{in_ci, scratch_dir, skip, SKIP_MARKER};
 
 /// A 36-byte key like vLLM's (32-byte hash + 4-byte group), derived from `i`.
 pub fn key(i: u64) -> Vec<u8> {
@@ -408,15 +392,6 @@ fn is_scratch(path: &std::path::Path) -> bool {
     path.file_name()
         .and_then(|n| n.to_str())
         .is_some_and(|n| n.starts_with("kvtier-test-"))
-}
-
-/// A fresh, empty directory under the system temp dir, unique per call.
-pub fn scratch_dir() -> std::path::PathBuf {
-    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("kvtier-test-{}-{n}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    dir
 }
 
 /// A fresh, empty directory on /dev/shm (tmpfs: a persistent memory arena's

@@ -1,5 +1,5 @@
-//! The client crate's bound: the `redis` crate alone (the library's client,
-//! same major version), no kvtier in between, sending the SET and GET
+//! The client crate's bound: the `redis` crate alone (a well-known client;
+//! the library speaks through its own), no kvtier in between, sending the SET and GET
 //! pipelines kvtier sends: values of the same size (kvtier's header, 56 +
 //! key bytes, then the block), jobs of the same number of blocks, as many
 //! connections as kvtier has jobs in flight. Loads copy each reply's payload

@@ -1,14 +1,11 @@
 //! The server the Redis phases talk to: one given with `--url`, or a
-//! `redis-server` the bench starts on a free loopback port in a temp dir and
-//! stops when the value is dropped (also when a phase fails or panics).
+//! `redis-server` the bench starts on a free loopback port in a scratch dir
+//! and kills when the value is dropped (also when a phase fails or panics),
+//! by the launcher the tests use (`kvtier-redis-harness`).
 
-use std::net::TcpListener;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use kvtier_redis_harness::RedisServer;
+use std::path::Path;
 use std::time::{Duration, Instant};
-
-/// How long a started server may take to answer PING.
-const START_SECS: u64 = 10;
 
 pub struct Server {
     pub url: String,
@@ -17,27 +14,11 @@ pub struct Server {
     /// `redis_version` from INFO server.
     pub version: String,
     /// Present when the bench started the server.
-    child: Option<Child>,
-    dir: Option<PathBuf>,
+    launched: Option<RedisServer>,
 }
 
-/// `redis-server` on PATH, if any.
-pub fn find_on_path(program: &str) -> Option<PathBuf> {
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|d| d.join(program))
-        .find(|p| is_executable(p))
-}
-
-fn is_executable(p: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-}
-
-fn free_port() -> Result<u16, String> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| format!("no free port: {e}"))?;
-    Ok(l.local_addr().map_err(|e| e.to_string())?.port())
-}
+/// A program on PATH, if any (`redis-server`, `redis-benchmark`).
+pub use kvtier_redis_harness::on_path as find_on_path;
 
 /// Host and port of a `redis://host:port[/db]` URL (for redis-benchmark).
 fn host_port(url: &str) -> Result<(String, u16), String> {
@@ -68,8 +49,7 @@ impl Server {
                     host,
                     port,
                     version: String::new(),
-                    child: None,
-                    dir: None,
+                    launched: None,
                 };
                 s.version = s.wait_ready(Duration::from_secs(3))?;
                 Ok(s)
@@ -79,63 +59,25 @@ impl Server {
     }
 
     fn start() -> Result<Server, String> {
-        let program = find_on_path("redis-server")
-            .ok_or("redis-server not found on PATH (install redis-server, or pass --url)")?;
-        let dir = std::env::temp_dir().join(format!("kvtier-bench-redis-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        // A port found free may be taken before the server binds it: retry.
-        let mut last = String::new();
-        for _ in 0..3 {
-            let port = free_port()?;
-            let child = Command::new(&program)
-                .args(["--save", "", "--appendonly", "no", "--port"])
-                .arg(port.to_string())
-                .args(["--bind", "127.0.0.1", "--dir"])
-                .arg(&dir)
-                .arg("--logfile")
-                .arg(dir.join("redis.log"))
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .map_err(|e| format!("cannot start {}: {e}", program.display()))?;
-            crate::contention::count_as_own(child.id());
-            let mut s = Server {
-                url: format!("redis://127.0.0.1:{port}"),
-                host: "127.0.0.1".into(),
-                port,
-                version: String::new(),
-                child: Some(child),
-                dir: Some(dir.clone()),
-            };
-            match s.wait_ready(Duration::from_secs(START_SECS)) {
-                Ok(v) => {
-                    s.version = v;
-                    return Ok(s);
-                }
-                Err(e) => {
-                    let log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                    last = format!("{e}; log: {}", tail.join(" | "));
-                    s.dir = None; // kept for the next attempt
-                    s.stop();
-                }
-            }
+        let launched = RedisServer::try_start().map_err(|why| format!("{why} (or pass --url)"))?;
+        if let Some(pid) = launched.pid() {
+            crate::contention::count_as_own(pid);
         }
-        let _ = std::fs::remove_dir_all(&dir);
-        Err(format!("redis-server did not start: {last}"))
+        let mut s = Server {
+            url: launched.url(),
+            host: "127.0.0.1".into(),
+            port: launched.port(),
+            version: String::new(),
+            launched: Some(launched),
+        };
+        s.version = s.wait_ready(Duration::from_secs(3))?;
+        Ok(s)
     }
 
     /// Waits until the server answers PING; returns its version.
-    fn wait_ready(&mut self, limit: Duration) -> Result<String, String> {
+    fn wait_ready(&self, limit: Duration) -> Result<String, String> {
         let start = Instant::now();
         loop {
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("redis-server exited ({status})"));
-                }
-            }
             match self.info_version() {
                 Ok(v) => return Ok(v),
                 Err(e) if start.elapsed() > limit => {
@@ -173,7 +115,7 @@ impl Server {
     }
 
     pub fn started_here(&self) -> Option<&Path> {
-        self.dir.as_deref()
+        self.launched.as_ref().map(RedisServer::dir)
     }
 
     /// Makes the server's allocator return the memory it holds free to the
@@ -263,36 +205,6 @@ impl Server {
             cursor = next;
         }
         Ok(deleted)
-    }
-
-    fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // SIGTERM: the server exits at once (nothing to save); SIGKILL if
-            // it has not within 5 s.
-            // SAFETY: kill(2) on our own child's pid.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
-            let start = Instant::now();
-            loop {
-                match child.try_wait() {
-                    Ok(Some(_)) | Err(_) => break,
-                    Ok(None) if start.elapsed() > Duration::from_secs(5) => {
-                        let _ = child.kill();
-                        let _ = child.wait();
-                        break;
-                    }
-                    Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        }
-        if let Some(dir) = self.dir.take() {
-            let _ = std::fs::remove_dir_all(dir);
-        }
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.stop();
     }
 }
 

@@ -11,10 +11,7 @@
 //! why adoption stopped. A SCAN cursor that never returns to 0, or a flood
 //! of names, costs `tier_new` at most the deadline and the budget's memory.
 
-use super::client::conn::io_error;
-use super::client::reply::{Value, MAP_REPLY, SMALL_REPLY};
-use super::client::transport::RespConn;
-use super::client::url::Endpoint;
+use super::client::{io_error, Endpoint, RespConn, Value, MAP_REPLY, SMALL_REPLY};
 use super::{format, sealed, RedisBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::RECORD_LEN;

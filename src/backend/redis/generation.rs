@@ -6,8 +6,7 @@
 //! stored in, so after a clear a block of an older one is never even asked
 //! for; the clearing tier deletes those it finds (SCAN, every master).
 
-use super::client::reply::{Value, MAP_REPLY, SMALL_REPLY};
-use super::client::url::Endpoint;
+use super::client::{call_each, Endpoint, Problem, Value, MAP_REPLY, SMALL_REPLY};
 use super::{Naming, RedisBackend};
 use crate::backend::checksum::generation_fingerprint;
 use crate::error::{Error, ErrorKind, Result};
@@ -46,26 +45,32 @@ impl RedisBackend {
     }
 
     /// One command on the generation's key, through the router (MOVED and
-    /// ASK followed, within one deadline).
-    fn generation_call(&self, command: &'static str) -> Result<Value> {
+    /// ASK followed, within one deadline); a refusal is `Value::Error`.
+    fn generation_reply(&self, command: &'static str) -> Result<Value> {
         let name = self.generation_name();
-        let reply = self
-            .calls_routed(
-                command,
-                &[name.as_bytes()],
-                SMALL_REPLY,
-                self.job_deadline(),
-                |name| vec![command.as_bytes(), name],
-            )
-            .pop()
-            .expect("one command, one reply")?;
-        match reply {
-            Value::Error(message) => Err(Error::new(
-                ErrorKind::Io,
-                format!("redis: {command} {name}: {message}"),
-            )),
+        call_each(
+            &self.router,
+            command,
+            &[name.as_bytes()],
+            SMALL_REPLY,
+            self.job_deadline(),
+            |name| vec![command.as_bytes(), name],
+        )
+        .pop()
+        .expect("one command, one reply")
+    }
+
+    /// [`Self::generation_reply`], a refusal an error.
+    fn generation_call(&self, command: &'static str) -> Result<Value> {
+        match self.generation_reply(command)? {
+            Value::Error(message) => Err(self.generation_refused(command, &message)),
             value => Ok(value),
         }
+    }
+
+    fn generation_refused(&self, command: &str, message: &str) -> Error {
+        let name = self.generation_name();
+        Error::new(ErrorKind::Io, format!("redis: {command} {name}: {message}"))
     }
 
     pub(super) fn read_generation_key(&self) -> Result<u64> {
@@ -92,15 +97,13 @@ impl RedisBackend {
     /// generation of their own. A value INCR cannot raise (damaged) is
     /// replaced by one past this tier's.
     pub(super) fn advance_generation_key(&self) -> Result<u64> {
-        let raised = match self.generation_call("INCR") {
-            Ok(Value::Int(n)) if n > 0 => Some(n as u64),
-            Ok(_) => None,
-            Err(e)
-                if e.message().contains("not an integer") || e.message().contains("WRONGTYPE") =>
-            {
-                None
-            }
-            Err(e) => return Err(e),
+        let raised = match self.generation_reply("INCR")? {
+            Value::Int(n) if n > 0 => Some(n as u64),
+            Value::Error(message) => match Problem::of(&message) {
+                Problem::NotAnInteger | Problem::WrongType => None,
+                _ => return Err(self.generation_refused("INCR", &message)),
+            },
+            _ => None,
         };
         let current = self.naming().generation;
         let next = match raised {
@@ -109,7 +112,8 @@ impl RedisBackend {
                 let next = current + 1;
                 let name = self.generation_name();
                 let text = next.to_string();
-                self.calls_routed(
+                call_each(
+                    &self.router,
                     "SET",
                     &[name.as_bytes()],
                     SMALL_REPLY,

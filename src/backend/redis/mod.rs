@@ -49,8 +49,7 @@ mod operations;
 mod routed;
 mod sealed;
 
-use self::client::cluster::Router;
-use self::client::reply::SMALL_REPLY;
+use self::client::{call_each, Problem, Router, SMALL_REPLY};
 use self::direct::{Fetched, Layout};
 use self::sealed::SealedLayout;
 use crate::config::Sharing;
@@ -260,16 +259,21 @@ impl RedisBackend {
     /// Deletes the value named `name` (a condemned one), best effort, by
     /// `deadline`.
     fn delete_named(&self, name: &str, deadline: Instant) {
-        let _ = self.calls_routed("DEL", &[name.as_bytes()], SMALL_REPLY, deadline, |name| {
-            vec![b"DEL", name]
-        });
+        let _ = call_each(
+            &self.router,
+            "DEL",
+            &[name.as_bytes()],
+            SMALL_REPLY,
+            deadline,
+            |name| vec![b"DEL", name],
+        );
     }
 
     /// A private GET the server refused: a value of another type under a
     /// block's name (WRONGTYPE) is no block, as garbage is; any other
     /// refusal may pass.
     fn get_refused(&self, name: &str, message: &str, deadline: Instant) -> Error {
-        if message.starts_with("WRONGTYPE") {
+        if Problem::of(message) == Problem::WrongType {
             return self.condemn(name, "a value of another type than a string", deadline);
         }
         server_error("GET", message)
@@ -284,8 +288,8 @@ impl RedisBackend {
         match fetched {
             Fetched::Good => Ok(()),
             Fetched::Missing => Err(self.not_found(&self.name(key))),
-            Fetched::Refused(message) if !message.starts_with("WRONGTYPE") => {
-                Err(server_error("GET", &message))
+            Fetched::Refused(refused) if refused.problem != Problem::WrongType => {
+                Err(server_error("GET", &refused.message))
             }
             Fetched::Refused(_) | Fetched::Bad(_) | Fetched::Recheck => {
                 self.load_by(key, dst, deadline)

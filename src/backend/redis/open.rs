@@ -3,11 +3,7 @@
 //! (a single server: a slot map of one node), and the servers reached once.
 
 use super::adopt::ADOPT_BUDGET_PER_BLOCK;
-use super::client::cluster::Router;
-use super::client::reply::{Value, MAP_REPLY};
-use super::client::tls::SharedConfig;
-use super::client::transport::RespConn;
-use super::client::url::{self, Endpoint};
+use super::client::{parse_url, Endpoint, RespConn, Router, SharedConfig, Value, MAP_REPLY};
 use super::{Naming, RedisBackend, STRIPES};
 use crate::backend::checksum::namespace_fingerprint;
 use crate::config::{ClusterMode, RedisConfig};
@@ -103,7 +99,7 @@ impl RedisBackend {
         let timeout = Duration::from_millis(io_timeout_ms as u64);
         let mut seeds = Vec::new();
         for u in &cfg.urls {
-            match url::parse(u) {
+            match parse_url(u) {
                 Ok(seed) => seeds.push(seed),
                 Err(e) => bail!(Config, "url: {} is not a usable URL: {e}", redact(u)),
             }

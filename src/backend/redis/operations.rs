@@ -3,7 +3,7 @@
 //! each has one path, the router's passes over the nodes (`routed`), for a
 //! single server and a cluster alike.
 
-use super::client::reply::Value;
+use super::client::{call_each, Value};
 use super::direct::get_ceiling;
 use super::routed::KeyCommand;
 use super::RedisBackend;
@@ -140,12 +140,16 @@ impl RedisBackend {
     pub(super) fn load_by(&self, key: &[u8], dst: &mut [u8], deadline: Instant) -> Result<()> {
         let name = self.name(key);
         let ceiling = get_ceiling(self.layout(&self.naming()).value_len(key));
-        let reply = self
-            .calls_routed("GET", &[name.as_bytes()], ceiling, deadline, |name| {
-                vec![b"GET", name]
-            })
-            .pop()
-            .expect("one command, one reply")?;
+        let reply = call_each(
+            &self.router,
+            "GET",
+            &[name.as_bytes()],
+            ceiling,
+            deadline,
+            |name| vec![b"GET", name],
+        )
+        .pop()
+        .expect("one command, one reply")?;
         match reply {
             Value::BulkString(value) => self.check_value(&name, Some(value), key, dst, deadline),
             Value::Nil => self.check_value(&name, None, key, dst, deadline),

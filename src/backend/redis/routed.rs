@@ -5,37 +5,19 @@
 //! masters work at once), redirections and failovers followed over later
 //! passes (`job`), the outcomes reported in the job's order. Loads land in
 //! the caller's rows with at most one copy beyond the socket read.
-//! This file: what a pass of SETs, GETs, one-key commands (DEL, EXISTS,
-//! TOUCH) or whole commands makes of each node's answer.
+//! This file: what a pass of SETs, GETs or one-key commands (DEL, EXISTS,
+//! TOUCH) makes of each block's answer (the client keeps redirected blocks
+//! for its next pass); whole commands are the client's `call_each`.
 //!
 //! The caller holds the blocks' stripe locks throughout, later passes
 //! included.
 
-use super::client::fanout::{Pass, Trouble};
-use super::client::job::run_job;
-use super::client::reply::Value;
-use super::client::routes::slots_of;
-use super::client::transport::RespConn;
+use super::client::{run_job, slots_of, unsettled, Pass, RespConn, ServerError};
 use super::direct::{self, Fetched, GetsSent, Layout, SetsSent};
 use super::{server_error, RedisBackend};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use std::ops::Range;
 use std::time::Instant;
-
-/// Blocks not sent, or not answered, because the job's deadline passed
-/// (on another master, or waiting for a redirection's turn).
-fn out_of_time() -> Error {
-    Error::new(
-        ErrorKind::Io,
-        "redis: no answer within io_timeout_ms (the job's deadline passed on another master)",
-    )
-    .unsent()
-    .late()
-}
-
-fn unsettled() -> Error {
-    Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried").unsent()
-}
 
 /// A block of a load: its slot, key and row.
 type LoadBlock<'a> = (u32, &'a [u8], &'a mut [u8]);
@@ -161,45 +143,6 @@ impl RedisBackend {
         };
         run_job(&self.router, &slots, self.job_deadline(), &mut pass);
     }
-
-    /// Whole commands, one per key name in `names` (`args(name)` makes
-    /// it), a pipeline per node, by `deadline` (the job's): each one's
-    /// reply of at most `ceiling` bytes, or why there is none (`what` names
-    /// the command in errors).
-    pub(super) fn calls_routed<'a>(
-        &self,
-        what: &'static str,
-        names: &[&'a [u8]],
-        ceiling: usize,
-        deadline: Instant,
-        args: impl Fn(&'a [u8]) -> Vec<&'a [u8]>,
-    ) -> Vec<Result<Value>> {
-        let slots: Vec<u16> = names
-            .iter()
-            .map(|n| super::client::routes::slot_of(n))
-            .collect();
-        let commands: Vec<Vec<u8>> = names
-            .iter()
-            .map(|&name| {
-                let mut out = Vec::new();
-                super::client::command::encode(&mut out, &args(name));
-                out
-            })
-            .collect();
-        let mut pass = Calls {
-            commands: &commands,
-            sorted: Vec::new(),
-            read: Vec::new(),
-            what,
-            ceiling,
-            replies: (0..names.len()).map(|_| None).collect(),
-        };
-        run_job(&self.router, &slots, deadline, &mut pass);
-        pass.replies
-            .into_iter()
-            .map(|r| r.unwrap_or_else(|| Err(unsettled())))
-            .collect()
-    }
 }
 
 /// A pass of SETs: `outcomes[i]` None while block i is to send (again).
@@ -213,6 +156,7 @@ struct Sets<'a, 'b> {
 
 impl Pass for Sets<'_, '_> {
     type Sent = SetsSent;
+    type Answer = ();
 
     fn arrange(&mut self, order: &[usize]) {
         self.sorted.clear();
@@ -243,26 +187,18 @@ impl Pass for Sets<'_, '_> {
         )
     }
 
-    fn late(&mut self, order: &[usize]) {
-        order
-            .iter()
-            .for_each(|&i| self.outcomes[i] = Some(Err(out_of_time())));
+    fn take_answers(&mut self, answers: &mut Vec<std::result::Result<(), ServerError>>) {
+        answers.extend(self.replies.drain(..).map(|r| r.map_err(ServerError::new)));
+    }
+
+    fn settle(&mut self, i: usize, answer: std::result::Result<(), ServerError>) {
+        self.outcomes[i] = Some(answer.map_err(|refused| server_error("SET", &refused.message)));
     }
 
     fn failed(&mut self, order: &[usize], e: &Error) {
         order
             .iter()
             .for_each(|&i| self.outcomes[i] = Some(Err(e.clone())));
-    }
-
-    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
-        for (&i, reply) in order.iter().zip(self.replies.drain(..)) {
-            self.outcomes[i] = match reply {
-                Ok(()) => Some(Ok(())),
-                Err(message) if trouble.redirected_by(i, &message) => None,
-                Err(message) => Some(Err(server_error("SET", &message))),
-            };
-        }
     }
 }
 
@@ -280,6 +216,7 @@ struct Gets<'a, 'r, 'g> {
 
 impl Pass for Gets<'_, '_, '_> {
     type Sent = GetsSent;
+    type Answer = Fetched;
 
     fn arrange(&mut self, order: &[usize]) {
         for (&i, row) in self.placed.iter().zip(self.sorted.drain(..)) {
@@ -316,25 +253,21 @@ impl Pass for Gets<'_, '_, '_> {
         )
     }
 
-    fn late(&mut self, order: &[usize]) {
-        order
-            .iter()
-            .for_each(|&i| self.got[i] = Got::Failed(out_of_time()));
+    fn take_answers(&mut self, answers: &mut Vec<std::result::Result<Fetched, ServerError>>) {
+        answers.extend(self.fetched.drain(..).map(|fetched| match fetched {
+            Fetched::Refused(refused) => Err(refused),
+            fetched => Ok(fetched),
+        }));
+    }
+
+    fn settle(&mut self, i: usize, answer: std::result::Result<Fetched, ServerError>) {
+        self.got[i] = Got::Fetched(answer.unwrap_or_else(Fetched::Refused));
     }
 
     fn failed(&mut self, order: &[usize], e: &Error) {
         order
             .iter()
             .for_each(|&i| self.got[i] = Got::Failed(e.clone()));
-    }
-
-    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
-        for (&i, outcome) in order.iter().zip(self.fetched.drain(..)) {
-            self.got[i] = match outcome {
-                Fetched::Refused(message) if trouble.redirected_by(i, &message) => Got::Pending,
-                outcome => Got::Fetched(outcome),
-            };
-        }
     }
 }
 
@@ -379,14 +312,15 @@ struct KeyCommands<'a, 'k, 'r> {
     sorted: Vec<&'k [u8]>,
     /// Told each answered key's count, by its index in the job.
     count: &'r mut dyn FnMut(usize, i64),
-    /// The node being read: each of its keys' counts (None: refused).
-    counts: Vec<Option<i64>>,
+    /// The node being read: each of its keys' counts, or its refusal.
+    counts: Vec<std::result::Result<i64, ServerError>>,
     refused: Vec<(usize, String)>,
 }
 
 impl Pass for KeyCommands<'_, '_, '_> {
     /// Commands sent.
     type Sent = usize;
+    type Answer = i64;
     const STOP_WHEN_LATE: bool = true;
 
     fn arrange(&mut self, order: &[usize]) {
@@ -411,99 +345,145 @@ impl Pass for KeyCommands<'_, '_, '_> {
     fn receive(&mut self, _: Range<usize>, c: &mut RespConn, sent: usize) -> std::io::Result<()> {
         self.refused.clear();
         self.counts.clear();
-        self.counts.resize(sent, None);
         let counts = &mut self.counts;
         direct::counts_receive(
             c,
             sent,
             self.command.name(),
-            &mut |k, n| counts[k] = Some(n),
+            &mut |_, n| counts.push(Ok(n)),
             &mut self.refused,
-        )
-    }
-
-    fn late(&mut self, _order: &[usize]) {}
-
-    fn failed(&mut self, _order: &[usize], _e: &Error) {}
-
-    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
-        if self.variadic {
-            // A single server: nothing to count, nothing redirected.
-            return;
-        }
-        for (k, n) in self.counts.drain(..).enumerate() {
-            if let Some(n) = n {
-                (self.count)(order[k], n);
+        )?;
+        // A variadic command answers once for all its keys: nothing to
+        // count, and a single server redirects nothing.
+        if !self.variadic {
+            for (k, message) in self.refused.drain(..) {
+                self.counts.insert(k, Err(ServerError::new(message)));
             }
-        }
-        for (k, message) in self.refused.drain(..) {
-            trouble.redirected_by(order[k], &message);
-        }
-    }
-}
-
-/// A pass of whole commands (each naming one key), each reply read whole.
-struct Calls<'c> {
-    commands: &'c [Vec<u8>],
-    sorted: Vec<&'c [u8]>,
-    read: Vec<Value>,
-    what: &'static str,
-    /// Most bytes of each reply (see `client::reply`).
-    ceiling: usize,
-    /// Each command's reply; None while it is to send (again).
-    replies: Vec<Option<Result<Value>>>,
-}
-
-impl Pass for Calls<'_> {
-    type Sent = ();
-
-    fn arrange(&mut self, order: &[usize]) {
-        self.sorted.clear();
-        self.sorted
-            .extend(order.iter().map(|&i| self.commands[i].as_slice()));
-        order.iter().for_each(|&i| self.replies[i] = None);
-    }
-
-    fn what(&self) -> &'static str {
-        self.what
-    }
-
-    fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
-        c.out.clear();
-        self.sorted[range]
-            .iter()
-            .for_each(|command| c.out.extend_from_slice(command));
-        c.begin();
-        let len = c.out.len();
-        c.send_out_range(0, len)
-    }
-
-    fn receive(&mut self, range: Range<usize>, c: &mut RespConn, (): ()) -> std::io::Result<()> {
-        self.read.clear();
-        for _ in range {
-            self.read.push(c.read_value(self.ceiling)?);
+        } else {
+            self.counts.clear();
         }
         Ok(())
     }
 
-    fn late(&mut self, order: &[usize]) {
-        order
-            .iter()
-            .for_each(|&i| self.replies[i] = Some(Err(out_of_time())));
+    fn take_answers(&mut self, answers: &mut Vec<std::result::Result<i64, ServerError>>) {
+        answers.append(&mut self.counts);
     }
 
-    fn failed(&mut self, order: &[usize], e: &Error) {
-        order
-            .iter()
-            .for_each(|&i| self.replies[i] = Some(Err(e.clone())));
+    fn settle(&mut self, i: usize, answer: std::result::Result<i64, ServerError>) {
+        // Best effort: a refused key goes uncounted.
+        if let Ok(n) = answer {
+            (self.count)(i, n);
+        }
     }
 
-    fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
-        for (&i, value) in order.iter().zip(self.read.drain(..)) {
-            self.replies[i] = match value {
-                Value::Error(message) if trouble.redirected_by(i, &message) => None,
-                value => Some(Ok(value)),
+    /// Best effort: a failed node's keys go uncounted (a DEL's key stays,
+    /// an EXISTS reads absent).
+    fn failed(&mut self, _order: &[usize], _e: &Error) {}
+}
+
+#[cfg(test)]
+mod tests {
+    //! Each pass over two fake nodes, the first turning every command away
+    //! to the second: `run_pass` follows the redirection for the pass.
+    use super::super::client::{redirecting_pair, Turn};
+    use super::*;
+    use std::sync::atomic::Ordering;
+    use std::time::Duration;
+
+    const TURNS: [Turn; 2] = [Turn::Moved, Turn::Ask];
+    const KEYS: [&[u8]; 2] = [b"k1", b"k2"];
+
+    fn layout() -> Layout<'static> {
+        Layout {
+            name_prefix: "t:",
+            namespace_fp: 1,
+            block_bytes: 4,
+            ttl_s: 0,
+            seal: None,
+        }
+    }
+
+    fn slots(layout: &Layout) -> Vec<u16> {
+        slots_of(KEYS.len(), |i, name| layout.write_name(name, KEYS[i]))
+    }
+
+    fn deadline() -> Instant {
+        Instant::now() + Duration::from_secs(2)
+    }
+
+    #[test]
+    fn sets_follow_a_redirection() {
+        for turn in TURNS {
+            let (router, answered) = redirecting_pair(turn, |_| b"+OK\r\n".to_vec());
+            let payload = [7u8; 4];
+            let blocks: Vec<(u32, &[u8], &[u8])> =
+                KEYS.iter().map(|&k| (0, k, &payload[..])).collect();
+            let slots = slots(&layout());
+            let mut pass = Sets {
+                layout: layout(),
+                blocks: &blocks,
+                sorted: Vec::new(),
+                outcomes: vec![None; KEYS.len()],
+                replies: Vec::new(),
             };
+            run_job(&router, &slots, deadline(), &mut pass);
+            for outcome in &pass.outcomes {
+                assert!(matches!(outcome, Some(Ok(()))), "{turn:?}: {outcome:?}");
+            }
+            assert_eq!(answered.load(Ordering::SeqCst), KEYS.len(), "{turn:?}");
+        }
+    }
+
+    #[test]
+    fn gets_follow_a_redirection() {
+        for turn in TURNS {
+            let (router, answered) = redirecting_pair(turn, |_| b"$-1\r\n".to_vec());
+            let mut rows = [[0u8; 4]; KEYS.len()];
+            let mut got: Vec<Got> = KEYS.iter().map(|_| Got::Pending).collect();
+            let cells: Vec<Option<LoadBlock>> = KEYS
+                .iter()
+                .zip(rows.iter_mut())
+                .map(|(&key, row)| Some((0, key, &mut row[..])))
+                .collect();
+            let slots = slots(&layout());
+            let mut pass = Gets {
+                layout: layout(),
+                cells,
+                placed: Vec::new(),
+                sorted: Vec::new(),
+                got: &mut got,
+                fetched: Vec::new(),
+            };
+            run_job(&router, &slots, deadline(), &mut pass);
+            for g in &got {
+                // The second node's answer: no such key.
+                assert!(matches!(g, Got::Fetched(Fetched::Missing)), "{turn:?}");
+            }
+            assert_eq!(answered.load(Ordering::SeqCst), KEYS.len(), "{turn:?}");
+        }
+    }
+
+    #[test]
+    fn key_commands_follow_a_redirection() {
+        for turn in TURNS {
+            let (router, answered) = redirecting_pair(turn, |_| b":1\r\n".to_vec());
+            let mut counted = Vec::new();
+            let mut count = |i: usize, n: i64| counted.push((i, n));
+            let slots = slots(&layout());
+            let mut pass = KeyCommands {
+                command: KeyCommand::Exists,
+                variadic: false,
+                layout: layout(),
+                keys: &KEYS,
+                sorted: Vec::new(),
+                count: &mut count,
+                counts: Vec::new(),
+                refused: Vec::new(),
+            };
+            run_job(&router, &slots, deadline(), &mut pass);
+            counted.sort();
+            assert_eq!(counted, [(0, 1), (1, 1)], "{turn:?}");
+            assert_eq!(answered.load(Ordering::SeqCst), KEYS.len(), "{turn:?}");
         }
     }
 }

@@ -1,11 +1,18 @@
-//! A one-connection fake server for the unit tests of the client and of
-//! `direct`: it reads `expect` request bytes, then writes `reply` in the
-//! given pieces (a pause between them, so the client sees partial reads),
-//! then closes or, with `hang`, keeps the socket open and silent.
+//! Fake servers for the unit tests of the client, `direct` and `routed`:
+//! a one-connection server that reads `expect` request bytes, then writes
+//! `reply` in the given pieces (a pause between them, so the client sees
+//! partial reads), then closes or, with `hang`, keeps the socket open and
+//! silent; a server answering each command by a function; a pair of
+//! cluster nodes, the first redirecting everything to the second.
 
+use super::cluster::Router;
+use super::tls::SharedConfig;
 use super::transport::RespConn;
+use super::url;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -69,7 +76,6 @@ pub(in crate::backend::redis) fn serve_commands(
     answer: impl Fn(&[Vec<u8>], Option<&[Vec<u8>]>) -> Vec<u8> + Send + Sync + 'static,
 ) -> u16 {
     use std::io::BufRead;
-    use std::sync::Arc;
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let answer = Arc::new(answer);
@@ -106,4 +112,91 @@ pub(in crate::backend::redis) fn serve_commands(
         }
     });
     port
+}
+
+/// `CLUSTER SLOTS` of a one-master cluster at `port`.
+pub(in crate::backend::redis) fn all_slots_at(port: u16) -> Vec<u8> {
+    format!("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n").into_bytes()
+}
+
+/// A cluster router whose map, read from the node at `port`, is what it
+/// answers to `CLUSTER SLOTS`.
+pub(in crate::backend::redis) fn router_at(port: u16) -> Router {
+    let seed = url::parse(&format!("redis://127.0.0.1:{port}")).unwrap();
+    Router::open(
+        vec![seed],
+        true,
+        2,
+        Duration::from_secs(2),
+        SharedConfig::default(),
+    )
+    .unwrap()
+}
+
+/// Whether a command's name is `name`.
+pub(in crate::backend::redis) fn is(args: &[Vec<u8>], name: &[u8]) -> bool {
+    args.first().is_some_and(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// How the first node of [`redirecting_pair`] turns every data command
+/// away.
+#[derive(Clone, Copy, Debug)]
+pub(in crate::backend::redis) enum Turn {
+    /// MOVED to the second node, whose slots they are from then on.
+    Moved,
+    /// ASK: the second node takes the command behind ASKING.
+    Ask,
+}
+
+/// Two fake nodes: the first serves every slot by the map it gives at
+/// first and turns every data command away (`turn`) to the second, which
+/// answers with `answer(args)` (after ASKING for `Turn::Ask`; otherwise
+/// an error that no pass takes for a redirection). Returns the router
+/// (opened on the first) and the count of commands the second answered.
+pub(in crate::backend::redis) fn redirecting_pair(
+    turn: Turn,
+    answer: impl Fn(&[Vec<u8>]) -> Vec<u8> + Send + Sync + 'static,
+) -> (Router, Arc<AtomicUsize>) {
+    let answered = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&answered);
+    let b_port = Arc::new(AtomicUsize::new(0));
+    let b_own = Arc::clone(&b_port);
+    let b = serve_commands(move |args, previous| {
+        if is(args, b"CLUSTER") {
+            return all_slots_at(b_own.load(Ordering::SeqCst) as u16);
+        }
+        if is(args, b"ASKING") {
+            return b"+OK\r\n".to_vec();
+        }
+        let asked = previous.is_some_and(|p| is(p, b"ASKING"));
+        if matches!(turn, Turn::Ask) && !asked {
+            return b"-ERR not behind ASKING\r\n".to_vec();
+        }
+        count.fetch_add(1, Ordering::SeqCst);
+        answer(args)
+    });
+    b_port.store(b as usize, Ordering::SeqCst);
+    let moved = Arc::new(AtomicBool::new(false));
+    let a_port = Arc::new(AtomicUsize::new(0));
+    let own = Arc::clone(&a_port);
+    let a = serve_commands(move |args, _| {
+        if is(args, b"CLUSTER") {
+            let at = if moved.load(Ordering::SeqCst) {
+                b
+            } else {
+                own.load(Ordering::SeqCst) as u16
+            };
+            return all_slots_at(at);
+        }
+        let slot = args.get(1).map_or(0, |key| super::routes::slot_of(key));
+        match turn {
+            Turn::Moved => {
+                moved.store(true, Ordering::SeqCst);
+                format!("-MOVED {slot} 127.0.0.1:{b}\r\n").into_bytes()
+            }
+            Turn::Ask => format!("-ASK {slot} 127.0.0.1:{b}\r\n").into_bytes(),
+        }
+    });
+    a_port.store(a as usize, Ordering::SeqCst);
+    (router_at(a), answered)
 }

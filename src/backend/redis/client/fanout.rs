@@ -5,11 +5,12 @@
 //! holds another's: a master whose connections are all in use is served in
 //! a later round, when the job holds none. What a pipeline carries (SETs,
 //! GETs, DELs, EXISTS, TOUCH) and what becomes of its blocks is a
-//! [`Pass`] (see `routed`); the passes of one job are `job`'s. A single
+//! [`Pass`] (see `routed` and `calls`); the passes of one job are `job`'s. A single
 //! server is a map of one node: the same pass, one group.
 
 use super::conn::{io_error, Lease};
-use super::routes::{redirection, Node, Redirection, Routes};
+use super::refusal::{Problem, ServerError};
+use super::routes::{Node, Redirection, Routes};
 use super::transport::RespConn;
 use crate::error::{Error, ErrorKind, Result};
 use std::ops::Range;
@@ -19,31 +20,35 @@ pub(in crate::backend::redis) fn past(deadline: Instant) -> bool {
     Instant::now() >= deadline
 }
 
+/// Blocks not sent, or not answered, because the job's deadline passed
+/// (on another master, or waiting for a redirection's turn).
+pub(in crate::backend::redis) fn out_of_time() -> Error {
+    Error::new(
+        ErrorKind::Io,
+        "redis: no answer within io_timeout_ms (the job's deadline passed on another master)",
+    )
+    .unsent()
+    .late()
+}
+
+/// A block a job left without an outcome (none should be).
+pub(in crate::backend::redis) fn unsettled() -> Error {
+    Error::new(ErrorKind::Io, "redis: a block was neither sent nor retried").unsent()
+}
+
 /// What a pass over a job's masters met besides answers.
 #[derive(Default)]
-pub(in crate::backend::redis) struct Trouble {
+pub(super) struct Trouble {
     /// Blocks (indices into the job) a node redirected, and how.
-    pub(in crate::backend::redis) redirected: Vec<(usize, Redirection)>,
+    pub(super) redirected: Vec<(usize, Redirection)>,
     /// Groups (indices into `Routes::groups`) whose node failed.
-    pub(in crate::backend::redis) failed: Vec<usize>,
+    pub(super) failed: Vec<usize>,
     /// Groups no master is known to serve.
-    pub(in crate::backend::redis) unrouted: Vec<usize>,
+    pub(super) unrouted: Vec<usize>,
 }
 
 impl Trouble {
-    /// Notes block `i`'s error reply: whether it is a redirection (the
-    /// block is then sent again on a later pass, see `job`).
-    pub(in crate::backend::redis) fn redirected_by(&mut self, i: usize, message: &str) -> bool {
-        match redirection(message) {
-            Some(how) => {
-                self.redirected.push((i, how));
-                true
-            }
-            None => false,
-        }
-    }
-
-    pub(in crate::backend::redis) fn is_clear(&self) -> bool {
+    pub(super) fn is_clear(&self) -> bool {
         self.redirected.is_empty() && self.failed.is_empty() && self.unrouted.is_empty()
     }
 }
@@ -59,10 +64,15 @@ fn unserved() -> Error {
 
 /// One kind of pipeline a pass sends each master (SETs, GETs, DELs...),
 /// and what becomes of its blocks. `range` is a group's place in the
-/// routes' order, `order` its blocks (indices into the job).
+/// routes' order, `order` its blocks (indices into the job). A pass never
+/// sees a redirection: `run_pass` takes each block's answer from it
+/// (`take_answers`) and keeps the redirected ones for `job`'s next pass,
+/// settling only the others (`settle`).
 pub(in crate::backend::redis) trait Pass {
     /// What the send half hands the receive half.
     type Sent;
+    /// One block's answer when the server did not refuse the command.
+    type Answer;
     /// Puts the pass's blocks in `order` (the routes' order: a node's
     /// blocks are one slice), before the pass is run.
     fn arrange(&mut self, order: &[usize]);
@@ -78,24 +88,29 @@ pub(in crate::backend::redis) trait Pass {
         c: &mut RespConn,
         sent: Self::Sent,
     ) -> std::io::Result<()>;
-    /// The job's deadline passed before these blocks were sent or read.
-    fn late(&mut self, order: &[usize]);
+    /// Moves what `receive` kept into `answers`: the group's answers in
+    /// its order, one per block (none when the command does not answer
+    /// per block, as a variadic DEL).
+    fn take_answers(&mut self, answers: &mut Vec<std::result::Result<Self::Answer, ServerError>>);
+    /// Block `i`'s outcome: its answer, or the server's refusal (never a
+    /// redirection).
+    fn settle(&mut self, i: usize, answer: std::result::Result<Self::Answer, ServerError>);
+    /// These blocks' node failed, or they could not be sent at all.
     fn failed(&mut self, order: &[usize], e: &Error);
-    /// The node answered (what `receive` kept): each block's outcome, a
-    /// redirection noted in `trouble` (`Trouble::redirected_by`).
-    fn answered(&mut self, order: &[usize], trouble: &mut Trouble);
+    /// The job's deadline passed before these blocks were sent or read:
+    /// they fail as out of time.
+    fn late(&mut self, order: &[usize]) {
+        self.failed(order, &out_of_time());
+    }
 }
 
 /// Runs a pass over the masters of `routes`: every master's pipeline sent
 /// (suspect masters last), then the replies read from the master that
 /// answers first, all by the job's `deadline`; masters whose connections
 /// were all in use while the job held another's come in a later round.
-pub(in crate::backend::redis) fn run_pass<P: Pass>(
-    routes: &Routes,
-    deadline: Instant,
-    pass: &mut P,
-) -> Trouble {
+pub(super) fn run_pass<P: Pass>(routes: &Routes, deadline: Instant, pass: &mut P) -> Trouble {
     let mut trouble = Trouble::default();
+    let mut answers = Vec::new();
     let mut round = Round::All(0..routes.groups.len());
     loop {
         let mut busy = Vec::new();
@@ -141,7 +156,19 @@ pub(in crate::backend::redis) fn run_pass<P: Pass>(
                 pass.receive(range, c, state)
             }) {
                 None => pass.late(order),
-                Some(Ok(())) => pass.answered(order, &mut trouble),
+                Some(Ok(())) => {
+                    answers.clear();
+                    pass.take_answers(&mut answers);
+                    for (&i, answer) in order.iter().zip(answers.drain(..)) {
+                        match answer {
+                            Err(ServerError {
+                                problem: Problem::Redirected(how),
+                                ..
+                            }) => trouble.redirected.push((i, how)),
+                            answer => pass.settle(i, answer),
+                        }
+                    }
+                }
                 Some(Err(e)) => {
                     trouble.failed.push(g);
                     pass.failed(order, &e);

@@ -145,109 +145,25 @@ pub(in crate::backend::redis) fn run_job<P: Pass>(
 
 #[cfg(test)]
 mod tests {
-    use super::super::fake::serve_commands;
-    use super::super::fanout::Trouble;
+    use super::super::calls::Calls;
+    use super::super::command;
+    use super::super::fake::{all_slots_at, is, router_at, serve_commands};
     use super::super::reply::{Value, SMALL_REPLY};
-    use super::super::tls::SharedConfig;
-    use super::super::transport::RespConn;
-    use super::super::{command, url};
     use super::*;
-    use crate::error::Result;
-    use std::ops::Range;
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     const T: Duration = Duration::from_secs(2);
 
-    /// `GET <name>` per block, each reply read whole.
-    struct Gets {
-        names: Vec<Vec<u8>>,
-        sorted: Vec<usize>,
-        read: Vec<Value>,
-        replies: Vec<Option<Result<Value>>>,
-    }
-
-    impl Gets {
-        fn new(names: &[&str]) -> Gets {
-            Gets {
-                names: names.iter().map(|n| n.as_bytes().to_vec()).collect(),
-                sorted: Vec::new(),
-                read: Vec::new(),
-                replies: names.iter().map(|_| None).collect(),
-            }
-        }
-    }
-
-    impl Pass for Gets {
-        type Sent = ();
-
-        fn arrange(&mut self, order: &[usize]) {
-            self.sorted = order.to_vec();
-            order.iter().for_each(|&i| self.replies[i] = None);
-        }
-
-        fn what(&self) -> &'static str {
-            "GET pipeline"
-        }
-
-        fn send(&mut self, range: Range<usize>, c: &mut RespConn) -> std::io::Result<()> {
-            c.out.clear();
-            for &i in &self.sorted[range] {
-                command::encode(&mut c.out, &[b"GET", &self.names[i]]);
-            }
-            c.begin();
-            let len = c.out.len();
-            c.send_out_range(0, len)
-        }
-
-        fn receive(
-            &mut self,
-            range: Range<usize>,
-            c: &mut RespConn,
-            (): (),
-        ) -> std::io::Result<()> {
-            self.read.clear();
-            for _ in range {
-                self.read.push(c.read_value(SMALL_REPLY)?);
-            }
-            Ok(())
-        }
-
-        fn late(&mut self, order: &[usize]) {
-            let e = Error::new(ErrorKind::Io, "late");
-            order
-                .iter()
-                .for_each(|&i| self.replies[i] = Some(Err(e.clone())));
-        }
-
-        fn failed(&mut self, order: &[usize], e: &Error) {
-            order
-                .iter()
-                .for_each(|&i| self.replies[i] = Some(Err(e.clone())));
-        }
-
-        fn answered(&mut self, order: &[usize], trouble: &mut Trouble) {
-            for (&i, value) in order.iter().zip(self.read.drain(..)) {
-                self.replies[i] = match value {
-                    Value::Error(m) if trouble.redirected_by(i, &m) => None,
-                    value => Some(Ok(value)),
-                };
-            }
-        }
-    }
-
-    /// `CLUSTER SLOTS` of a one-master cluster at `port`.
-    fn all_slots_at(port: u16) -> Vec<u8> {
-        format!("*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:{port}\r\n").into_bytes()
-    }
-
-    /// A cluster router whose one master serves every slot at `port`.
-    fn router_at(port: u16) -> Router {
-        let seed = url::parse(&format!("redis://127.0.0.1:{port}")).unwrap();
-        Router::open(vec![seed], true, 2, T, SharedConfig::default()).unwrap()
-    }
-
-    fn is(args: &[Vec<u8>], name: &[u8]) -> bool {
-        args.first().is_some_and(|a| a.eq_ignore_ascii_case(name))
+    /// `GET <name>` for each name.
+    fn get_commands(names: &[&str]) -> Vec<Vec<u8>> {
+        names
+            .iter()
+            .map(|name| {
+                let mut out = Vec::new();
+                command::encode(&mut out, &[b"GET", name.as_bytes()]);
+                out
+            })
+            .collect()
     }
 
     #[test]
@@ -268,11 +184,13 @@ mod tests {
         });
         port.store(p as usize, Ordering::SeqCst);
         let router = router_at(p);
-        let mut pass = Gets::new(&["k"]);
+        let commands = get_commands(&["k"]);
+        let mut pass = Calls::new("GET pipeline", &commands, SMALL_REPLY);
         let started = Instant::now();
         run_job(&router, &[7], started + T, &mut pass);
         let took = started.elapsed();
-        assert_eq!(pass.replies[0], Some(Ok(Value::BulkString(b"v".to_vec()))));
+        let replies = pass.into_replies();
+        assert_eq!(replies[0], Ok(Value::BulkString(b"v".to_vec())));
         assert_eq!(gets.load(Ordering::SeqCst), 3);
         // Paused 10 ms, then 20.
         assert!(took >= FIRST_PAUSE * 3, "{took:?}");
@@ -295,12 +213,13 @@ mod tests {
         });
         port.store(p as usize, Ordering::SeqCst);
         let router = router_at(p);
-        let mut pass = Gets::new(&["k", "l"]);
+        let commands = get_commands(&["k", "l"]);
+        let mut pass = Calls::new("GET pipeline", &commands, SMALL_REPLY);
         let started = Instant::now();
         run_job(&router, &[7, 8], started + T, &mut pass);
         let took = started.elapsed();
-        for reply in &pass.replies {
-            let e = reply.clone().unwrap().unwrap_err();
+        for reply in pass.into_replies() {
+            let e = reply.unwrap_err();
             assert!(
                 e.message().contains("redirected on each of 5 passes"),
                 "{e}"
@@ -332,10 +251,11 @@ mod tests {
         });
         a_port.store(a as usize, Ordering::SeqCst);
         let router = router_at(a);
-        let mut pass = Gets::new(&["k", "l", "m"]);
+        let commands = get_commands(&["k", "l", "m"]);
+        let mut pass = Calls::new("GET pipeline", &commands, SMALL_REPLY);
         run_job(&router, &[7, 7, 7], Instant::now() + T, &mut pass);
-        for reply in &pass.replies {
-            assert_eq!(reply, &Some(Ok(Value::BulkString(b"from b".to_vec()))));
+        for reply in pass.into_replies() {
+            assert_eq!(reply, Ok(Value::BulkString(b"from b".to_vec())));
         }
         // ASK leaves the map as it was: read once, at open.
         assert!(

@@ -260,23 +260,6 @@ pub(in crate::backend::redis) enum Redirection {
     TryAgain,
 }
 
-/// The redirection an error reply is, if it is one.
-pub(in crate::backend::redis) fn redirection(message: &str) -> Option<Redirection> {
-    let mut words = message.split(' ');
-    let code = words.next().unwrap_or("");
-    let mut address = || {
-        let (host, port) = words.nth(1)?.rsplit_once(':')?;
-        let port = port.parse::<u16>().ok()?;
-        (!host.is_empty()).then(|| (host.to_string(), port))
-    };
-    match code {
-        "MOVED" => Some(Redirection::Moved(address())),
-        "ASK" => Some(Redirection::Ask(address())),
-        "TRYAGAIN" | "CLUSTERDOWN" => Some(Redirection::TryAgain),
-        _ => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::super::tls::SharedConfig;
@@ -295,33 +278,6 @@ mod tests {
         assert_eq!(slot_of(b"foo{}{bar}"), crc16(b"foo{}{bar}") % 16384);
         assert_eq!(slot_of(b"foo{{bar}}zap"), slot_of(b"{bar"));
         assert_eq!(slot_of(b"p:00ff:b4:{abcd}"), slot_of(b"abcd"));
-    }
-
-    #[test]
-    fn redirections_are_told_from_other_errors() {
-        let at = Some(("127.0.0.1".to_string(), 6381));
-        assert_eq!(
-            redirection("MOVED 3999 127.0.0.1:6381"),
-            Some(Redirection::Moved(at.clone()))
-        );
-        assert_eq!(
-            redirection("ASK 3999 127.0.0.1:6381"),
-            Some(Redirection::Ask(at))
-        );
-        assert_eq!(
-            redirection("MOVED 3999 :6381"),
-            Some(Redirection::Moved(None))
-        );
-        assert_eq!(
-            redirection("TRYAGAIN Multiple keys request during rehashing of slot"),
-            Some(Redirection::TryAgain)
-        );
-        assert_eq!(
-            redirection("CLUSTERDOWN The cluster is down"),
-            Some(Redirection::TryAgain)
-        );
-        assert_eq!(redirection("MOVEDX"), None);
-        assert_eq!(redirection("WRONGTYPE Operation"), None);
     }
 
     fn node(port: u16) -> Arc<Node> {

@@ -2,10 +2,9 @@
 //! checked and its payload read into its row (checksummed as it lands; a
 //! sealed value opened there).
 
+use super::super::client::{frame_bulk, frame_bulk_len, frame_command};
+use super::super::client::{Head, RespConn, ServerError};
 use super::{get_ceiling, Fetched, Layout};
-use crate::backend::redis::client::frame::{frame_bulk, frame_bulk_len, frame_command};
-use crate::backend::redis::client::reply::Head;
-use crate::backend::redis::client::transport::RespConn;
 use crate::backend::redis::format;
 use crate::backend::redis::sealed::{self, SealedLayout};
 use crate::seal::RECORD_LEN;
@@ -113,7 +112,7 @@ pub(in crate::backend::redis) fn get_receive(
         }
         fetched.push(match conn.read_head()? {
             Head::Nil => Fetched::Missing,
-            Head::Error(message) => Fetched::Refused(message),
+            Head::Error(message) => Fetched::Refused(ServerError::new(message)),
             Head::Bulk(len) if len > get_ceiling(layout.value_len(key)) => {
                 return Err(conn.unexpected(format!(
                     "a GET reply of {len} bytes for a value of {}",
@@ -206,7 +205,7 @@ fn read_sealed_block(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::client::fake::serve;
+    use crate::backend::redis::client::{serve, Problem};
     use crate::backend::redis::direct::test_support::*;
     use std::time::Duration;
 
@@ -254,7 +253,7 @@ mod tests {
         get_pipeline(&mut conn, &l, &mut blocks, &mut fetched).unwrap();
         assert_eq!(fetched[0], Fetched::Good);
         assert_eq!(fetched[1], Fetched::Missing);
-        assert!(matches!(&fetched[2], Fetched::Refused(m) if m.starts_with("WRONGTYPE")));
+        assert!(matches!(&fetched[2], Fetched::Refused(e) if e.problem == Problem::WrongType));
         assert_eq!(
             fetched[3],
             Fetched::Bad("value of 7 bytes is too short".into())

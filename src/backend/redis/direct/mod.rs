@@ -18,9 +18,8 @@ mod test_support;
 pub(super) use self::get::{get_receive, get_send, GetsSent};
 pub(super) use self::set::{set_receive, set_send, SetsSent};
 
-use super::client::frame::{frame_bulk, frame_bulk_len, frame_command};
-use super::client::reply::Head;
-use super::client::transport::RespConn;
+use super::client::{frame_bulk, frame_bulk_len, frame_command};
+use super::client::{Head, RespConn, ServerError};
 use super::format;
 use super::sealed::{self, SealedLayout};
 use std::io;
@@ -86,7 +85,7 @@ pub(in crate::backend::redis) enum Fetched {
     /// No such key.
     Missing,
     /// The server's error for this command.
-    Refused(String),
+    Refused(ServerError),
     /// A value that is not this block (header, length), as far as this
     /// read can tell: read again privately, which alone may condemn it (the
     /// connection may have been out of step).

@@ -2,10 +2,9 @@
 //! values from a per-worker buffer), a window of them unanswered at a time,
 //! then their replies read.
 
+use super::super::client::{frame_bulk, frame_bulk_len, frame_command};
+use super::super::client::{Head, RespConn};
 use super::Layout;
-use crate::backend::redis::client::frame::{frame_bulk, frame_bulk_len, frame_command};
-use crate::backend::redis::client::reply::Head;
-use crate::backend::redis::client::transport::RespConn;
 use crate::backend::redis::format;
 use crate::backend::redis::sealed;
 use crate::seal::Nonce;
@@ -252,7 +251,7 @@ pub(in crate::backend::redis) fn set_receive(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::redis::client::fake::serve;
+    use crate::backend::redis::client::serve;
     use crate::backend::redis::direct::test_support::*;
     use std::time::Duration;
 
