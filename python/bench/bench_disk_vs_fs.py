@@ -100,6 +100,7 @@ try:
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 except Exception as exc:  # pragma: no cover
     sys.exit(f"bench_disk_vs_fs.py needs vLLM 0.33 importable: {exc!r}")
+from disk_vs_fs_report import SAME_FILES, print_report  # noqa: E402
 from vllm_tiers import G3_FRONT_SLOTS, VllmBuilt, idle_cpu, kvcr_config, kvcr_importable, with_directory  # noqa: E402
 
 JOB_ROWS = 16
@@ -303,7 +304,6 @@ def build_raw(workdir: str):
     return lib, None
 
 
-SAME_FILES = "raw-32 on kvtier's files"
 # The label of the rows over the bench's anonymous mapping, not vLLM's region.
 ANON = "[anon mmap]"
 KVCR_G3 = "kvcr g3 posix"
@@ -550,7 +550,12 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--mib-per-pass", type=int, default=512, help="bytes per pass for 2 MiB rows (64 KiB rows: half)")
     p.add_argument("--row-kib", type=int, action="append", help="row sizes in KiB (default: 2048 and 64)")
-    p.add_argument("--raw-threads", type=int, action="append", help="raw bound thread counts (default: 4, 16 and 32, the last being kvtier's default io_threads for disk)")
+    p.add_argument(
+        "--raw-threads",
+        type=int,
+        action="append",
+        help="raw bound thread counts (default: 4, 16 and 32, the last being kvtier's default io_threads for disk)",
+    )
     p.add_argument("--kvtier", action="append", default=[], metavar="KEY=VALUE", help="extra kvtier config")
     p.add_argument(
         "--variant",
@@ -574,11 +579,19 @@ def main() -> None:
         default=kvcr_importable(),
         help="leave out KVCR (left out anyway where kvcr does not import: scripts/kvcr_env.sh)",
     )
-    p.add_argument("--idle-seconds", type=float, default=10, help="idle CPU of each kind of tier over this long (0: skip)")
+    p.add_argument(
+        "--idle-seconds", type=float, default=10, help="idle CPU of each kind of tier over this long (0: skip)"
+    )
     p.add_argument("--no-drop-caches", dest="drop_caches", action="store_false")
     p.add_argument("--quick", action="store_true", help="small and fast (smoke test)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--report", metavar="FILE", help="print the tables of a --json output, and nothing else")
     args = p.parse_args()
+    if args.report:
+        with open(args.report) as f:
+            saved = json.load(f)
+        print_report(saved["results"], saved.get("idle_cores", {}))
+        return
     args.row_kib = args.row_kib or [2048, 64]
     args.raw_threads = args.raw_threads or [4, 16, 32]
     if args.quick:
@@ -607,67 +620,7 @@ def main() -> None:
     if args.json:
         print(json.dumps({"kvtier_config_extra": args.kvtier, "results": results, "idle_cores": idle}, indent=1))
         return
-    for r in results:
-        print(
-            f"\n{r['row_bytes'] >> 10} KiB rows, {r['bytes_per_pass'] / 2**20:.0f} MiB per pass, "
-            f"page cache {'dropped' if r['page_cache_dropped'] else 'NOT dropped (not root?)'} "
-            "before each pass; GB/s median [min, max]"
-        )
-        for name, d in r.items():
-            if isinstance(d, dict) and "store" in d:
-                s, lo = d["store"], d["load"]
-                print(
-                    f"  {name:24} store {s['median']:5.2f} [{s['min']:.2f}, {s['max']:.2f}]"
-                    f"   load {lo['median']:5.2f} [{lo['min']:.2f}, {lo['max']:.2f}]"
-                )
-        if SAME_FILES in r:
-            lo = r[SAME_FILES]["load"]
-            print(f"  {SAME_FILES:24} {'store     -':24}   load {lo['median']:5.2f} [{lo['min']:.2f}, {lo['max']:.2f}]")
-        for k in ("store", "load"):
-            fs = r[f"{k}_kvtier_over_vllm_fs"]
-            line = f"  {k}: kvtier/vllm-fs {fs['median']:.3f} [{fs['min']:.2f}, {fs['max']:.2f}]"
-            if f"{k}_kvtier_over_raw" in r:
-                raw = r[f"{k}_kvtier_over_raw"]
-                line += f"   kvtier/raw {raw['median']:.3f} [{raw['min']:.2f}, {raw['max']:.2f}]"
-            if k == "store" and "store_kvtier_over_raw_publishing" in r:
-                pub = r["store_kvtier_over_raw_publishing"]
-                line += f"   kvtier/raw publishing {pub['median']:.3f} [{pub['min']:.2f}, {pub['max']:.2f}]"
-            if k == "store" and "store_raw_publishing_over_raw_32" in r:
-                pub = r["store_raw_publishing_over_raw_32"]
-                line += f"   (raw publishing/raw-32 {pub['median']:.3f})"
-            if k == "load" and "load_kvtier_over_raw_on_its_files" in r:
-                same = r["load_kvtier_over_raw_on_its_files"]
-                line += f"   kvtier/raw on its files {same['median']:.3f} [{same['min']:.2f}, {same['max']:.2f}]"
-            print(line)
-            cpu = r[f"{k}_cpu_kvtier_over_vllm_fs"]
-            extra = [f"CPU kvtier/vllm-fs {cpu['median']:.3f} [{cpu['min']:.2f}, {cpu['max']:.2f}]"]
-            for key, ratio in r.items():
-                if key.startswith(f"{k}_") and key not in (
-                    f"{k}_kvtier_over_vllm_fs",
-                    f"{k}_cpu_kvtier_over_vllm_fs",
-                    f"{k}_kvtier_over_raw",
-                    "store_kvtier_over_raw_publishing",
-                    "store_raw_publishing_over_raw_32",
-                    "load_kvtier_over_raw_on_its_files",
-                ):
-                    label = key[len(k) + 1 :].replace("_over_", "/").replace("_", " ")
-                    extra.append(f"{label} {ratio['median']:.3f} [{ratio['min']:.2f}, {ratio['max']:.2f}]")
-            print(f"  {k}: " + "   ".join(extra))
-        print("  CPU ms per GB, median: this process (every thread) / the whole machine (kernel threads too)")
-        for name, d in r.items():
-            if isinstance(d, dict) and "cpu_ms_per_gb" in d:
-                c = d["cpu_ms_per_gb"]
-                print(
-                    f"  {name:24} store {c['store']['process']['median']:4.0f} / {c['store']['machine']['median']:4.0f}"
-                    f"   load {c['load']['process']['median']:4.0f} / {c['load']['machine']['median']:4.0f}"
-                )
-        looked = {name: d["lookup_ns"] for name, d in r.items() if isinstance(d, dict) and "lookup_ns" in d}
-        if looked:
-            print("  lookup ns per key, median [min, max]: " + "   ".join(
-                f"{name} {v['median']:.0f} [{v['min']:.0f}, {v['max']:.0f}]" for name, v in looked.items()))
-    if idle:
-        print("\nidle cores (process CPU seconds per second, tier built and left alone): " + "   ".join(
-            f"{name} {cores:.3f}" for name, cores in idle.items()))
+    print_report(results, idle)
 
 
 if __name__ == "__main__":

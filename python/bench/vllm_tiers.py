@@ -26,7 +26,6 @@ from vllm.v1.kv_offload.config import (
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
 
-
 # The G2 slots in front of KVCR's G3: the bench's blocks in flight (16 jobs
 # of 16); fewer fail stores. The bench stores that many other blocks after
 # a store pass, untimed, so that every block it loads comes from G3.
