@@ -85,7 +85,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
@@ -100,32 +99,21 @@ try:
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 except Exception as exc:  # pragma: no cover
     sys.exit(f"bench_disk_vs_fs.py needs vLLM 0.33 importable: {exc!r}")
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
+
 from disk_vs_fs_report import SAME_FILES, print_report  # noqa: E402
-from vllm_tiers import G3_FRONT_SLOTS, VllmBuilt, idle_cpu, kvcr_config, kvcr_importable, with_directory  # noqa: E402
+from vllm_tiers import (  # noqa: E402
+    G3_FRONT_SLOTS,
+    VllmBuilt,
+    idle_cpu,
+    kvcr_config,
+    kvcr_importable,
+    offloading_config,
+    with_directory,
+)
 
 JOB_ROWS = 16
 WINDOW = 16
-
-
-def offloading_spec():
-    """What the fs tier's FileMapper and both tiers read of an OffloadingSpec."""
-    parallel = SimpleNamespace(
-        tp_size=1, pp_size=1, pcp_size=1, dcp_size=1, rank=0, is_parallelism_agnostic=True
-    )
-    config = SimpleNamespace(
-        groups=[SimpleNamespace(tokens_per_block=16, layer_names=["layer.0"])],
-        parallel=parallel,
-        canonical_layout=False,
-        kv_cache_layout=None,
-        replicated_layout=False,
-        model=SimpleNamespace(name="bench/model", dtype="bfloat16"),
-        cache=SimpleNamespace(tokens_per_hash=16, blocks_per_chunk=1),
-    )
-    return SimpleNamespace(
-        config=config,
-        blocks_per_chunk=1,
-        kv_events_config=SimpleNamespace(enable_kv_cache_events=False),
-    )
 
 
 def block_hash(row: int, rep: int, i: int):
@@ -166,7 +154,9 @@ class TierContender:
         """Builds the tier; returns the primary buffer it moves rows of."""
         cfg = with_directory(self.config, directory)
         if self.primary == "anon":
-            self.tier = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(anon), offloading_spec())
+            # vLLM's own spec (not its region): only the buffer differs.
+            spec = TieringOffloadingSpec(offloading_config([cfg], anon.shape[0], anon.shape[1]))
+            self.tier = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(anon), spec)
             return anon
         self.built = VllmBuilt(cfg, anon.shape[0], anon.shape[1])
         self.tier = self.built.tier
@@ -343,27 +333,31 @@ def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, d
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
-def cpu_seconds() -> tuple[float, float]:
+def cpu_seconds() -> tuple[float, float, float, float]:
     """(this process's CPU seconds, all threads; the machine's busy CPU
-    seconds, in clock ticks of 10 ms). The second counts what the process
+    seconds, in clock ticks of 10 ms; the process's kernel-mode share of the
+    first; its minor page faults). The second counts what the process
     cannot see: kernel threads doing its I/O (a loop device's copies, block
-    completions), and any other load, so read it beside the first."""
+    completions), and any other load, so read it beside the first. The last
+    two say where a buffer costs more: pinning its pages for O_DIRECT is
+    kernel time, and a page touched for the first time is a fault."""
     own = resource.getrusage(resource.RUSAGE_SELF)  # microseconds, unlike os.times
     with open("/proc/stat") as f:
         ticks = [int(v) for v in f.readline().split()[1:]]
     # user, nice, system, irq, softirq: not idle, iowait, steal (the
     # hypervisor's), nor guest (already in user).
     busy = sum(ticks[i] for i in (0, 1, 2, 5, 6))
-    return own.ru_utime + own.ru_stime, busy / CLOCK_TICKS
+    return own.ru_utime + own.ru_stime, busy / CLOCK_TICKS, own.ru_stime, float(own.ru_minflt)
 
 
 def timed_pass(c, jobs: list, load: bool, cpu: dict) -> float:
-    """Runs one pass; appends its CPU seconds (process, machine) to cpu."""
+    """Runs one pass; appends its CPU seconds (process, machine, process in
+    the kernel) and minor faults to cpu."""
     before = cpu_seconds()
     secs = c.run(jobs, load=load)
     after = cpu_seconds()
-    cpu.setdefault("process", []).append(after[0] - before[0])
-    cpu.setdefault("machine", []).append(after[1] - before[1])
+    for i, what in enumerate(("process", "machine", "process_sys", "minflt")):
+        cpu.setdefault(what, []).append(after[i] - before[i])
     return secs
 
 
@@ -483,9 +477,10 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
         # which caps it where the device does not (a fast device, or one
         # whose driver copies, as a loop device does).
         out[name]["cpu_ms_per_gb"] = {
-            k: {w: stats([secs * 1e3 / (total / 1e9) for secs in v]) for w, v in cpu[name, k].items()}
+            k: {w: stats([secs * 1e3 / (total / 1e9) for secs in v]) for w, v in cpu[name, k].items() if w != "minflt"}
             for k in d
         }
+        out[name]["minflt_per_pass"] = {k: stats(cpu[name, k]["minflt"]) for k in d}
         if lookups.get(name):
             out[name]["lookup_ns"] = stats(lookups[name])
     if same_files:

@@ -61,6 +61,12 @@ def print_report(results: list, idle: dict) -> None:
                 print(
                     f"  {name:24} store {c['store']['process']['median']:4.0f} / {c['store']['machine']['median']:4.0f}"
                     f"   load {c['load']['process']['median']:4.0f} / {c['load']['machine']['median']:4.0f}"
+                    + (
+                        f"   (load: kernel {c['load']['process_sys']['median']:4.0f},"
+                        f" minor faults {d['minflt_per_pass']['load']['median']:.0f} a pass)"
+                        if "process_sys" in c["load"]
+                        else ""
+                    )
                 )
         looked = {name: d["lookup_ns"] for name, d in r.items() if isinstance(d, dict) and "lookup_ns" in d}
         if looked:
