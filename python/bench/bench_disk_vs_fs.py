@@ -99,9 +99,8 @@ try:
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 except Exception as exc:  # pragma: no cover
     sys.exit(f"bench_disk_vs_fs.py needs vLLM 0.33 importable: {exc!r}")
-from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
-
 from disk_vs_fs_report import SAME_FILES, print_report  # noqa: E402
+from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec  # noqa: E402
 from vllm_tiers import (  # noqa: E402
     G3_FRONT_SLOTS,
     VllmBuilt,
@@ -584,7 +583,10 @@ def main() -> None:
     args = p.parse_args()
     if args.report:
         with open(args.report) as f:
-            saved = json.load(f)
+            text = f.read()
+        # NIXL (KVCR's transport) logs to stdout: the JSON is the object
+        # that starts a line.
+        saved = json.loads(text[text.index("{") if text.startswith("{") else text.index("\n{") :])
         print_report(saved["results"], saved.get("idle_cores", {}))
         return
     args.row_kib = args.row_kib or [2048, 64]

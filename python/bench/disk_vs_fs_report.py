@@ -41,7 +41,8 @@ def print_report(results: list, idle: dict) -> None:
                 line += f"   kvtier/raw on its files {same['median']:.3f} [{same['min']:.2f}, {same['max']:.2f}]"
             print(line)
             cpu = r[f"{k}_cpu_kvtier_over_vllm_fs"]
-            extra = [f"CPU kvtier/vllm-fs {cpu['median']:.3f} [{cpu['min']:.2f}, {cpu['max']:.2f}]"]
+            print(f"  {k}: process CPU kvtier/vllm-fs {cpu['median']:.3f} [{cpu['min']:.2f}, {cpu['max']:.2f}]")
+            extra = []
             for key, ratio in r.items():
                 if key.startswith(f"{k}_") and key not in (
                     f"{k}_kvtier_over_vllm_fs",
@@ -53,7 +54,8 @@ def print_report(results: list, idle: dict) -> None:
                 ):
                     label = key[len(k) + 1 :].replace("_over_", "/").replace("_", " ")
                     extra.append(f"{label} {ratio['median']:.3f} [{ratio['min']:.2f}, {ratio['max']:.2f}]")
-            print(f"  {k}: " + "   ".join(extra))
+            if extra:
+                print(f"  {k}: " + "   ".join(extra))
         print("  CPU ms per GB, median: this process (every thread) / the whole machine (kernel threads too)")
         for name, d in r.items():
             if isinstance(d, dict) and "cpu_ms_per_gb" in d:
