@@ -152,7 +152,11 @@ class TierContender:
     def open(self, directory: str, anon: np.ndarray) -> np.ndarray:
         """Builds the tier; returns the primary buffer it moves rows of."""
         cfg = with_directory(self.config, directory)
-        if self.primary == "anon":
+        if self.primary in ("anon", "anon-fresh"):
+            if self.primary == "anon-fresh":
+                # A new mapping per pass pair, as each vLLM region is new.
+                anon = page_aligned_rows(anon.shape[0], anon.shape[1])
+                anon[:] = 0
             # vLLM's own spec (not its region): only the buffer differs.
             spec = TieringOffloadingSpec(offloading_config([cfg], anon.shape[0], anon.shape[1]))
             self.tier = SecondaryTierFactory.create_secondary_tier(cfg, memoryview(anon), spec)
@@ -295,6 +299,8 @@ def build_raw(workdir: str):
 
 # The label of the rows over the bench's anonymous mapping, not vLLM's region.
 ANON = "[anon mmap]"
+# Rows over a new anonymous mapping per contender and repetition.
+ANON_FRESH = "[anon fresh]"
 KVCR_G3 = "kvcr g3 posix"
 # kvtier's default io_threads for disk.
 PUBLISHING_THREADS = 32
@@ -349,13 +355,28 @@ def cpu_seconds() -> tuple[float, float, float, float]:
     return own.ru_utime + own.ru_stime, busy / CLOCK_TICKS, own.ru_stime, float(own.ru_minflt)
 
 
+# The block device's I/O counters (/sys/dev/block/MAJ:MIN/stat) of the
+# scratch directory, set by main(): requests completed tell how many device
+# requests a pass's reads and writes became, which a row's physical pages
+# decide (4 KiB pages merge into one request only where they are contiguous).
+DEVICE_STAT: str | None = None
+
+
+def device_requests() -> float:
+    if DEVICE_STAT is None:
+        return 0.0
+    with open(DEVICE_STAT) as f:
+        fields = f.read().split()
+    return float(int(fields[0]) + int(fields[4]))  # reads and writes completed
+
+
 def timed_pass(c, jobs: list, load: bool, cpu: dict) -> float:
     """Runs one pass; appends its CPU seconds (process, machine, process in
-    the kernel) and minor faults to cpu."""
-    before = cpu_seconds()
+    the kernel), minor faults and device requests to cpu."""
+    before = (*cpu_seconds(), device_requests())
     secs = c.run(jobs, load=load)
-    after = cpu_seconds()
-    for i, what in enumerate(("process", "machine", "process_sys", "minflt")):
+    after = (*cpu_seconds(), device_requests())
+    for i, what in enumerate(("process", "machine", "process_sys", "minflt", "requests")):
         cpu.setdefault(what, []).append(after[i] - before[i])
     return secs
 
@@ -388,6 +409,11 @@ def contenders_for(args, row: int, n_rows: int, raw_lib) -> list:
         contenders += [
             TierContender(f"vllm-fs {ANON}", {"type": "fs"}, primary="anon"),
             TierContender(f"kvtier {ANON}", kvtier_disk, primary="anon"),
+        ]
+    if "anon-fresh" in args.primary:
+        contenders += [
+            TierContender(f"vllm-fs {ANON_FRESH}", {"type": "fs"}, primary="anon-fresh"),
+            TierContender(f"kvtier {ANON_FRESH}", kvtier_disk, primary="anon-fresh"),
         ]
     if args.kvcr:
         kvtier_memory = {**kvtier_disk, "backend": "memory"}
@@ -476,10 +502,15 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
         # which caps it where the device does not (a fast device, or one
         # whose driver copies, as a loop device does).
         out[name]["cpu_ms_per_gb"] = {
-            k: {w: stats([secs * 1e3 / (total / 1e9) for secs in v]) for w, v in cpu[name, k].items() if w != "minflt"}
+            k: {
+                w: stats([secs * 1e3 / (total / 1e9) for secs in v])
+                for w, v in cpu[name, k].items()
+                if w not in ("minflt", "requests")
+            }
             for k in d
         }
         out[name]["minflt_per_pass"] = {k: stats(cpu[name, k]["minflt"]) for k in d}
+        out[name]["device_requests_per_row"] = {k: stats([n / n_rows for n in cpu[name, k]["requests"]]) for k in d}
         if lookups.get(name):
             out[name]["lookup_ns"] = stats(lookups[name])
     if same_files:
@@ -567,6 +598,13 @@ def main() -> None:
         help=f"also vllm-fs and kvtier over an anonymous mapping of the bench's, rows labelled {ANON}",
     )
     p.add_argument(
+        "--anon-fresh",
+        dest="primary",
+        action="store_const",
+        const=["vllm", "anon", "anon-fresh"],
+        help=f"--anon, and rows labelled {ANON_FRESH} over a new anonymous mapping per contender and repetition",
+    )
+    p.add_argument(
         "--no-kvcr",
         dest="kvcr",
         action="store_false",
@@ -595,6 +633,10 @@ def main() -> None:
         args.repeat, args.mib_per_pass = 1, 64
 
     workdir = tempfile.mkdtemp(prefix="kvtier-vs-fs-", dir=args.dir or "/var/tmp")
+    global DEVICE_STAT
+    dev = os.stat(workdir).st_dev
+    stat = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat"
+    DEVICE_STAT = stat if os.path.exists(stat) else None
     try:
         raw_lib, raw_note = build_raw(workdir)
         if raw_note:

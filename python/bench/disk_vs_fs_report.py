@@ -65,8 +65,9 @@ def print_report(results: list, idle: dict) -> None:
                     f"   load {c['load']['process']['median']:4.0f} / {c['load']['machine']['median']:4.0f}"
                     + (
                         f"   (load: kernel {c['load']['process_sys']['median']:4.0f},"
-                        f" minor faults {d['minflt_per_pass']['load']['median']:.0f} a pass)"
-                        if "process_sys" in c["load"]
+                        f" minor faults {d['minflt_per_pass']['load']['median']:.0f} a pass,"
+                        f" device requests a row {d['device_requests_per_row']['load']['median']:.2f})"
+                        if "device_requests_per_row" in d
                         else ""
                     )
                 )
