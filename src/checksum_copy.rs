@@ -11,7 +11,7 @@
 //! Elsewhere it checksums and copies 64 KiB pieces in turn, each piece
 //! checksummed from the source and then copied while it is in cache.
 
-use crate::checksum::Xxh3Pieces;
+use crate::checksum::{PayloadSum, Xxh3Pieces};
 
 /// Bytes checksummed then copied at a time without AVX2: small enough to
 /// stay in the L2 cache between the two, large enough that a call's cost is
@@ -32,6 +32,26 @@ pub(crate) unsafe fn copy_with_xxh3(src: *const u8, dst: *mut u8, len: usize) ->
         return avx2::copy_with_xxh3(src, dst, len);
     }
     in_pieces(src, dst, len)
+}
+
+/// Copies `src` into `dst` (of the same length) and says whether `src` has
+/// the checksum `sum`, reading each byte once where the algorithm allows
+/// (XXH3-64; a format version 1 payload is checked, then copied). On a
+/// mismatch `dst` holds the bytes that failed.
+pub(crate) fn copy_checked(sum: PayloadSum, src: &[u8], dst: &mut [u8]) -> bool {
+    assert_eq!(src.len(), dst.len(), "copy_checked: lengths differ");
+    match sum {
+        // SAFETY: both slices hold len bytes, and a `&mut` cannot overlap
+        // a `&`; nothing else writes `dst` while it is borrowed.
+        PayloadSum::Xxh3(v) => {
+            let copied = unsafe { copy_with_xxh3(src.as_ptr(), dst.as_mut_ptr(), src.len()) };
+            copied == v
+        }
+        PayloadSum::Xxh64(_) => {
+            dst.copy_from_slice(src);
+            sum.matches(src)
+        }
+    }
 }
 
 /// [`copy_with_xxh3`] without AVX2: a piece checksummed, then copied.
@@ -219,6 +239,35 @@ mod tests {
         return std::is_x86_feature_detected!("avx2");
         #[cfg(not(target_arch = "x86_64"))]
         false
+    }
+
+    #[test]
+    fn copy_checked_copies_and_matches_only_the_sum_of_the_source() {
+        for len in [0, 100, 4096, 65536 + 7, 2 << 20] {
+            let src = bytes(len, len as u64);
+            for sum in [
+                PayloadSum::of(&src),
+                PayloadSum::Xxh64(crate::checksum::xxh64(&src, 0)),
+            ] {
+                let mut dst = vec![0u8; len];
+                assert!(copy_checked(sum, &src, &mut dst), "length {len}, {sum:?}");
+                assert_eq!(dst, src, "length {len}, {sum:?}");
+            }
+            if len > 0 {
+                let mut other = src.clone();
+                other[len / 2] ^= 1;
+                let mut dst = vec![0u8; len];
+                assert!(
+                    !copy_checked(PayloadSum::of(&src), &other, &mut dst),
+                    "length {len}"
+                );
+                assert!(!copy_checked(
+                    PayloadSum::Xxh64(crate::checksum::xxh64(&src, 0)),
+                    &other,
+                    &mut dst
+                ));
+            }
+        }
     }
 
     #[test]

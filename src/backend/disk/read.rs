@@ -8,6 +8,7 @@ use super::{io_error, with_scratch, DiskBackend, PIECE, STAGE_PIECE};
 use crate::aligned::AlignedBuf;
 use crate::backend::checksum::PayloadSum;
 use crate::backend::LoadJob;
+use crate::checksum_copy::copy_checked;
 use crate::error::{Error, ErrorKind, Result};
 use crate::seal::Sealer;
 use std::cell::RefCell;
@@ -77,8 +78,70 @@ impl DiskBackend {
                     format!("no memory for a {len}-byte staging piece: {e}"),
                 )
             })?;
+            if padded(self.block_bytes) <= piece.len() {
+                let row = into.0.into_inner();
+                return self.read_whole_staged(path, key, piece, row);
+            }
             self.read_streamed(path, key, piece, &into).map(|_| ())
         })
+    }
+
+    /// Loads a block whose stored payload fits `piece` with one read into
+    /// it, then one pass that copies it to `row` and checksums it (the
+    /// piece is read once, not once for the checksum and again for the
+    /// copy). The checksum is of the private piece, so a mismatch proves
+    /// the file bad; the row then holds bytes the failed load never reports.
+    fn read_whole_staged(
+        &self,
+        path: &Path,
+        key: &[u8],
+        piece: &mut [u8],
+        row: &mut [u8],
+    ) -> Result<()> {
+        let (fd, id, form) = self.open_block(key, path, &[Form::Attr, Form::InFile])?;
+        let stored = padded(self.block_bytes);
+        let want = row.len();
+        let sum = self.read_first((&fd, &id, form), key, path, &mut piece[..stored], want)?;
+        if !copy_checked(sum, &piece[..want], row) {
+            let problem = "payload checksum mismatch".to_string();
+            return Err(self.condemn(key, path, id, problem));
+        }
+        Ok(())
+    }
+
+    /// The first read of a block file opened as `form`: its header (from
+    /// the attribute, or in-file into the scratch) and the payload's first
+    /// `piece.len()` bytes into `piece`. Returns the checksum the payload
+    /// must have; a short read or a header that is not this block's
+    /// condemns the file, and a block stored with another length than the
+    /// load's `want` fails the load and stays.
+    fn read_first(
+        &self,
+        (fd, id, form): (&OwnedFd, &FileId, Form),
+        key: &[u8],
+        path: &Path,
+        piece: &mut [u8],
+        want: usize,
+    ) -> Result<PayloadSum> {
+        let read_error = |e| io_error("read", path, e);
+        let (claims, header_len, read) = match form {
+            Form::Attr => {
+                let attr = self.read_attr_header(fd, key, path, id)?;
+                let n = io::read_at(fd, &mut [piece], 0).map_err(read_error)?;
+                (Ok(attr.claims(key)), 0, n)
+            }
+            Form::InFile => with_scratch(HEADER_LEN, |h| {
+                let n = io::read_at(fd, &mut [h, piece], 0)?;
+                Ok((Header::decode(h).map(|h| h.claims(key)), HEADER_LEN, n))
+            })
+            .map_err(read_error)?,
+        };
+        self.read_returned();
+        if let Some(stored) = self.other_length(&claims, want) {
+            return Err(wrong_length(path, stored, want));
+        }
+        self.header_problem(claims, read, header_len + piece.len())
+            .map_err(|problem| self.condemn(key, path, *id, problem))
     }
 
     /// Opens a block file and checks that it is a regular file of the block
@@ -223,27 +286,14 @@ impl DiskBackend {
         // The payload as stored: padded to the alignment O_DIRECT reads in.
         let stored = padded(self.block_bytes);
         let first = piece.len().min(stored);
-        let (claims, header_len, read) = match form {
-            Form::Attr => {
-                let attr = self.read_attr_header(&fd, key, path, &id)?;
-                let n = io::read_at(&fd, &mut [&mut piece[..first]], 0).map_err(read_error)?;
-                (Ok(attr.claims(key)), 0, n)
-            }
-            Form::InFile => with_scratch(HEADER_LEN, |h| {
-                let n = io::read_at(&fd, &mut [h, &mut piece[..first]], 0)?;
-                Ok((Header::decode(h).map(|h| h.claims(key)), HEADER_LEN, n))
-            })
-            .map_err(read_error)?,
+        let header_len = match form {
+            Form::Attr => 0,
+            Form::InFile => HEADER_LEN,
         };
-        self.read_returned();
         let want = job.row_len();
-        if let Some(stored) = self.other_length(&claims, want) {
-            return Err(wrong_length(path, stored, want));
-        }
-        let mut sum = match self.header_problem(claims, read, header_len + first) {
-            Ok(sum) => sum.hasher(),
-            Err(problem) => return Err(self.condemn(key, path, id, problem)),
-        };
+        let mut sum = self
+            .read_first((&fd, &id, form), key, path, &mut piece[..first], want)?
+            .hasher();
         let (mut offset, mut got) = (0, first);
         loop {
             let bytes = &piece[..got.min(want - offset)];
@@ -470,13 +520,26 @@ mod tests {
     fn a_block_larger_than_a_piece_loads_staged_and_verified() {
         // A whole 2 MiB staging piece and a short second one.
         const BIG: usize = (2 << 20) + 12 * 1024;
-        let root = std::env::temp_dir().join(format!("kvtier-staged-{}", std::process::id()));
+        staged_load_round_trips_and_damage_is_corrupt(BIG, &[(1 << 20) + 5, BIG - 1]);
+    }
+
+    /// A block that fits one staging piece is read once and checksummed in
+    /// the copy to the row: damage at either end or in the middle is
+    /// corrupt, and the file is removed.
+    #[test]
+    fn a_block_of_one_staging_piece_loads_in_one_read_and_verified() {
+        const WHOLE: usize = 2 << 20;
+        staged_load_round_trips_and_damage_is_corrupt(WHOLE, &[0, WHOLE / 2 + 3, WHOLE - 1]);
+    }
+
+    fn staged_load_round_trips_and_damage_is_corrupt(big: usize, damage_at: &[usize]) {
+        let root = std::env::temp_dir().join(format!("kvtier-staged-{}-{big}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
         let cfg = DiskConfig {
             path: Some(root.clone()),
             ..DiskConfig::default()
         };
-        let disk = DiskBackend::open(&cfg, "", BIG, 8, None).unwrap();
+        let disk = DiskBackend::open(&cfg, "", big, 8, None).unwrap();
         assert!(
             disk.stages_blocks()
                 && disk
@@ -485,18 +548,18 @@ mod tests {
             "{} (the temporary directory must allow O_DIRECT)",
             disk.describe()
         );
-        let payload: Vec<u8> = (0..BIG)
+        let payload: Vec<u8> = (0..big)
             .map(|i| (i % 251) as u8 ^ (i >> 20) as u8)
             .collect();
         disk.store(0, b"big", &payload).unwrap();
-        let mut aligned = crate::aligned::AlignedBuf::new(BIG).unwrap();
-        let mut plain = vec![0u8; BIG + 1];
-        for row in [&mut aligned.as_mut_slice()[..BIG], &mut plain[1..]] {
+        let mut aligned = crate::aligned::AlignedBuf::new(big).unwrap();
+        let mut plain = vec![0u8; big + 1];
+        for row in [&mut aligned.as_mut_slice()[..big], &mut plain[1..]] {
             disk.load(0, b"big", row).unwrap();
             assert!(row == &payload[..], "a staged load returned other bytes");
         }
-        let stored = format::padded(BIG);
-        for (n, at) in [(1 << 20) + 5, BIG - 1].into_iter().enumerate() {
+        let stored = format::padded(big);
+        for (n, &at) in damage_at.iter().enumerate() {
             let key = format!("damaged{n}");
             disk.store(0, key.as_bytes(), &payload).unwrap();
             let path = disk.path_of(key.as_bytes());
@@ -507,6 +570,7 @@ mod tests {
             std::fs::write(&path, &bytes).unwrap();
             let err = disk.load(0, key.as_bytes(), &mut plain[1..]).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::Corrupt, "byte {at}: {err}");
+            assert!(!path.exists(), "byte {at}: the damaged file is removed");
         }
         drop(disk);
         std::fs::remove_dir_all(&root).unwrap();
