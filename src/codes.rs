@@ -178,7 +178,11 @@ mod tests {
         let families: [(&str, Vec<(String, i64)>); 7] = [
             (
                 "TIER_ITEM_",
-                listed(ItemStatus::ALL.iter().map(|c| (c.c_name(), c.code() as i64))),
+                listed(
+                    ItemStatus::ALL
+                        .iter()
+                        .map(|c| (c.c_name(), c.code() as i64)),
+                ),
             ),
             (
                 "TIER_FAIL_",
