@@ -84,11 +84,29 @@ fn a_cluster_with_a_dead_master_can_be_joined_and_recovers() {
         drop(Harness::new(&c, 8, BB));
     }
     drop(early);
-    let h = Harness::new(&config, 8, BB);
-
     let ids: Vec<u64> = (0..48).collect();
     let (lost, kept): (Vec<u64>, Vec<u64>) = ids.iter().partition(|&&i| dead.serves(slot_of(i)));
     assert!(!lost.is_empty() && !kept.is_empty(), "keys on every master");
+    // A shared tier whose namespace's clear generation lives on the dead
+    // master opens all the same; it stores nothing until it can read it.
+    let mut on_dead = config.clone();
+    on_dead.set("sharing", "shared").unwrap();
+    on_dead.set("namespace", "shared-test").unwrap();
+    let fp = kvtier::admin::namespace_fingerprint("shared-test");
+    let prefix = (0..)
+        .map(|n| format!("{}-g{n}", config.redis.key_prefix))
+        .find(|p| {
+            let name = format!("{p}:{fp:016x}:generation:b{BB}");
+            dead.serves(common::redis::key_slot(name.as_bytes()))
+        })
+        .unwrap();
+    on_dead.set("key_prefix", &prefix).unwrap();
+    let shared = Harness::new(&on_dead, 8, BB);
+    let (error, took) = store_one(&shared, 1, kept[0]);
+    assert_eq!(error, Some(ErrorKind::Io), "no generation, no store");
+    assert!(took < in_time, "failed after {took:?}");
+    let h = Harness::new(&config, 8, BB);
+
     let mut job = 0;
     for &i in &kept {
         job += 1;
@@ -144,6 +162,20 @@ fn a_cluster_with_a_dead_master_can_be_joined_and_recovers() {
             .enumerate()
             .all(|(row, &i)| h.row_holds(row, i)));
     }
+    // The shared tier reads its generation once the master is back.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match store_one(&shared, 2, kept[0]) {
+            (None, _) => break,
+            (Some(e), _) if Instant::now() < deadline => {
+                assert_eq!(e, ErrorKind::Io);
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            (Some(e), _) => panic!("the shared tier after the master returned: {e:?}"),
+        }
+    }
+    let r = shared.load(3, &[kept[0]], &[1]);
+    assert!(r.is_ok() && shared.row_holds(1, kept[0]), "{r:?}");
     // A fresh tier joins the whole cluster again.
     drop(Harness::new(&config, 8, BB));
 }

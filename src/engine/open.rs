@@ -9,7 +9,7 @@ use super::shared::{Shared, State};
 use super::Tier;
 use crate::backend::{disk::DiskBackend, memory::MemoryBackend, persist::PersistentArena, Backend};
 use crate::config::{BackendKind, TierConfig};
-use crate::error::{bail, Result};
+use crate::error::{bail, ErrorKind, Result};
 use crate::events::StoredReason;
 use crate::fork;
 use crate::index::{Admitted, Index};
@@ -106,10 +106,19 @@ impl Tier {
         let lease = Lease::new(Duration::from_millis(config.probe_ttl_ms as u64));
         if let Some(probes) = backend.probes() {
             // Storage's clear generation now: a tier that cannot read it
-            // would name and check blocks by a guess.
+            // would name and check blocks by a guess. A Redis server out of
+            // reach (a cluster's master down, holding the generation's slot)
+            // does not stop the open: the lease starts ended, so the tier
+            // answers no HIT and copies no block until a worker has read it.
             let asked = std::time::Instant::now();
-            probes.use_generation(probes.read_generation()?);
-            lease.renew(asked);
+            match probes.read_generation() {
+                Ok(generation) => {
+                    probes.use_generation(generation);
+                    lease.renew(asked);
+                }
+                Err(e) if e.kind() == ErrorKind::Io && config.backend == BackendKind::Redis => {}
+                Err(e) => return Err(e),
+            }
         }
         let mut evicted_at_open = 0;
         let mut victims = Vec::new();
