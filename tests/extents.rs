@@ -357,6 +357,22 @@ pub fn unpin_ignores_unknown_keys_and_counts_pins(cfg: Backend) {
     assert_eq!((stats.num_blocks, stats.used_bytes), (0, 0), "{stats:?}");
 }
 
+/// An empty extent store is accepted and reported at once, with no item:
+/// how a caller asks a tier whether it stores extents (a sealed tier
+/// refuses it, below). The LMCache adapter asks so.
+pub fn an_empty_extent_store_is_reported_at_once(cfg: Backend) {
+    let h = Harness::new(&cfg(8, BB), ROWS, BB);
+    let results = Arc::new(ItemResults::new(0));
+    h.tier()
+        .submit_store_extents(1, &[], KEY_LEN, &[], Some(results.clone()))
+        .unwrap();
+    let r = h.tier().poll(10);
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!((r[0].job_id, r[0].num_blocks, r[0].error), (1, 0, None));
+    assert!(results.get().is_empty());
+    assert_eq!(store(&h, 1, &[1], &[(3, 10)]), vec![ok()]);
+}
+
 macro_rules! extent_tests {
     ($backend:expr, $ready:expr; $($name:ident),* $(,)?) => {
         $( #[test] fn $name() { if $ready() { super::$name($backend) } } )*
@@ -380,6 +396,7 @@ macro_rules! extent_suite {
                 delete_removes_present_keys_and_reports_absent_and_pinned,
                 pins_block_eviction_until_unpinned,
                 unpin_ignores_unknown_keys_and_counts_pins,
+                an_empty_extent_store_is_reported_at_once,
             );
         }
     };
@@ -464,6 +481,12 @@ fn backends_without_extents_refuse_them_and_still_delete_and_pin() {
             .unwrap_err();
         assert_eq!(err.kind(), kvtier::ErrorKind::InvalidArg);
         assert!(err.message().contains("does not store extents"), "{err}");
+        // An empty one too: the answer to whether the tier stores extents.
+        let err = h
+            .tier()
+            .submit_store_extents(1, &[], KEY_LEN, &[], None)
+            .unwrap_err();
+        assert_eq!(err.kind(), kvtier::ErrorKind::InvalidArg);
         h.store_all(2, &[1, 2]);
         assert_eq!(
             h.tier().pin(&keys(&[2]), KEY_LEN).unwrap(),

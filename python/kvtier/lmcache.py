@@ -16,9 +16,11 @@ Zero copy: the tier is built at construction over LMCache's L1 arena, which
 LMCache's factory hands every L2 adapter as ``l1_memory_desc`` (base address
 and size; the arena is allocated whole before any adapter, so its address
 never changes). Objects are (offset, length) extents in it: a store copies
-straight out of the L1 object, a load straight into it. Where the library
-stores no extents (Redis, sealed disk, ``persist_path``: ``stores_extents``)
-objects must be whole rows of ``block_bytes`` and run through the row calls.
+straight out of the L1 object, a load straight into it. That holds wherever
+the library stores extents (memory, ``persist_path``, disk, Redis); a sealed
+tier (``seal_key``) stores none (``stores_extents`` asks the library), so
+there objects must be whole rows of ``block_bytes`` and run through the row
+calls.
 
 LMCache's ``ObjectKey`` (model, kv rank, object group, cache salt, chunk
 hash) becomes a 32-byte kvtier key digest of all of them, so the objects of
@@ -51,7 +53,8 @@ from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import create_event_notifier
 
 from . import ItemStatus, identity
-from ._adapter import FailureLog, backend_of, check_config
+from ._adapter import FailureLog, check_config
+from ._lib import TIER_ERR_INVALID_ARG
 from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_key
 from .errors import KVTierError
 from .records import EventKind, LookupState
@@ -98,17 +101,22 @@ def namespace(user: str = "") -> str:
     return identity.with_user(f"lmcache/k{KEY_FORMAT}/{identity.digest(fields)}", user)
 
 
-def stores_extents(config: dict[str, Any]) -> bool:
-    """Whether the library stores extents for this config (docs/contract.md:
-    memory without ``persist_path``, unsealed disk). The others are run on
-    whole rows: objects must then be ``block_bytes`` long, at a multiple of
-    ``block_bytes`` from the arena's start."""
-    backend = backend_of(config)
-    if backend == "memory":
-        return not config.get("persist_path")
-    if backend == "disk":
-        return not (config.get("seal_key") or config.get("seal_key_file"))
-    return False
+def stores_extents(tier: Tier) -> bool:
+    """Whether the library stores extents on ``tier``, asked of it: an empty
+    extent store (job 0; the adapter's own ids start at 1) finishes at once
+    where it does and is refused with INVALID_ARG where it does not (sealed
+    disk or Redis, whose records are fixed to the block size). Call it before
+    anything else polls the tier. Without extents, objects are whole rows:
+    ``block_bytes`` long, at a multiple of ``block_bytes`` from the arena's
+    start."""
+    try:
+        tier.submit_store_extents(0, [], [], [])
+    except KVTierError as exc:
+        if exc.status != TIER_ERR_INVALID_ARG:
+            raise
+        return False
+    tier.poll()
+    return True
 
 
 def _split_params(params: Any) -> tuple[int, dict[str, Any]]:
@@ -178,7 +186,7 @@ class KVTierL2Adapter(L2AdapterInterface):
         check_config({k: v for k, v in tier_config.items()})
         arena = (ctypes.c_ubyte * self._size).from_address(self._base)
         self._tier = Tier(arena, block_bytes=block_bytes, **tier_config)
-        self.extents = stores_extents(tier_config)
+        self.extents = stores_extents(self._tier)
         self.namespace: str = tier_config["namespace"]
         self._books = Books()
         self._log = FailureLog(logger, "kvtier", None)
@@ -197,8 +205,9 @@ class KVTierL2Adapter(L2AdapterInterface):
         self._thread = threading.Thread(target=self._serve, name="kvtier-lmcache", daemon=True)
         self._thread.start()
         logger.info(
-            "kvtier L2 adapter: %s backend, block_bytes %d, arena %d bytes at %#x, namespace %r",
-            tier_config.get("backend", "memory"), block_bytes, self._size, self._base, self.namespace,
+            "kvtier L2 adapter: %s backend on %s, block_bytes %d, arena %d bytes at %#x, namespace %r",
+            tier_config.get("backend", "memory"), "extents" if self.extents else "whole rows",
+            block_bytes, self._size, self._base, self.namespace,
         )
 
     # -- event fds -------------------------------------------------------------

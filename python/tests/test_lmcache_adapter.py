@@ -2,12 +2,15 @@
 in what LMCache's own check mode does not cover: locks against delete and
 eviction, per-cache_salt usage through kvtier's evictions, tasks in flight
 from two threads, partial loads, objects scattered through the L1 arena, and
-the adapter after close."""
+the adapter after close; extents on every tier that stores them, whole rows
+on sealed ones."""
 
 from __future__ import annotations
 
 import os
 import random
+import shutil
+import tempfile
 import threading
 
 import pytest
@@ -38,14 +41,39 @@ def arena():
     return Arena(16 << 20)
 
 
-@pytest.fixture(params=["memory", "disk", "redis"])
+SEAL_KEY = "0123456789abcdef" * 4
+
+
+@pytest.fixture
+def persist_path():
+    """A fresh ``persist_path`` on tmpfs, removed afterwards."""
+    parent = tempfile.mkdtemp(prefix="kvtier-lmcache-", dir="/dev/shm")
+    try:
+        yield os.path.join(parent, "arena")
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+def _params(request, kind, tmp_path):
+    """kvtier params of one kind of tier: memory, persist (memory with
+    ``persist_path``), disk, redis, and the sealed disk and Redis."""
+    if kind == "persist":
+        return {"backend": "memory", "persist_path": request.getfixturevalue("persist_path")}
+    if kind.endswith("disk"):
+        params = {"backend": "disk", "path": str(tmp_path / "kv")}
+    elif kind.endswith("redis"):
+        params = {"backend": "redis", "url": request.getfixturevalue("redis_url")}
+    else:
+        params = {"backend": "memory"}
+    if kind.startswith("sealed"):
+        params["seal_key"] = SEAL_KEY
+    return params
+
+
+@pytest.fixture(params=["memory", "persist", "disk", "redis"])
 def backend(request, tmp_path):
-    """Params of each backend: memory and disk store extents, Redis whole rows."""
-    if request.param == "disk":
-        return {"backend": "disk", "path": str(tmp_path / "kv")}
-    if request.param == "redis":
-        return {"backend": "redis", "url": request.getfixturevalue("redis_url")}
-    return {"backend": "memory"}
+    """Params of each kind of tier the library stores extents on."""
+    return _params(request, request.param, tmp_path)
 
 
 def _adapter(arena, **params):
@@ -249,8 +277,8 @@ def test_partial_load_sets_only_the_present_keys(arena, backend):
         adapter.close()
 
 
-def test_objects_scattered_through_the_arena(arena):
-    adapter = _adapter(arena, block_bytes=256 * KIB)
+def test_objects_scattered_through_the_arena(arena, backend):
+    adapter = _adapter(arena, block_bytes=256 * KIB, **backend)
     try:
         rng = random.Random(59)
         # Disjoint objects of 1 byte to 256 KiB anywhere in the 16 MiB arena
@@ -293,8 +321,32 @@ def test_arena_tail_past_the_last_whole_block():
         make_adapter(Arena(4096), block_bytes=BLOCK)
 
 
-def test_rows_where_the_library_stores_no_extents(arena, redis_url):
-    adapter = _adapter(arena, backend="redis", url=redis_url)
+@pytest.mark.parametrize(
+    "kind, extents",
+    [("memory", True), ("persist", True), ("disk", True), ("redis", True),
+     ("sealed disk", False), ("sealed redis", False)],
+)
+def test_extents_exactly_where_the_library_stores_them(request, tmp_path, arena, kind, extents):
+    """The adapter asks the tier; this pins down the answer for every kind
+    of tier, and that the answer holds: half a block off a row boundary
+    stores and loads where extents are, and is refused where they are not."""
+    adapter = _adapter(arena, **_params(request, kind, tmp_path))
+    try:
+        assert adapter.extents is extents
+        obj = arena.obj(BLOCK + 4096, BLOCK // 2)
+        want = arena.fill(obj, 7)
+        assert store(adapter, [key(7)], [obj]).is_successful() is extents
+        out = arena.obj(6 * BLOCK + 100, BLOCK // 2)
+        assert load(adapter, [key(7)], [out]) == [extents]
+        if extents:
+            assert bytes(out.raw_data.numpy()) == want
+    finally:
+        adapter.close()
+
+
+@pytest.mark.parametrize("kind", ["sealed disk", "sealed redis"])
+def test_whole_rows_on_a_sealed_tier(request, tmp_path, arena, kind):
+    adapter = _adapter(arena, **_params(request, kind, tmp_path))
     try:
         assert adapter.extents is False
         # Not a whole row, or not on a row boundary: refused, logged.
@@ -303,6 +355,7 @@ def test_rows_where_the_library_stores_no_extents(arena, redis_url):
         obj = arena.obj(2 * BLOCK, BLOCK)
         want = arena.fill(obj, 3)
         assert store(adapter, [key(3)], [obj]).is_successful()
+        # A row load stops at its first miss: the adapter loads only hits.
         out = arena.obj(5 * BLOCK, BLOCK)
         assert load(adapter, [key(9), key(3)], [arena.obj(4 * BLOCK, BLOCK), out]) == [False, True]
         assert bytes(out.raw_data.numpy()) == want

@@ -1,6 +1,9 @@
 """LMCache 0.5.6's own L2 adapter check (``python -m lmcache.v1.basic_check
 --mode test_l2_adapter``) with kvtier's adapter, loaded through LMCache's
-plugin type, on the memory, disk and Redis backends.
+plugin type, on the memory, disk and Redis backends and ``persist_path``
+(extents: the check's objects lie back to back, half a block each, where
+block_bytes is larger), and on sealed tiers (whole rows: objects of exactly
+block_bytes).
 
 The check exits 0 even when a phase fails, so its validation lines are read:
 every one must report all of its keys."""
@@ -8,9 +11,12 @@ every one must report all of its keys."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -61,8 +67,27 @@ def test_check_disk(tmp_path, obj_size):
     assert_passed(run_check(params, obj_size))
 
 
-def test_check_redis(redis_url):
-    assert_passed(run_check({"block_bytes": 65536, "backend": "redis", "url": redis_url}, 32768))
+# Objects of half a block, back to back: every other one off a row boundary.
+@pytest.mark.parametrize("obj_size", [1024, 32768])
+def test_check_redis(redis_url, obj_size):
+    params = {"block_bytes": obj_size * 4, "backend": "redis", "url": redis_url}
+    assert_passed(run_check(params, obj_size))
+
+
+def test_check_persist_path():
+    obj_size = 1024
+    parent = tempfile.mkdtemp(prefix="kvtier-lmcache-check-", dir="/dev/shm")
+    try:
+        params = {"block_bytes": obj_size * 4, "persist_path": os.path.join(parent, "arena")}
+        assert_passed(run_check(params, obj_size))
+    finally:
+        shutil.rmtree(parent, ignore_errors=True)
+
+
+# Sealed tiers store no extents: objects of exactly block_bytes, on rows.
+def test_check_sealed_redis_on_rows(redis_url):
+    params = {"block_bytes": 65536, "backend": "redis", "url": redis_url, "seal_key": "ab" * 32}
+    assert_passed(run_check(params, 32768))
 
 
 def test_check_reports_a_failure_it_sees(tmp_path):
