@@ -110,7 +110,10 @@ pub(in crate::backend::redis) trait Pass {
 /// were all in use while the job held another's come in a later round.
 pub(super) fn run_pass<P: Pass>(routes: &Routes, deadline: Instant, pass: &mut P) -> Trouble {
     let mut trouble = Trouble::default();
-    let mut answers = Vec::new();
+    // Room for the largest master's answers at once: one allocation per
+    // pass, not a growth step per block.
+    let largest = routes.groups.iter().map(|g| g.range.len()).max();
+    let mut answers = Vec::with_capacity(largest.unwrap_or(0));
     let mut round = Round::All(0..routes.groups.len());
     loop {
         let mut busy = Vec::new();
