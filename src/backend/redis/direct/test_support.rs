@@ -36,8 +36,9 @@ pub(super) fn bulk(v: &[u8]) -> Vec<u8> {
 
 /// A server that answers `commands` one by one with `replies`; before
 /// each answer it reads whatever the client has written meanwhile
-/// (until 20 ms pass with nothing new, so the kernel's buffers never
-/// limit what the client may write ahead) and counts the whole commands
+/// (until 100 ms pass with nothing new, so neither the kernel's buffers
+/// nor a client descheduled on a loaded machine limits what it may write
+/// ahead) and counts the whole commands
 /// beyond the one being answered. Returns the most it saw.
 pub(super) fn serve_counting_ahead(
     commands: Vec<Vec<u8>>,
@@ -66,7 +67,7 @@ pub(super) fn serve_counting_ahead(
             }
             s.set_nonblocking(true).unwrap();
             let mut quiet_since = std::time::Instant::now();
-            while quiet_since.elapsed() < Duration::from_millis(20) {
+            while quiet_since.elapsed() < Duration::from_millis(100) {
                 match s.read(&mut chunk) {
                     Ok(0) => break,
                     Ok(n) => {
