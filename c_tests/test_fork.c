@@ -90,6 +90,7 @@ static void run_child(tier_t *inherited, tier_t *inherited_disk, int ready_fd, i
     tier_job_result_t result;
     size_t got = 12345;
     tier_stats_t stats;
+    uint64_t features;
     char text[256];
     uint8_t *rows;
     tier_t *own;
@@ -115,6 +116,9 @@ static void run_child(tier_t *inherited, tier_t *inherited_disk, int ready_fd, i
     memset(&stats, 0xAB, sizeof stats);
     CHECK_REFUSED(tier_stats(inherited, &stats, sizeof(tier_stats_t)), "tier_stats");
     CHECK(stats.capacity_bytes == 0xABABABABABABABABull);
+    features = 0xFEED;
+    CHECK_REFUSED(tier_features(inherited, &features), "tier_features");
+    CHECK(features == 0xFEED);
     /* tier_describe has no status: it returns 0 (a description is never
      * empty), writes nothing, and says why in tier_last_error. */
     memset(text, 'x', sizeof text);

@@ -437,6 +437,18 @@ void test_threads_share_one_tier() {
     CHECK(results.empty());
 }
 
+// What a tier can do, and an empty Tier's refusal as an exception.
+void test_features_through_the_wrapper() {
+    Primary primary(4, 4096);
+    kvtier::Tier tier(config("16KiB", 1), primary.data, primary.bytes, primary.block);
+    CHECK(tier.features() == TIER_FEATURE_EXTENTS);
+    CHECK(tier.has(TIER_FEATURE_EXTENTS) && !tier.has(TIER_FEATURE_SHARED));
+    CHECK(!tier.has(TIER_FEATURE_EXTENTS | TIER_FEATURE_PERSISTENT));
+    const kvtier::Tier empty;
+    expect_error(__LINE__, [&] { (void)empty.features(); }, TIER_ERR_NULL_ARG, "tier_features", "tier");
+    CHECK(tier.stats().probes_in_flight == 0);
+}
+
 }  // namespace
 
 int main(int argc, char **argv) {
@@ -448,6 +460,7 @@ int main(int argc, char **argv) {
         TU_SUBTEST(round_trip_every_key_and_row_form),
         TU_SUBTEST(threads_share_one_tier),
         TU_SUBTEST(items_through_the_wrapper),
+        TU_SUBTEST(features_through_the_wrapper),
     };
     return tu_run_subtests("test_wrapper", argc, argv, subtests, TU_COUNT(subtests));
 }

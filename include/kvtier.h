@@ -216,6 +216,32 @@
 #define TIER_REMOVED_DELETED 6
 
 /**
+ * Feature bit (tier_features, KVTIER_1.1): the tier takes extent jobs
+ * (tier_submit_store_extents, tier_submit_load_extents); without it they
+ * are TIER_ERR_INVALID_ARG (a sealed disk or Redis tier).
+ */
+#define TIER_FEATURE_EXTENTS 1
+
+/**
+ * Feature bit: other processes may store into the tier's storage (disk
+ * shared=true, Redis sharing=shared), so a lookup of a key this process has
+ * not seen may answer TIER_PENDING while storage is probed.
+ */
+#define TIER_FEATURE_SHARED 2
+
+/**
+ * Feature bit: blocks are sealed with a seal_key (encrypted and
+ * authenticated in storage).
+ */
+#define TIER_FEATURE_SEALED 4
+
+/**
+ * Feature bit: stored blocks outlive the tier: a new tier over the same
+ * storage finds them (disk, Redis, memory with persist_path).
+ */
+#define TIER_FEATURE_PERSISTENT 8
+
+/**
  * The ABI this header describes (tier_abi_info() gives the library's). It
  * is the soname's number, libkvtier.so.TIER_ABI_VERSION, and changes only
  * when an existing function or struct changes incompatibly.
@@ -524,6 +550,13 @@ typedef struct tier_stats_t {
      * to io_threads more, while they are).
      */
     uint64_t io_threads_stuck;
+    /**
+     * Keys of a shared tier's lookups whose probe of storage is queued or
+     * running right now (a gauge; 0 for a tier that does not share its
+     * storage): once 0, every probe so far has entered its answer in the
+     * tier. Appended in KVTIER_1.1.
+     */
+    uint64_t probes_in_flight;
 } tier_stats_t;
 
 /**
@@ -1275,6 +1308,24 @@ tier_status_t tier_poll_events(struct tier_t *tier,
 size_t tier_describe(struct tier_t *tier,
                      char *buf,
                      size_t cap);
+
+/**
+ * Writes what the tier can do or is to `*out_features`: the bitwise OR of
+ * its TIER_FEATURE_* bits (TIER_FEATURE_EXTENTS: it takes extent jobs;
+ * TIER_FEATURE_SHARED: other processes may store into its storage, so a
+ * lookup may answer TIER_PENDING while storage is probed;
+ * TIER_FEATURE_SEALED: blocks are sealed with a seal_key;
+ * TIER_FEATURE_PERSISTENT: stored blocks outlive the tier). Fixed when the
+ * tier is created. Bits this header does not name may be set by a newer
+ * library: ignore them.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+ * fork(), see tier_new). `*out_features` is written only on success.
+ * NULL: `tier` and `out_features` are required.
+ * Threads: any thread, concurrently with other calls; takes no lock.
+ * Added in KVTIER_1.1.
+ */
+tier_status_t tier_features(const struct tier_t *tier,
+                            uint64_t *out_features);
 
 /**
  * Copies the tier's metrics into `buf` as Prometheus text (exposition

@@ -591,6 +591,20 @@ class Tier {
     }
 
     /**
+     * What the tier can do or is: its TIER_FEATURE_* bits, e.g.
+     * `tier.features() & TIER_FEATURE_EXTENTS` before an extent job. See
+     * tier_features (KVTIER_1.1).
+     */
+    std::uint64_t features() const {
+        std::uint64_t out = 0;
+        detail::check(tier_features(tier_, &out));
+        return out;
+    }
+
+    /** True if the tier has `feature`, a TIER_FEATURE_* bit (see features()). */
+    bool has(std::uint64_t feature) const { return (features() & feature) == feature; }
+
+    /**
      * Moves up to out.size() block events, oldest first, into `out` and
      * returns how many (0 if none is waiting). Never blocks; `out` must not be
      * empty; the tier must have been created with events=true (else Error

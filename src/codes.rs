@@ -1,10 +1,11 @@
 //! The code families of the C ABI other than status codes (src/status.rs):
-//! job failure reasons, lookup states, job kinds, event kinds and event
-//! reasons. Each code's number and C documentation are written once, here,
-//! as the constant cbindgen copies into the header; each family's Rust enum
-//! names those constants through [`c_codes!`], so the enum, its `ALL` list
-//! and its C names cannot drift from the header. Numbers are ABI: never
-//! changed, never reused; a new code is one constant and one enum line.
+//! job failure reasons, lookup states, job kinds, event kinds, event
+//! reasons and tier features. Each code's number and C documentation are
+//! written once, here, as the constant cbindgen copies into the header; each
+//! family's Rust enum names those constants through [`c_codes!`], so the
+//! enum, its `ALL` list and its C names cannot drift from the header.
+//! Numbers are ABI: never changed, never reused; a new code is one constant
+//! and one enum line.
 
 /// Declares a code family's enum from one list of `Variant = TIER_CONSTANT`:
 /// the discriminant is the constant (so the number is written once), and
@@ -141,10 +142,26 @@ pub const TIER_REMOVED_UNREADABLE: u32 = 5;
 /// KVTIER_1.1).
 pub const TIER_REMOVED_DELETED: u32 = 6;
 
+/// Feature bit (tier_features, KVTIER_1.1): the tier takes extent jobs
+/// (tier_submit_store_extents, tier_submit_load_extents); without it they
+/// are TIER_ERR_INVALID_ARG (a sealed disk or Redis tier).
+pub const TIER_FEATURE_EXTENTS: u64 = 1;
+/// Feature bit: other processes may store into the tier's storage (disk
+/// shared=true, Redis sharing=shared), so a lookup of a key this process has
+/// not seen may answer TIER_PENDING while storage is probed.
+pub const TIER_FEATURE_SHARED: u64 = 2;
+/// Feature bit: blocks are sealed with a seal_key (encrypted and
+/// authenticated in storage).
+pub const TIER_FEATURE_SEALED: u64 = 4;
+/// Feature bit: stored blocks outlive the tier: a new tier over the same
+/// storage finds them (disk, Redis, memory with persist_path).
+pub const TIER_FEATURE_PERSISTENT: u64 = 8;
+
 #[cfg(test)]
 mod tests {
     use crate::{
-        EventCode, FailReason, ItemStatus, JobKind, LookupState, RemovedReason, StoredReason,
+        EventCode, FailReason, Feature, ItemStatus, JobKind, LookupState, RemovedReason,
+        StoredReason,
     };
 
     /// The header's `#define`s whose names start with `prefix`, as (name, value).
@@ -175,7 +192,11 @@ mod tests {
     /// only fails here.
     #[test]
     fn each_family_is_exactly_the_headers_codes() {
-        let families: [(&str, Vec<(String, i64)>); 7] = [
+        let families: [(&str, Vec<(String, i64)>); 8] = [
+            (
+                "TIER_FEATURE_",
+                listed(Feature::ALL.iter().map(|c| (c.c_name(), c.code() as i64))),
+            ),
             (
                 "TIER_ITEM_",
                 listed(

@@ -65,7 +65,7 @@ pub use engine::jobs::{
 };
 #[cfg(feature = "test-hooks")]
 pub use engine::{DiskIoSeam, HangPoint};
-pub use engine::{Tier, MAX_TRANSIENT_LOAD_FAILURES};
+pub use engine::{Feature, Tier, MAX_TRANSIENT_LOAD_FAILURES};
 pub use error::{Error, ErrorKind, Result};
 pub use events::{
     Event, EventCode, EventKind, RemovedReason, StoredReason, DEFAULT_EVENTS_CAPACITY,

@@ -66,6 +66,11 @@ pub struct Stats {
     /// Threads in a storage call past its deadline right now (replaced, up
     /// to io_threads more, while they are).
     pub io_threads_stuck: u64,
+    /// Keys of a shared tier's lookups whose probe of storage is queued or
+    /// running right now (a gauge; 0 for a tier that does not share its
+    /// storage): once 0, every probe so far has entered its answer in the
+    /// tier. Appended in KVTIER_1.1.
+    pub probes_in_flight: u64,
 }
 
 #[derive(Default)]
@@ -81,6 +86,8 @@ pub(crate) struct Counters {
     pub loads_failed: AtomicU64,
     pub bytes_stored: AtomicU64,
     pub bytes_loaded: AtomicU64,
+    /// A gauge, unlike the others: see `Stats::probes_in_flight`.
+    pub probes_in_flight: AtomicU64,
 }
 
 impl Counters {

@@ -73,6 +73,12 @@ TIER_ITEM_BUSY = 3
 # library accepts.
 TIER_ITEM_RESULT_SIZE_V1 = 8
 
+# tier_features bits: what a tier can do (TIER_FEATURE_*, KVTIER_1.1).
+TIER_FEATURE_EXTENTS = 1
+TIER_FEATURE_SHARED = 2
+TIER_FEATURE_SEALED = 4
+TIER_FEATURE_PERSISTENT = 8
+
 
 class tier_job_result_t(Structure):
     _fields_ = [
@@ -134,6 +140,7 @@ STATS_FIELDS = (
     "resident_bytes",
     "io_deadlines_missed",
     "io_threads_stuck",
+    "probes_in_flight",
 )
 
 
@@ -276,6 +283,7 @@ def _signatures() -> dict[str, tuple[Any, list[Any]]]:
         "tier_submit_delete": (c_int32, [P, c_uint64, P, c_size_t, c_size_t, P, c_size_t]),
         "tier_pin": (c_int32, [P, P, c_size_t, c_size_t, P]),
         "tier_unpin": (c_int32, [P, P, c_size_t, c_size_t]),
+        "tier_features": (c_int32, [P, POINTER(c_uint64)]),
     }
 
 

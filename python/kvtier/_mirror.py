@@ -23,8 +23,8 @@ block count equals the mirror's size with no job in flight. Shared storage
 (disk ``shared=true``, redis ``sharing=shared``) is never complete: another
 writer's blocks are found by the library's probes, so absent keys always go to
 the library. Its probes can also evict on a worker thread, so while one may be
-running (the library answered PENDING since the last check) a mirror HIT
-first drains the events.
+running (the library answered PENDING since its gauge of probes in flight was
+last seen at 0) a mirror HIT first drains the events.
 
 Keys answered HIT from the mirror are "promised": the owner touches them
 (one batched call) before the next store, so a store submitted between a
@@ -275,11 +275,11 @@ class PresenceMirror:
 
     def resync(self, jobs_in_flight: int) -> None:
         """Called after a full drain. A shared tier's probes: cleared once the
-        library runs none. A mirror made partial by lost events: complete
+        library has none queued or running (``probes_in_flight``). A mirror made partial by lost events: complete
         again once it holds as many keys as the library's readable blocks,
         with no job in flight (nothing can change meanwhile, and every key it
         holds is readable, so the two sets are equal)."""
-        if self._probes_maybe_running and self._tier.stats().lookups_pending == 0:
+        if self._probes_maybe_running and self._tier.stats().probes_in_flight == 0:
             self._probes_maybe_running = False
             self.drain_events()  # the last probes' admissions
         if (

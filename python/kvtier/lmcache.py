@@ -54,10 +54,9 @@ from lmcache.v1.platform import create_event_notifier
 
 from . import ItemStatus, identity
 from ._adapter import FailureLog, check_config
-from ._lib import TIER_ERR_INVALID_ARG
 from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_key
 from .errors import KVTierError
-from .records import EventKind, LookupState
+from .records import EventKind, Feature, LookupState
 from .tier import Tier
 
 __all__ = ["KVTierL2Adapter"]
@@ -102,21 +101,11 @@ def namespace(user: str = "") -> str:
 
 
 def stores_extents(tier: Tier) -> bool:
-    """Whether the library stores extents on ``tier``, asked of it: an empty
-    extent store (job 0; the adapter's own ids start at 1) finishes at once
-    where it does and is refused with INVALID_ARG where it does not (sealed
-    disk or Redis, whose records are fixed to the block size). Call it before
-    anything else polls the tier. Without extents, objects are whole rows:
-    ``block_bytes`` long, at a multiple of ``block_bytes`` from the arena's
-    start."""
-    try:
-        tier.submit_store_extents(0, [], [], [])
-    except KVTierError as exc:
-        if exc.status != TIER_ERR_INVALID_ARG:
-            raise
-        return False
-    tier.poll()
-    return True
+    """Whether the library stores extents on ``tier`` (``tier_features``): not
+    on a sealed disk or Redis tier, whose records are fixed to the block size.
+    Without extents, objects are whole rows: ``block_bytes`` long, at a
+    multiple of ``block_bytes`` from the arena's start."""
+    return Feature.EXTENTS in tier.features()
 
 
 def _split_params(params: Any) -> tuple[int, dict[str, Any]]:

@@ -48,6 +48,20 @@ class FailReason(enum.IntEnum):
     BUSY = _lib.TIER_FAIL_BUSY  # a delete found the block pinned or in flight
 
 
+class Feature(enum.IntFlag):
+    """What a tier can do or is (:meth:`Tier.features`, the C
+    ``TIER_FEATURE_*`` bits): ``EXTENTS`` (takes extent jobs; not a sealed
+    disk or Redis tier), ``SHARED`` (another process may store into its
+    storage; lookups probe it), ``SEALED`` (blocks sealed with a seal key),
+    ``PERSISTENT`` (blocks outlive the tier: disk, Redis, memory with
+    ``persist_path``)."""
+
+    EXTENTS = _lib.TIER_FEATURE_EXTENTS
+    SHARED = _lib.TIER_FEATURE_SHARED
+    SEALED = _lib.TIER_FEATURE_SEALED
+    PERSISTENT = _lib.TIER_FEATURE_PERSISTENT
+
+
 class ItemStatus(enum.IntEnum):
     """What became of one key of an extent or delete job (``ItemResult.status``,
     the C ``TIER_ITEM_*``)."""

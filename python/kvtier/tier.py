@@ -27,6 +27,7 @@ from .records import (
     Event,
     EventKind,
     FailReason,
+    Feature,
     ItemResult,
     ItemStatus,
     JobKind,
@@ -510,6 +511,14 @@ class Tier(ItemJobs):
         if fd < 0:
             raise fail(fd, "tier_completion_fd")
         return fd
+
+    def features(self) -> Feature:
+        """What this tier can do or is, as the library answers from its
+        backend (``tier_features``): e.g. ``Feature.EXTENTS in
+        tier.features()`` before an extent job."""
+        out = ctypes.c_uint64()
+        self._call("tier_features", lib.tier_features, ctypes.byref(out))
+        return Feature(out.value)
 
     def stats(self) -> TierStats:
         out = _lib.tier_stats_t()

@@ -21,6 +21,7 @@ FAMILIES = {
     "TIER_REMOVED_": kvtier.RemovedReason,
     "TIER_JOB_": kvtier.JobKind,
     "TIER_ITEM_": kvtier.ItemStatus,
+    "TIER_FEATURE_": kvtier.Feature,
 }
 LOOKUP_STATES = ("TIER_MISS", "TIER_HIT", "TIER_PENDING")
 # The least struct sizes of ABI 1: the binding's structs are at least that big

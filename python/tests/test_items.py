@@ -73,6 +73,56 @@ def _round_trip(buf: np.ndarray, tier: Tier) -> None:
         assert isinstance(r.items[0].status, ItemStatus) and r.items[0].ok
 
 
+SEAL_KEY = "a1" * 32
+
+
+@pytest.mark.parametrize(
+    "backend, features",
+    [
+        ("memory", kvtier.Feature.EXTENTS),
+        ("persist", kvtier.Feature.EXTENTS | kvtier.Feature.PERSISTENT),
+        ("disk", kvtier.Feature.EXTENTS | kvtier.Feature.PERSISTENT),
+        ("shared disk", kvtier.Feature.EXTENTS | kvtier.Feature.SHARED | kvtier.Feature.PERSISTENT),
+        ("sealed disk", kvtier.Feature.SEALED | kvtier.Feature.PERSISTENT),
+        ("redis", kvtier.Feature.EXTENTS | kvtier.Feature.PERSISTENT),
+        ("sealed shared redis", kvtier.Feature.SHARED | kvtier.Feature.SEALED | kvtier.Feature.PERSISTENT),
+    ],
+)
+def test_features_say_what_the_tier_takes(request, backend, features, tmp_path):
+    """Tier.features() is the library's answer (tier_features); its EXTENTS
+    is what an extent store then finds."""
+    shm = f"/dev/shm/kvtier-features-{os.getpid()}"
+    disk = {"backend": "disk", "path": str(tmp_path), "namespace": "f"}
+    cfg = {
+        "memory": {},
+        "persist": {"persist_path": shm, "namespace": "f"},
+        "disk": disk,
+        "shared disk": {**disk, "shared": True},
+        "sealed disk": {**disk, "seal_key": SEAL_KEY},
+    }.get(backend)
+    if cfg is None:
+        url = request.getfixturevalue("redis_url")
+        cfg = {"backend": "redis", "url": url, "key_prefix": f"features-{backend}-{os.getpid()}"}
+        if backend.startswith("sealed"):
+            cfg.update(seal_key=SEAL_KEY, sharing="shared", namespace="f")
+    try:
+        buf, tier = make(**cfg)
+        with tier:
+            assert tier.features() == features
+            assert isinstance(tier.features(), kvtier.Feature)
+            if kvtier.Feature.EXTENTS in features:
+                tier.submit_store_extents(1, [key(1)], [3], [100])
+                assert result_of(tier, 1).ok
+            else:
+                with pytest.raises(KVTierError) as err:
+                    tier.submit_store_extents(1, [key(1)], [3], [100])
+                assert err.value.status == kvtier.TIER_ERR_INVALID_ARG
+        with pytest.raises(KVTierError):
+            tier.features()  # closed
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
 def test_a_partial_load_says_which_keys_loaded():
     buf, tier = make()
     with tier:

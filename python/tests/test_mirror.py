@@ -5,6 +5,7 @@ exactly when it cannot know, and it counts what it answered."""
 from __future__ import annotations
 
 import random
+import time
 
 import numpy as np
 import pytest
@@ -34,14 +35,15 @@ class Owner:
     ones, then drain the events and resync."""
 
     def __init__(self, rows: int = 16, capacity_blocks: int = 8, enabled: bool = True, shared: bool = False,
-                 emit: bool = False, **config):
+                 emit: bool = False, lease_s: float = 1.0, tier_config: dict | None = None, **config):
         self.buf = np.zeros((rows, ROW), dtype=np.uint8)
+        config.update(tier_config or {})
         self.tier = Tier(self.buf, capacity_bytes=capacity_blocks * ROW, io_threads=1, events=True, **config)
         self.failed_keys: dict[str, set[bytes]] = {}
         self.errors: list[tuple[str, BaseException]] = []
         self.runs: list[tuple[bool, list[bytes]]] = []
         self.mirror = PresenceMirror(
-            self.tier, enabled=enabled, shared=shared, answers=ANSWERS, failed_keys=self.failed_keys,
+            self.tier, enabled=enabled, shared=shared, answers=ANSWERS, failed_keys=self.failed_keys, lease_s=lease_s,
             on_error=lambda what, exc: self.errors.append((what, exc)),
             emit=(lambda removed, keys: self.runs.append((removed, list(keys)))) if emit else None,
         )
@@ -192,6 +194,36 @@ def test_shared_storage_is_never_complete(owner):
     assert o.mirror.stats()["library_lookups"] == 2
     assert o.mirror.lookup(key(1), REQ) == "HIT"
     assert o.mirror.stats()["library_lookups"] == 2
+
+
+def test_after_a_shared_tiers_probe_ends_the_mirror_answers_alone_again(owner, tmp_path):
+    """A PENDING answer means a probe of shared storage may run (and evict on
+    a worker), so the mirror defers to the library; once the library has no
+    probe queued or running (probes_in_flight, a gauge) and the owner has
+    resynced, a key the mirror holds is answered with no library call at all.
+    (lookups_pending counts every PENDING answer ever given, so a mirror that
+    waits for it to reach 0 defers for the tier's whole life.)"""
+    o = owner(shared=True, lease_s=600.0, tier_config={
+        "backend": "disk", "path": str(tmp_path / "shared"), "shared": True, "namespace": "t",
+        "probe_ttl_ms": 600_000,  # the probe's "not stored" answer is kept for the test
+    })
+    o.submit([key(1)], [0])
+    o.finish()
+    assert o.mirror.lookup(key(1), REQ) == "HIT"  # a library answer: trusted for a lease
+    assert o.mirror.lookup(key(2), REQ) == "PENDING"  # unknown here: storage is probed
+    deadline = time.monotonic() + 10
+    while o.library(key(2)) == "PENDING":  # until the probe's answer is in
+        assert time.monotonic() < deadline, "the probe did not finish"
+        time.sleep(0.005)
+    o.finish()  # drain, poll, events, resync: what the adapter does each step
+    before = o.mirror.stats()["library_lookups"]
+    calls: list[str] = []
+    for name in ("lookup_one", "lookup", "poll_events", "stats"):
+        real = getattr(o.tier, name)
+        setattr(o.tier, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    assert [o.mirror.lookup(key(1), REQ) for _ in range(3)] == ["HIT"] * 3
+    assert calls == [], "the mirror asked the library after the probe ended"
+    assert o.mirror.stats()["library_lookups"] == before
 
 
 def test_disabled_it_holds_nothing_and_asks_the_library(owner):

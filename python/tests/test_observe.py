@@ -127,6 +127,7 @@ def test_metrics_parse_as_prometheus_text_and_match_the_stats():
         ("kvtier_resident_bytes", "resident_bytes"),
         ("kvtier_io_deadlines_missed_total", "io_deadlines_missed"),
         ("kvtier_io_threads_stuck", "io_threads_stuck"),
+        ("kvtier_probes_in_flight", "probes_in_flight"),
     ):
         assert value(name) == getattr(stats, field), name
     assert (stats.lookups, stats.hits, stats.misses) == (3, 2, 1)

@@ -60,6 +60,12 @@ pub(crate) trait Backend: Send + Sync {
         false
     }
 
+    /// Whether blocks are sealed with a seal key (disk and Redis with
+    /// `seal_key`).
+    fn seals(&self) -> bool {
+        false
+    }
+
     /// One line for logs and `tier_describe`.
     fn describe(&self) -> String;
 

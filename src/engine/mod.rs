@@ -22,9 +22,11 @@ mod complete;
 pub(crate) mod completion;
 mod eventfd;
 mod execute;
+mod features;
 mod generation;
 #[cfg(feature = "test-hooks")]
 mod hooks;
+pub use self::features::Feature;
 #[cfg(feature = "test-hooks")]
 pub use self::hooks::{DiskIoSeam, HangPoint};
 mod inherited;
@@ -48,6 +50,7 @@ use crate::key::{check_keys, count_keys};
 use crate::primary::PrimaryBuffer;
 use crate::stats::{Counters, Stats};
 use std::os::fd::BorrowedFd;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -516,6 +519,9 @@ impl Tier {
             resident_bytes: s.backend.resident_bytes(),
             io_deadlines_missed: s.crew.expired_total(),
             io_threads_stuck: s.crew.stuck() as u64,
+            // Acquire: pairs with the Release of a finished probe, whose
+            // index changes a reader that sees 0 must find.
+            probes_in_flight: c.probes_in_flight.load(Ordering::Acquire),
         }
     }
 }

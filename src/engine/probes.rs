@@ -70,6 +70,9 @@ impl Shared {
         if keys.is_empty() {
             return;
         }
+        // Counted before a worker can finish them, so the gauge never dips
+        // below the probes still to run.
+        Counters::add(&self.counters.probes_in_flight, keys.len() as u64);
         let per_work = match self.backend.probes() {
             Some(probes) if probes.probes_in_batches() => PROBE_BATCH,
             _ => 1,
@@ -93,12 +96,25 @@ impl Shared {
     }
 
     /// Forgets that `keys` are being probed, so that a later lookup asks for
-    /// them again (they were answered PENDING).
+    /// them again (they were answered PENDING and counted in flight).
     fn forget_probes(&self, keys: impl Iterator<Item = Vec<u8>>) {
-        let mut st = self.state.lock();
-        for key in keys {
-            st.probes.remove(&key);
+        let mut forgotten = 0;
+        {
+            let mut st = self.state.lock();
+            for key in keys {
+                st.probes.remove(&key);
+                forgotten += 1;
+            }
         }
+        self.probes_finished(forgotten);
+    }
+
+    /// `n` probes counted in flight have entered their answers (or will
+    /// never run).
+    fn probes_finished(&self, n: u64) {
+        self.counters
+            .probes_in_flight
+            .fetch_sub(n, std::sync::atomic::Ordering::Release);
     }
 
     /// Remembers that `key` is being probed and queues it in `to_probe`;
@@ -167,6 +183,9 @@ impl Shared {
             }
             released.append(&mut index.take_released());
         });
+        // After the index holds every answer: a reader that sees the gauge
+        // at 0 finds their admissions (and their events) in the tier.
+        self.probes_finished(keys.len() as u64);
         self.discard(released);
     }
 }

@@ -1,8 +1,8 @@
-//! The observing exports: block events, describe, metrics and stats, which
-//! read a tier without changing its blocks.
+//! The observing exports: block events, describe, features, metrics and
+//! stats, which read a tier without changing its blocks.
 
 use super::api::tier_ref;
-use super::boundary::{self, or_default, poll_into, sized_out, status, this_export, OK};
+use super::boundary::{self, as_mut, or_default, poll_into, sized_out, status, this_export, OK};
 use super::types::*;
 use std::ffi::c_char;
 
@@ -76,6 +76,31 @@ pub unsafe extern "C" fn tier_describe(tier: *mut tier_t, buf: *mut c_char, cap:
             boundary::record_error(function, &e);
             0
         }
+    })
+}
+
+/// Writes what the tier can do or is to `*out_features`: the bitwise OR of
+/// its TIER_FEATURE_* bits (TIER_FEATURE_EXTENTS: it takes extent jobs;
+/// TIER_FEATURE_SHARED: other processes may store into its storage, so a
+/// lookup may answer TIER_PENDING while storage is probed;
+/// TIER_FEATURE_SEALED: blocks are sealed with a seal_key;
+/// TIER_FEATURE_PERSISTENT: stored blocks outlive the tier). Fixed when the
+/// tier is created. Bits this header does not name may be set by a newer
+/// library: ignore them.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_SHUTDOWN (inherited across
+/// fork(), see tier_new). `*out_features` is written only on success.
+/// NULL: `tier` and `out_features` are required.
+/// Threads: any thread, concurrently with other calls; takes no lock.
+/// Added in KVTIER_1.1.
+#[no_mangle]
+pub unsafe extern "C" fn tier_features(
+    tier: *const tier_t,
+    out_features: *mut u64,
+) -> tier_status_t {
+    status(this_export!(), || {
+        let tier = tier_ref(tier.cast_mut())?;
+        *as_mut(out_features, "out_features")? = tier.features();
+        OK
     })
 }
 

@@ -218,10 +218,15 @@ mod tests {
 
     #[test]
     fn abi_1_sizes_are_the_structs_sizes() {
-        // In ABI 1 the first version's sizes are the current ones; later
-        // versions only append, so these stay the floor.
+        // The first version's sizes are the floor; later versions only
+        // append: KVTIER_1.1's tier_stats_t field starts where ABI 1's
+        // struct ended.
         let info = tier_abi_info_t::current();
-        assert_eq!(info.stats_size, TIER_STATS_SIZE_V1);
+        assert_eq!(
+            std::mem::offset_of!(tier_stats_t, probes_in_flight),
+            TIER_STATS_SIZE_V1 as usize
+        );
+        assert_eq!(info.stats_size, TIER_STATS_SIZE_V1 + 8);
         assert_eq!(info.job_result_size, TIER_JOB_RESULT_SIZE_V1);
         assert_eq!(info.event_size, TIER_EVENT_SIZE_V1);
         assert_eq!(info.abi_info_size, TIER_ABI_INFO_SIZE_V1);
@@ -241,7 +246,7 @@ mod tests {
         assert_eq!(offset_of!(tier_job_result_t, reason), 48);
         assert_eq!(offset_of!(tier_job_result_t, reserved), 52);
         assert_eq!(size_of::<tier_job_result_t>(), 56);
-        assert_eq!(size_of::<tier_stats_t>(), 24 * 8);
+        assert_eq!(size_of::<tier_stats_t>(), 25 * 8);
         assert_eq!(offset_of!(tier_event_t, seq), 0);
         assert_eq!(offset_of!(tier_event_t, dropped), 8);
         assert_eq!(offset_of!(tier_event_t, kind), 16);

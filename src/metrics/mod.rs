@@ -177,6 +177,11 @@ pub(crate) fn render(
         &one(stats.io_threads_stuck),
     );
     e.gauge(
+        "kvtier_probes_in_flight",
+        "Keys of a shared tier's lookups whose probe of storage is queued or running.",
+        &one(stats.probes_in_flight),
+    );
+    e.gauge(
         "kvtier_resident_bytes",
         "Bytes of the memory backend's arena that are resident (0 for disk and Redis).",
         &one(stats.resident_bytes),
@@ -228,6 +233,7 @@ mod tests {
             bytes_stored: 12288,
             bytes_loaded: 28672,
             io_threads: 4,
+            probes_in_flight: 6,
             ..Stats::default()
         };
         let jobs = JobMetrics::default();
@@ -268,6 +274,10 @@ mod tests {
         assert_eq!(
             v(&format!("kvtier_capacity_bytes{{{b}}}")).as_deref(),
             Some("1073741824")
+        );
+        assert_eq!(
+            v(&format!("kvtier_probes_in_flight{{{b}}}")).as_deref(),
+            Some("6")
         );
         assert_eq!(
             v(&format!(
@@ -325,7 +335,7 @@ mod tests {
                 assert!(line.starts_with(&format!("{name}{{{b}")), "{line}");
             }
         }
-        assert_eq!(declared.len(), 22 + counters.len());
+        assert_eq!(declared.len(), 23 + counters.len());
     }
 
     #[test]

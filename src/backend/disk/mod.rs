@@ -446,6 +446,10 @@ impl Backend for DiskBackend {
         self.seal.is_none()
     }
 
+    fn seals(&self) -> bool {
+        self.seal.is_some()
+    }
+
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let loaded = match &self.seal {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),

@@ -175,6 +175,10 @@ impl Backend for RedisBackend {
         self.seal.is_none()
     }
 
+    fn seals(&self) -> bool {
+        self.seal.is_some()
+    }
+
     /// A GET into a private buffer, verified there before it is copied
     /// into `dst` (see `load_by`).
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
