@@ -30,19 +30,50 @@ KEY_BYTES = 32
 KEY_FORMAT = 1
 
 
+# The hash state after a key's fields up to its chunk hash, by those fields:
+# the objects of one task share them, and resuming a copy of that state costs
+# less than hashing them again for every object. Emptied when it grows past
+# _PREFIX_LIMIT (many salts), so it stays small.
+_prefixes: dict[tuple[str, int, int, str], Any] = {}
+_PREFIX_LIMIT = 4096
+_CHUNK_LEN = struct.Struct("<I").pack
+
+
+def _prefix(model_name: str, kv_rank: int, group: int, cache_salt: str) -> Any:
+    model = model_name.encode()
+    salt = cache_salt.encode()
+    state = hashlib.blake2b(digest_size=KEY_BYTES)
+    state.update(struct.pack("<BI", KEY_FORMAT, len(model)))
+    state.update(model)
+    state.update(struct.pack("<qqI", kv_rank, group, len(salt)))
+    state.update(salt)
+    if len(_prefixes) >= _PREFIX_LIMIT:
+        _prefixes.clear()
+    _prefixes[(model_name, kv_rank, group, cache_salt)] = state
+    return state
+
+
+def tier_keys(keys: list[Any]) -> list[bytes]:
+    """The kvtier keys of LMCache ``ObjectKey``s: each a digest of its model
+    name, kv rank, object group, cache salt and chunk hash, each
+    length-prefixed so that no two field tuples hash the same bytes."""
+    out = []
+    for key in keys:
+        fields = (key.model_name, key.kv_rank, key.object_group_id, key.cache_salt)
+        state = _prefixes.get(fields)
+        if state is None:
+            state = _prefix(*fields)
+        state = state.copy()
+        chunk = key.chunk_hash
+        state.update(_CHUNK_LEN(len(chunk)))
+        state.update(chunk)
+        out.append(state.digest())
+    return out
+
+
 def tier_key(key: Any) -> bytes:
-    """The kvtier key of an LMCache ``ObjectKey``: a digest of its model name,
-    kv rank, object group, cache salt and chunk hash, each length-prefixed so
-    that no two field tuples hash the same bytes."""
-    model = key.model_name.encode()
-    salt = key.cache_salt.encode()
-    chunk = bytes(key.chunk_hash)
-    data = b"".join((
-        struct.pack("<BI", KEY_FORMAT, len(model)), model,
-        struct.pack("<qqI", key.kv_rank, key.object_group_id, len(salt)), salt,
-        struct.pack("<I", len(chunk)), chunk,
-    ))
-    return hashlib.blake2b(data, digest_size=KEY_BYTES).digest()
+    """The kvtier key of one ``ObjectKey`` (see :func:`tier_keys`)."""
+    return tier_keys([key])[0]
 
 
 @dataclass
@@ -109,13 +140,15 @@ class Books:
                 if entry[2] <= 0:
                     del self._pending[tkey]
 
-    def learned(self, tkey: bytes, key: Any, size: int, change: Change) -> None:
-        """A load found an object the books did not know (stored before this
-        adapter opened): from now on it is counted."""
+    def learned(self, tkeys: list[bytes], keys: list[Any], sizes: list[int], change: Change) -> None:
+        """A load found these objects: those the books did not know (stored
+        before this adapter opened) are counted from now on."""
         with self._mutex:
-            if tkey not in self._resident:
-                self._resident[tkey] = (key, size)
-                change.stored.append((key, size))
+            resident = self._resident
+            for tkey, key, size in zip(tkeys, keys, sizes):
+                if tkey not in resident:
+                    resident[tkey] = (key, size)
+                    change.stored.append((key, size))
 
     # -- removals ------------------------------------------------------------
 

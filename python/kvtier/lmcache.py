@@ -54,7 +54,7 @@ from lmcache.v1.platform import create_event_notifier
 
 from . import ItemStatus, identity
 from ._adapter import FailureLog, check_config
-from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_key
+from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_keys
 from .errors import KVTierError
 from .records import EventKind, Feature, LookupState
 from .tier import Tier
@@ -224,39 +224,47 @@ class KVTierL2Adapter(L2AdapterInterface):
             self._active -= 1
             self._mutex.notify_all()
 
-    def _extent(self, obj: Any) -> tuple[int, int] | None:
-        """(offset, length) of an L1 object in the arena, or None if it lies
-        outside it or is larger than a block (or, on rows, is not one)."""
-        try:
-            offset = int(obj.data_ptr) - self._base
-            length = int(obj.get_size())
-        except Exception as exc:
-            self._log.failed("reading an L1 object's address", exc)
-            return None
-        if offset < 0 or length <= 0 or length > self.block_bytes or offset + length > self._size:
-            return None
-        if not self.extents and (length != self.block_bytes or offset % self.block_bytes):
-            return None
-        return offset, length
+    def _extents(self, objects: list[Any]) -> tuple[list[int], list[int], list[int]]:
+        """(positions, offsets, lengths) in the arena of the L1 objects the
+        tier can take: those inside it and no larger than a block (and, on
+        rows, exactly a row). One pass, as it runs for every object of every
+        task."""
+        base, limit, block, rows = self._base, self._size, self.block_bytes, not self.extents
+        positions: list[int] = []
+        offsets: list[int] = []
+        lengths: list[int] = []
+        for i, obj in enumerate(objects):
+            try:
+                offset = int(obj.data_ptr) - base
+                length = int(obj.get_size())
+            except Exception as exc:
+                self._log.failed("reading an L1 object's address", exc)
+                continue
+            if offset < 0 or length <= 0 or length > block or offset + length > limit:
+                continue
+            if rows and (length != block or offset % block):
+                continue
+            positions.append(i)
+            offsets.append(offset)
+            lengths.append(length)
+        return positions, offsets, lengths
 
     def submit_store_task(self, keys: list[Any], objects: list[Any]) -> int:
         task = self._enter("submit_store_task")
         try:
-            extents = [self._extent(obj) for obj in objects]
-            if len(keys) != len(objects) or any(e is None for e in extents):
+            taken, offsets, sizes = self._extents(objects)
+            if len(keys) != len(objects) or len(taken) < len(objects):
                 logger.warning(
                     "%s: store task %d refused: %d keys, %d objects, %d outside the L1 arena "
                     "or over block_bytes=%d", _OWNER, task, len(keys), len(objects),
-                    sum(e is None for e in extents), self.block_bytes,
+                    len(objects) - len(taken), self.block_bytes,
                 )
                 self._finish_store(task, L2StoreResult(False, 0))
                 return task
             if not keys:
                 self._finish_store(task, L2StoreResult(True, 0))
                 return task
-            tkeys = [tier_key(k) for k in keys]
-            offsets = [e[0] for e in extents if e is not None]
-            sizes = [e[1] for e in extents if e is not None]
+            tkeys = tier_keys(keys)
             self._books.store_submitted(tkeys, keys, sizes)
             with self._mutex:
                 self._jobs[task] = _Job(_STORE, list(keys), tkeys, sizes, num_keys=len(keys))
@@ -291,7 +299,7 @@ class KVTierL2Adapter(L2AdapterInterface):
             bitmap = Bitmap(len(keys))
             if keys:
                 try:
-                    found = self._books.lock([tier_key(k) for k in keys], self._pin)
+                    found = self._books.lock(tier_keys(keys), self._pin)
                 except KVTierError as exc:
                     self._log.failed("pin", exc)
                     found = []
@@ -317,22 +325,14 @@ class KVTierL2Adapter(L2AdapterInterface):
         and any call after close, are ignored."""
         try:
             if keys and not self._closed:
-                self._books.unlock([tier_key(k) for k in keys], self._tier.unpin)
+                self._books.unlock(tier_keys(keys), self._tier.unpin)
         except Exception as exc:
             self._log.failed("submit_unlock", exc)
 
     def submit_load_task(self, keys: list[Any], objects: list[Any]) -> int:
         task = self._enter("submit_load_task")
         try:
-            index: list[int] = []
-            offsets: list[int] = []
-            sizes: list[int] = []
-            for i, obj in enumerate(objects[: len(keys)]):
-                extent = self._extent(obj)
-                if extent is not None:
-                    index.append(i)
-                    offsets.append(extent[0])
-                    sizes.append(extent[1])
+            index, offsets, sizes = self._extents(objects[: len(keys)])
             if len(index) < len(keys):
                 logger.warning(
                     "%s: load task %d: %d of %d objects outside the L1 arena or over "
@@ -342,7 +342,7 @@ class KVTierL2Adapter(L2AdapterInterface):
             if not index:
                 self._finish_load(task, Bitmap(len(keys)))
                 return task
-            tkeys = [tier_key(keys[i]) for i in index]
+            tkeys = tier_keys([keys[i] for i in index] if len(index) < len(keys) else keys)
             if not self.extents:
                 # A row load stops at its first miss: load only what is there.
                 try:
@@ -400,7 +400,7 @@ class KVTierL2Adapter(L2AdapterInterface):
             return
         done = threading.Event()
         try:
-            tkeys = [tier_key(k) for k in keys]
+            tkeys = tier_keys(keys)
             with self._mutex:
                 self._jobs[task] = _Job(_DELETE, list(keys), tkeys, [], num_keys=len(keys), done=done)
             try:
@@ -472,24 +472,27 @@ class KVTierL2Adapter(L2AdapterInterface):
         accessed: list[Any] = []
         deletes: list[threading.Event] = []
         for job, task, result in finished:
+            n = len(job.tkeys)
             if result.items is not None:
                 ok = [item.status == ItemStatus.OK for item in result.items]
             else:  # a row job: its leading num_done keys were done
-                ok = [i < result.num_done for i in range(len(job.tkeys))]
-            ok += [False] * (len(job.tkeys) - len(ok))
+                ok = [i < result.num_done for i in range(n)]
+            ok += [False] * (n - len(ok))
+            whole = all(ok)
             if job.kind == _STORE:
                 self._books.store_finished(job.tkeys, ok, change)
-                moved = sum(size for size, good in zip(job.sizes, ok) if good)
-                stores[task] = L2StoreResult(bool(result.ok) and all(ok), moved)
+                moved = sum(job.sizes) if whole else sum(size for size, good in zip(job.sizes, ok) if good)
+                stores[task] = L2StoreResult(bool(result.ok) and whole, moved)
             elif job.kind == _LOAD:
-                bitmap = Bitmap(job.num_keys)
-                for i, good in enumerate(ok):
-                    if good:
-                        bitmap.set(job.index[i])
-                        accessed.append(job.keys[i])
-                for tkey, key, size, good in zip(job.tkeys, job.keys, job.sizes, ok):
-                    if good:
-                        self._books.learned(tkey, key, size, change)
+                keys, tkeys, sizes = job.keys, job.tkeys, job.sizes
+                if whole and n == job.num_keys:  # every key, so index is 0..n
+                    bitmap = Bitmap(n, n)
+                else:
+                    bitmap = Bitmap(job.num_keys)
+                    bitmap.batched_set(list(itertools.compress(job.index, ok)))
+                    keys, tkeys, sizes = (list(itertools.compress(v, ok)) for v in (keys, tkeys, sizes))
+                accessed += keys
+                self._books.learned(tkeys, keys, sizes, change)
                 loads[task] = bitmap
             else:
                 for tkey, good in zip(job.tkeys, ok):

@@ -385,3 +385,42 @@ def test_after_close(arena):
     adapter.delete(keys)  # nothing to do, no error
     assert adapter.pop_completed_store_tasks() == {}
     assert adapter.report_status()["is_healthy"] is False
+
+
+def _reference_key(k) -> bytes:
+    """The kvtier key of an ObjectKey as KEY_FORMAT 1 defines it, hashed in
+    one piece (tier_keys resumes a hash of the fields before the chunk)."""
+    import hashlib
+    import struct
+
+    model, salt, chunk = k.model_name.encode(), k.cache_salt.encode(), bytes(k.chunk_hash)
+    data = b"".join((
+        struct.pack("<BI", 1, len(model)), model,
+        struct.pack("<qqI", k.kv_rank, k.object_group_id, len(salt)), salt,
+        struct.pack("<I", len(chunk)), chunk,
+    ))
+    return hashlib.blake2b(data, digest_size=32).digest()
+
+
+def test_tier_keys_are_the_key_format_digest_for_every_field_mix():
+    from lmcache.v1.distributed.api import ObjectKey
+
+    from kvtier import _lmcache_books
+
+    # Known answer: stored objects (disk, Redis) are found by this digest.
+    pinned = ObjectKey(chunk_hash=(7).to_bytes(8, "big") + b"chunk", model_name="org/model-7b",
+                       kv_rank=3, object_group_id=2, cache_salt="tenant-a")
+    assert _lmcache_books.tier_key(pinned).hex() == (
+        "f6767ac805293b874a5ae8e5d5e76890aa93f781f1fd43f09985d451c87160f0")
+    rng = random.Random(59)
+    keys = [
+        ObjectKey(chunk_hash=rng.randbytes(rng.choice([0, 4, 32])), model_name=rng.choice(["m", "mo", ""]),
+                  kv_rank=rng.choice([0, 1, -1]), object_group_id=rng.choice([0, 5]),
+                  cache_salt=rng.choice(["", "a", "ab"]))
+        for _ in range(300)
+    ]
+    # Past the limit of remembered field prefixes too (it is emptied, not wrong).
+    keys += [key(i, salt=f"s{i}") for i in range(_lmcache_books._PREFIX_LIMIT + 10)]
+    got = _lmcache_books.tier_keys(keys)
+    assert got == [_reference_key(k) for k in keys]
+    assert len(set(got)) == len(set(keys))
