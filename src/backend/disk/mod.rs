@@ -41,7 +41,8 @@
 // tier checks it), `format` (the block file format and its checksum), `fs_kind` (what
 // the directory's file system is: deadline and header choices), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
-// `recover` (reopening a directory), `manifest` (the index written at a clean
+// `recover` (reopening a directory), `staged` (loads of blocks over a piece:
+// staged or straight into the row), `manifest` (the index written at a clean
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash), `open` (opening: checks, lock, probes, the hand-off
 // to recovery), `write` (the store path, the mirror of `read`); this file: the
@@ -62,6 +63,7 @@ mod open;
 mod read;
 mod recover;
 mod sealed;
+mod staged;
 mod write;
 
 use self::format::{Form, Header, ALIGN};
@@ -106,6 +108,10 @@ const PIECE: usize = 1 << 20;
 /// one huge page, so a 2 MiB block is one device request (a virtio disk
 /// takes 4 MiB a request) instead of two read one after the other.
 const STAGE_PIECE: usize = 2 << 20;
+
+/// What `describe` says of a tier whose blocks are larger than a piece.
+const STAGED_NOTE: &str =
+    ", rows O_DIRECT cannot use in place staged (loads in 2 MiB pieces, stores whole)";
 
 /// Runs `f` on this thread's scratch of at least `len` bytes; an error of
 /// kind `OutOfMemory` if the scratch cannot grow to that.
@@ -449,7 +455,7 @@ impl Backend for DiskBackend {
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let loaded = match &self.seal {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
-            None if self.stages_blocks() => self.read_staged(&self.path_of(key), key, dst),
+            None if self.stages_load(dst) => self.read_staged(&self.path_of(key), key, dst),
             None => self.read_verified(&self.path_of(key), key, dst),
         };
         self.read_returned();
@@ -511,7 +517,7 @@ impl Backend for DiskBackend {
             self.ns_dir.display(),
             self.direct_note,
             if self.stages_blocks() && self.seal.is_none() {
-                ", loads staged in 2 MiB pieces, stores staged whole"
+                STAGED_NOTE
             } else {
                 ""
             },

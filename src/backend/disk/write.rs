@@ -59,15 +59,11 @@ impl DiskBackend {
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        // A block over a piece is staged whole in huge pages (one request)
-        // rather than written from a row of 4 KiB pages (split at the
-        // device's segment limit), as loads are.
         // A block shorter than the block size (an extent) is staged too: the
         // file keeps the block size's length, zero-padded.
         let in_place = self.seal.is_none()
             && row.len() == self.block_bytes
-            && self.aligned(row.as_ptr(), row.len())
-            && !self.stages_blocks();
+            && self.aligned(row.as_ptr(), row.len());
         if self.form_for(key) == Form::Attr {
             let written = self.write_attr_form(&fd, key, row, job, in_place)?;
             return Ok((ours, written));
