@@ -29,7 +29,7 @@ impl DiskBackend {
     /// `WatchedIo::store_unless`), so it is read from user space (checksum,
     /// copy, sealing) only inside `job.read_row`, after the file is created
     /// (an `open` on a hung mount is where a store waits longest) and into
-    /// this thread's scratch. Only an aligned row of at most 1 MiB under
+    /// this thread's scratch. Only an aligned row of the block size under
     /// O_DIRECT is written from where it is, by the kernel, and only if the
     /// job was not reported by the time the file was created: a write left
     /// behind by `tier_free` gets EFAULT if the caller unmapped the row
