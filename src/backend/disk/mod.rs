@@ -111,7 +111,7 @@ const STAGE_PIECE: usize = 2 << 20;
 
 /// What `describe` says of a tier whose blocks are larger than a piece.
 const STAGED_NOTE: &str =
-    ", rows O_DIRECT cannot use in place staged (loads in 2 MiB pieces, stores whole)";
+    ", stores staged whole, loads staged in 2 MiB pieces into rows O_DIRECT cannot use in place";
 
 /// Runs `f` on this thread's scratch of at least `len` bytes; an error of
 /// kind `OutOfMemory` if the scratch cannot grow to that.

@@ -33,9 +33,9 @@ impl LoadJob for IntoRow<'_> {
 }
 
 impl DiskBackend {
-    /// Blocks larger than a piece are read and written through huge-page
-    /// staging buffers where the row itself cannot take O_DIRECT; see
-    /// [`DiskBackend::stages_load`].
+    /// Blocks larger than a piece are written through a huge-page staging
+    /// buffer, and read through one where the row cannot take O_DIRECT
+    /// ([`DiskBackend::stages_load`]).
     pub(super) fn stages_blocks(&self) -> bool {
         self.direct && padded(self.block_bytes) > PIECE
     }

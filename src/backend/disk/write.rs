@@ -29,7 +29,7 @@ impl DiskBackend {
     /// `WatchedIo::store_unless`), so it is read from user space (checksum,
     /// copy, sealing) only inside `job.read_row`, after the file is created
     /// (an `open` on a hung mount is where a store waits longest) and into
-    /// this thread's scratch. Only an aligned row of the block size under
+    /// this thread's scratch. Only an aligned row of at most 1 MiB under
     /// O_DIRECT is written from where it is, by the kernel, and only if the
     /// job was not reported by the time the file was created: a write left
     /// behind by `tier_free` gets EFAULT if the caller unmapped the row
@@ -59,11 +59,17 @@ impl DiskBackend {
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
+        // A block over a piece is staged whole in huge pages (one request,
+        // one page to pin) rather than written from a row of 4 KiB pages
+        // (split at the device's segment limit): unlike a load's copy, this
+        // one measured cheaper than the split write it saves
+        // (docs/disk-deadlines.md).
         // A block shorter than the block size (an extent) is staged too: the
         // file keeps the block size's length, zero-padded.
         let in_place = self.seal.is_none()
             && row.len() == self.block_bytes
-            && self.aligned(row.as_ptr(), row.len());
+            && self.aligned(row.as_ptr(), row.len())
+            && !self.stages_blocks();
         if self.form_for(key) == Form::Attr {
             let written = self.write_attr_form(&fd, key, row, job, in_place)?;
             return Ok((ours, written));
