@@ -75,9 +75,10 @@ impl DiskBackend {
         // last minutes before it reuses one: fan-out directories in groups
         // of their own spread that cost, where in the group of the
         // directory the caller chose they share it with everything there.
-        // Blocks over a piece are too few a GB for that walk to matter, and
-        // spread over the disk's groups their files take more device
-        // requests to write and read (docs/performance.md): they stay.
+        // Blocks over a piece are too few a GB for that walk to matter, while
+        // spread, each file's directory and inode blocks sit in a group of
+        // their own, more device requests to read and write
+        // (docs/performance.md): they stay.
         let spread_fans = format::padded(block_bytes) <= PIECE
             && fs.as_ref().is_ok_and(FsKind::spreads_subdirs)
             && io::spread_subdirs(&ns_dir).is_ok();
