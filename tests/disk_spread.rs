@@ -24,10 +24,15 @@ const NOTE: &str = "fan-out directories spread over block groups";
 /// A disk tier with every fan-out directory made at open, in `dir`; stores
 /// and loads two blocks byte-exact and returns the tier's description.
 fn describe_working_tier(dir: &Path) -> String {
-    let mut c = disk_config(16, BB);
+    describe_working_tier_of(dir, BB)
+}
+
+/// [`describe_working_tier`] with blocks of `block_bytes`.
+fn describe_working_tier_of(dir: &Path, block_bytes: usize) -> String {
+    let mut c = disk_config(16, block_bytes);
     c.disk.path = Some(dir.to_path_buf());
     c.set("prepare_dirs", "true").unwrap();
-    let h = Harness::new(&c, 16, BB);
+    let h = Harness::new(&c, 16, block_bytes);
     h.store_all(1, &[1, 2]);
     let r = h.load(2, &[1, 2], &[8, 9]);
     assert!(r.is_ok() && h.row_holds(8, 1) && h.row_holds(9, 2), "{r:?}");
@@ -103,6 +108,35 @@ fn fan_out_directories_spread_over_ext4_block_groups() {
     );
     // Opening again (the flag already set) works and says the same.
     assert!(describe_working_tier(&fs.at.join("tier")).contains(NOTE));
+}
+
+/// Blocks over 1 MiB are few per GB (the allocator's walk costs them
+/// little) and their data, spread over the groups, takes more device
+/// requests: their fan-out directories stay where a plain directory's go.
+#[test]
+fn fan_out_directories_of_blocks_over_a_mib_stay_together_on_ext4() {
+    let Some(fs) = ext4_or_skip(&["-G", "1"]) else {
+        return;
+    };
+    let per_group = inodes_per_group(&fs);
+    let line = describe_working_tier_of(&fs.at.join("tier"), 2 << 20);
+    assert!(!line.contains(NOTE), "{line}");
+    let ns_dir = namespace_dir(&fs.at.join("tier"));
+    let attrs = Command::new("lsattr")
+        .arg("-d")
+        .arg(&ns_dir)
+        .output()
+        .unwrap();
+    let attrs = String::from_utf8_lossy(&attrs.stdout);
+    assert!(
+        !attrs.split(' ').next().unwrap().contains('T'),
+        "the namespace directory is not the top of a hierarchy: {attrs}"
+    );
+    let together = groups_of_subdirs(&ns_dir, per_group);
+    assert!(
+        together.len() <= 2,
+        "fan-out directories in groups {together:?}"
+    );
 }
 
 #[test]

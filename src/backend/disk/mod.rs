@@ -41,7 +41,8 @@
 // tier checks it), `format` (the block file format and its checksum), `fs_kind` (what
 // the directory's file system is: deadline and header choices), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
-// `recover` (reopening a directory), `manifest` (the index written at a clean
+// `recover` (reopening a directory), `staged` (the staged load of blocks over
+// a piece), `manifest` (the index written at a clean
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash), `open` (opening: checks, lock, probes, the hand-off
 // to recovery), `write` (the store path, the mirror of `read`); this file: the
@@ -62,6 +63,7 @@ mod open;
 mod read;
 mod recover;
 mod sealed;
+mod staged;
 mod write;
 
 use self::format::{Form, Header, ALIGN};
@@ -106,6 +108,9 @@ const PIECE: usize = 1 << 20;
 /// one huge page, so a 2 MiB block is one device request (a virtio disk
 /// takes 4 MiB a request) instead of two read one after the other.
 const STAGE_PIECE: usize = 2 << 20;
+
+/// What `describe` says of a tier whose blocks are larger than a piece.
+const STAGED_NOTE: &str = ", loads staged in 2 MiB pieces, stores staged whole";
 
 /// Runs `f` on this thread's scratch of at least `len` bytes; an error of
 /// kind `OutOfMemory` if the scratch cannot grow to that.
@@ -515,7 +520,7 @@ impl Backend for DiskBackend {
             self.ns_dir.display(),
             self.direct_note,
             if self.stages_blocks() && self.seal.is_none() {
-                ", loads staged in 2 MiB pieces, stores staged whole"
+                STAGED_NOTE
             } else {
                 ""
             },

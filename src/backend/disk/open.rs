@@ -8,7 +8,7 @@ use super::io;
 use super::manifest::Taken;
 use super::recover::OrderHint;
 use super::{
-    journal, layout, DiskBackend, LEFT_BEHIND, RECOVERED_BY_HINTED_JOURNALED_SCAN,
+    journal, layout, DiskBackend, LEFT_BEHIND, PIECE, RECOVERED_BY_HINTED_JOURNALED_SCAN,
     RECOVERED_BY_HINTED_SCAN, RECOVERED_BY_JOURNALED_SCAN, RECOVERED_BY_SCAN,
     RECOVERED_FROM_MANIFEST, RECOVERED_NOT_YET, STRIPES,
 };
@@ -75,8 +75,13 @@ impl DiskBackend {
         // last minutes before it reuses one: fan-out directories in groups
         // of their own spread that cost, where in the group of the
         // directory the caller chose they share it with everything there.
-        let spread_fans =
-            fs.as_ref().is_ok_and(FsKind::spreads_subdirs) && io::spread_subdirs(&ns_dir).is_ok();
+        // Blocks over a piece are too few a GB for that walk to matter, while
+        // spread, each file's directory and inode blocks sit in a group of
+        // their own, more device requests to read and write
+        // (docs/performance.md): they stay.
+        let spread_fans = format::padded(block_bytes) <= PIECE
+            && fs.as_ref().is_ok_and(FsKind::spreads_subdirs)
+            && io::spread_subdirs(&ns_dir).is_ok();
         if cfg.prepare_dirs {
             Self::prepare_fan_dirs(&ns_dir)?;
         }

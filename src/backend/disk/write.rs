@@ -59,9 +59,11 @@ impl DiskBackend {
         if self.simulate_full.load(Ordering::Relaxed) {
             return Err(std::io::Error::from_raw_os_error(libc::ENOSPC));
         }
-        // A block over a piece is staged whole in huge pages (one request)
-        // rather than written from a row of 4 KiB pages (split at the
-        // device's segment limit), as loads are.
+        // A block over a piece is staged whole in huge pages (one request,
+        // one page to pin) rather than written from a row of 4 KiB pages
+        // (split at the device's segment limit), as loads are: the copy
+        // measured cheaper than the split write it saves
+        // (docs/disk-deadlines.md).
         // A block shorter than the block size (an extent) is staged too: the
         // file keeps the block size's length, zero-padded.
         let in_place = self.seal.is_none()
