@@ -24,6 +24,10 @@ contenders' order alternating every repetition, each a fresh process of
 - memory: in this process, kvtier's memory backend loads 4 tasks of 32
   objects into LMCache-style L1 objects, alternated with a single-threaded
   ``ctypes.memmove`` of the same bytes into the same objects (the bound).
+  A repetition is ``--memory-rounds`` such rounds back to back, each
+  waiting for its 4 tasks (default: 512 MiB worth, 64 rounds at 64 KiB;
+  ``--memory-rounds 1`` is the measure of the first runs, one round of
+  about a millisecond at 64 KiB).
 
 Every run is printed with ``uptime``'s load average, then the medians and
 their ratios.
@@ -49,6 +53,7 @@ SIZES_KB = (2048, 64)
 IN_FLIGHT = 4
 NUM_KEYS = 32
 DROP = Path("/proc/sys/vm/drop_caches")
+MEMORY_BYTES_PER_REP = 512 << 20
 
 
 def load_average() -> str:
@@ -150,8 +155,18 @@ def run_disk(base: Path, size_kb: int, rounds: int, order: list[str]) -> dict[st
     return out
 
 
-def run_memory(size_kb: int, reps: int) -> list[tuple[float, float]]:
-    """(kvtier load MB/s, memmove MB/s) per repetition, alternated in one process."""
+def memory_rounds(size_kb: int, asked: int | None) -> int:
+    """Rounds per memory repetition: as asked, else enough for 512 MiB (a
+    round of 64 KiB objects is 8 MiB, about a millisecond: one round alone
+    is a sample of the thread wake-ups, not a rate)."""
+    if asked is not None:
+        return max(1, asked)
+    return max(1, MEMORY_BYTES_PER_REP // (IN_FLIGHT * NUM_KEYS * size_kb * 1024))
+
+
+def run_memory(size_kb: int, reps: int, rounds: int) -> list[tuple[float, float]]:
+    """(kvtier load MB/s, memmove MB/s) per repetition of ``rounds`` rounds
+    each, alternated in one process."""
     import ctypes
 
     sys.path.insert(0, str(HERE.parent))
@@ -179,6 +194,11 @@ def run_memory(size_kb: int, reps: int) -> list[tuple[float, float]]:
 
         def kvtier_load() -> float:
             start = time.perf_counter()
+            for _ in range(rounds):
+                kvtier_round()
+            return rounds * n * size / (time.perf_counter() - start) / 1e6
+
+        def kvtier_round() -> None:
             tasks = [adapter.submit_load_task(keys[b * NUM_KEYS:(b + 1) * NUM_KEYS],
                                               dst[b * NUM_KEYS:(b + 1) * NUM_KEYS]) for b in range(IN_FLIGHT)]
             pending = set(tasks)
@@ -193,13 +213,13 @@ def run_memory(size_kb: int, reps: int) -> list[tuple[float, float]]:
                     poller.register(fd, select.POLLIN)
                     poller.poll(1000)
                     wait_fd(fd, 0)
-            return n * size / (time.perf_counter() - start) / 1e6
 
         def memmove() -> float:
             start = time.perf_counter()
-            for d, s in pairs:
-                ctypes.memmove(d, s, size)
-            return n * size / (time.perf_counter() - start) / 1e6
+            for _ in range(rounds):
+                for d, s in pairs:
+                    ctypes.memmove(d, s, size)
+            return rounds * n * size / (time.perf_counter() - start) / 1e6
 
         kvtier_load()
         memmove()  # warm both (page faults of the destination)
@@ -210,8 +230,8 @@ def run_memory(size_kb: int, reps: int) -> list[tuple[float, float]]:
             b = second()
             kv, mm = (a, b) if first is kvtier_load else (b, a)
             runs.append((kv, mm))
-            print(f"  memory {size_kb:>4} KiB rep {rep}: kvtier load {kv:8.1f} MB/s  memmove {mm:8.1f} MB/s"
-                  f"  ratio {kv / mm:.2f}  (load average {load_average()})", flush=True)
+            print(f"  memory {size_kb:>4} KiB rep {rep} ({rounds} rounds): kvtier load {kv:8.1f} MB/s"
+                  f"  memmove {mm:8.1f} MB/s  ratio {kv / mm:.2f}  (load average {load_average()})", flush=True)
         return runs
     finally:
         adapter.close()
@@ -221,6 +241,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--rounds", type=int, default=2, help="measured rounds per bench run")
+    ap.add_argument("--memory-rounds", type=int, default=None,
+                    help="rounds per memory repetition (default: 512 MiB worth; 1 is the first runs' measure)")
     ap.add_argument("--dir", type=Path, default=None, help="disk runs' directory (default: under /var/tmp)")
     ap.add_argument("--only", default="redis,disk,memory")
     args = ap.parse_args()
@@ -244,7 +266,7 @@ def main() -> None:
                         for r in range(args.reps)]
                 summary += ratios("disk", size_kb, runs, "fs_native", 1.0)
             if "memory" in which:
-                mem = run_memory(size_kb, args.reps)
+                mem = run_memory(size_kb, args.reps, memory_rounds(size_kb, args.memory_rounds))
                 kv = statistics.median(r[0] for r in mem)
                 mm = statistics.median(r[1] for r in mem)
                 summary.append(f"memory {size_kb:>4} KiB: kvtier load {kv:.1f} MB/s, memmove {mm:.1f} MB/s, "
