@@ -84,15 +84,10 @@ fn fan_out_directories_spread_over_ext4_block_groups() {
     let line = describe_working_tier(&fs.at.join("tier"));
     assert!(line.contains(NOTE), "{line}");
     let ns_dir = namespace_dir(&fs.at.join("tier"));
-    let attrs = Command::new("lsattr")
-        .arg("-d")
-        .arg(&ns_dir)
-        .output()
-        .unwrap();
-    let attrs = String::from_utf8_lossy(&attrs.stdout);
+    let (flagged, attrs) = top_of_hierarchy_flag(&ns_dir);
     assert!(
-        attrs.split(' ').next().unwrap().contains('T'),
-        "the namespace directory is the top of a hierarchy: {attrs}"
+        flagged,
+        "the namespace directory is the top of a hierarchy: {attrs}",
     );
     let spread = groups_of_subdirs(&ns_dir, per_group);
     // What the same file system does with a plain directory's subdirectories.
@@ -111,8 +106,9 @@ fn fan_out_directories_spread_over_ext4_block_groups() {
 }
 
 /// Blocks over 1 MiB are few per GB (the allocator's walk costs them
-/// little) and their data, spread over the groups, takes more device
-/// requests: their fan-out directories stay where a plain directory's go.
+/// little), and with their directories spread each file's directory and
+/// inode blocks sit in a group of their own, more device requests: their
+/// fan-out directories stay where a plain directory's go.
 #[test]
 fn fan_out_directories_of_blocks_over_a_mib_stay_together_on_ext4() {
     let Some(fs) = ext4_or_skip(&["-G", "1"]) else {
@@ -122,15 +118,10 @@ fn fan_out_directories_of_blocks_over_a_mib_stay_together_on_ext4() {
     let line = describe_working_tier_of(&fs.at.join("tier"), 2 << 20);
     assert!(!line.contains(NOTE), "{line}");
     let ns_dir = namespace_dir(&fs.at.join("tier"));
-    let attrs = Command::new("lsattr")
-        .arg("-d")
-        .arg(&ns_dir)
-        .output()
-        .unwrap();
-    let attrs = String::from_utf8_lossy(&attrs.stdout);
+    let (flagged, attrs) = top_of_hierarchy_flag(&ns_dir);
     assert!(
-        !attrs.split(' ').next().unwrap().contains('T'),
-        "the namespace directory is not the top of a hierarchy: {attrs}"
+        !flagged,
+        "the namespace directory is not the top of a hierarchy: {attrs}",
     );
     let together = groups_of_subdirs(&ns_dir, per_group);
     assert!(
@@ -146,4 +137,12 @@ fn a_tmpfs_tier_is_not_spread() {
     };
     let line = describe_working_tier(&fs.at.join("tier"));
     assert!(!line.contains(NOTE), "{line}");
+}
+
+/// Whether `dir` carries ext4's top-of-hierarchy flag (`chattr +T`), and
+/// lsattr's line saying so.
+fn top_of_hierarchy_flag(dir: &std::path::Path) -> (bool, String) {
+    let out = Command::new("lsattr").arg("-d").arg(dir).output().unwrap();
+    let line = String::from_utf8_lossy(&out.stdout).into_owned();
+    (line.split(' ').next().unwrap().contains('T'), line)
 }
