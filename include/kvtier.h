@@ -504,7 +504,8 @@ typedef struct tier_stats_t {
      */
     uint64_t jobs_in_flight;
     /**
-     * Lookups answered TIER_PENDING.
+     * Lookups answered TIER_PENDING since the tier opened: a counter, not
+     * how many are pending now (`probes_in_flight` is that gauge).
      */
     uint64_t lookups_pending;
     /**

@@ -39,7 +39,8 @@ pub struct Stats {
     pub bytes_loaded: u64,
     /// Jobs accepted and not yet completed.
     pub jobs_in_flight: u64,
-    /// Lookups answered TIER_PENDING.
+    /// Lookups answered TIER_PENDING since the tier opened: a counter, not
+    /// how many are pending now (`probes_in_flight` is that gauge).
     pub lookups_pending: u64,
     /// Bytes per block (the primary row size).
     pub block_bytes: u64,

@@ -41,8 +41,8 @@
 // tier checks it), `format` (the block file format and its checksum), `fs_kind` (what
 // the directory's file system is: deadline and header choices), `hang` (a test
 // seam: storage calls that hang), `io` (the system calls), `layout` (where a key's file lives), `read` (the verified load),
-// `recover` (reopening a directory), `staged` (the staged load of blocks over
-// a piece), `manifest` (the index written at a clean
+// `recover` (reopening a directory), `staged` (loads of blocks over a piece:
+// staged or straight into the row), `manifest` (the index written at a clean
 // close, read at the next open), `journal` (the order of stores since, for
 // the scan after a crash), `open` (opening: checks, lock, probes, the hand-off
 // to recovery), `write` (the store path, the mirror of `read`); this file: the
@@ -110,7 +110,8 @@ const PIECE: usize = 1 << 20;
 const STAGE_PIECE: usize = 2 << 20;
 
 /// What `describe` says of a tier whose blocks are larger than a piece.
-const STAGED_NOTE: &str = ", loads staged in 2 MiB pieces, stores staged whole";
+const STAGED_NOTE: &str =
+    ", stores staged whole, loads staged in 2 MiB pieces into rows O_DIRECT cannot use in place";
 
 /// Runs `f` on this thread's scratch of at least `len` bytes; an error of
 /// kind `OutOfMemory` if the scratch cannot grow to that.
@@ -458,7 +459,7 @@ impl Backend for DiskBackend {
     fn load(&self, _slot: u32, key: &[u8], dst: &mut [u8]) -> Result<()> {
         let loaded = match &self.seal {
             Some(seal) => self.read_sealed(seal, &self.path_of(key), key, dst),
-            None if self.stages_blocks() => self.read_staged(&self.path_of(key), key, dst),
+            None if self.stages_load(dst) => self.read_staged(&self.path_of(key), key, dst),
             None => self.read_verified(&self.path_of(key), key, dst),
         };
         self.read_returned();

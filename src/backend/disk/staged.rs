@@ -1,6 +1,6 @@
 //! Loads of blocks larger than a piece without a deadline: through a
-//! per-thread huge-page staging piece, read once and copied to the row with
-//! the checksum folded into the copy.
+//! per-thread huge-page staging piece where the row cannot take O_DIRECT,
+//! straight into the row (`read.rs`'s verified read) where it can.
 
 use super::format::{padded, Form};
 use super::{DiskBackend, PIECE, STAGE_PIECE};
@@ -33,13 +33,19 @@ impl LoadJob for IntoRow<'_> {
 }
 
 impl DiskBackend {
-    /// Blocks larger than a piece are read and written through huge-page
-    /// staging buffers even without a deadline, into and from aligned rows
-    /// too: through an engine's rows of 4 KiB pages the staged load ran
-    /// faster at the same CPU, and the staged store faster and cheaper,
-    /// than reading or writing the row in place (docs/disk-deadlines.md).
+    /// Blocks larger than a piece are written through a huge-page staging
+    /// buffer, and read through one where the row cannot take O_DIRECT
+    /// ([`DiskBackend::stages_load`]).
     pub(super) fn stages_blocks(&self) -> bool {
         self.direct && padded(self.block_bytes) > PIECE
+    }
+
+    /// Whether a load of a large block into `row` goes through the staging
+    /// piece: only where O_DIRECT cannot read into the row itself, since
+    /// read straight into an aligned row it costs the device as many
+    /// requests as staged and saves the copy.
+    pub(super) fn stages_load(&self, row: &[u8]) -> bool {
+        self.stages_blocks() && !self.in_place(row)
     }
 
     /// Loads a block into `row` through this thread's staging piece.
@@ -93,21 +99,23 @@ mod tests {
     use crate::config::DiskConfig;
     use crate::ErrorKind;
 
-    /// A block larger than a piece is stored and loaded staged (no
-    /// deadline): it round-trips into an aligned row and into a plain one,
-    /// and damage in any piece, the last short one included, is corrupt.
+    /// A block larger than a piece round-trips straight through an aligned
+    /// row and staged through a plain one (no deadline), and damage in any
+    /// piece, the last short one included, is corrupt either way.
     #[test]
-    fn a_block_larger_than_a_piece_loads_staged_and_verified() {
+    fn a_block_larger_than_a_piece_loads_direct_or_staged_and_verified() {
         // A whole 2 MiB staging piece and a short second one.
         const BIG: usize = (2 << 20) + 12 * 1024;
         load_round_trips_and_damage_is_corrupt(BIG, &[(1 << 20) + 5, BIG - 1]);
     }
 
-    /// A block that fits one staging piece is read once and checksummed in
-    /// the copy to the row, aligned or not: damage at either end or in the
-    /// middle is corrupt, and the file is removed.
+    /// A block of one staging piece: read straight into an aligned row and
+    /// checksummed there, or read once into the piece and checksummed in
+    /// the copy to a plain row. Damage at either end or in the middle is
+    /// corrupt on both paths (the aligned row's bytes are never reported),
+    /// and the file is removed.
     #[test]
-    fn a_block_of_one_staging_piece_loads_in_one_read_and_verified() {
+    fn a_block_of_one_staging_piece_loads_direct_or_staged_and_verified() {
         const WHOLE: usize = 2 << 20;
         load_round_trips_and_damage_is_corrupt(WHOLE, &[0, WHOLE / 2 + 3, WHOLE - 1]);
     }
@@ -143,10 +151,11 @@ mod tests {
                 assert!(row == &payload[..], "a load returned other bytes");
             }
         }
+        assert!(!disk.stages_load(&aligned.as_slice()[..big]) && disk.stages_load(&plain[1..]));
         let stored = format::padded(big);
         for (n, &at) in damage_at.iter().enumerate() {
             let rows = [&mut aligned.as_mut_slice()[..big], &mut plain[1..]];
-            for (row, kind) in rows.into_iter().zip(["aligned", "plain"]) {
+            for (row, kind) in rows.into_iter().zip(["direct", "staged"]) {
                 let key = format!("damaged{n}-{kind}");
                 disk.store(0, key.as_bytes(), &payload).unwrap();
                 let path = disk.path_of(key.as_bytes());

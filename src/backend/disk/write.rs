@@ -61,8 +61,8 @@ impl DiskBackend {
         }
         // A block over a piece is staged whole in huge pages (one request,
         // one page to pin) rather than written from a row of 4 KiB pages
-        // (split at the device's segment limit), as loads are: the copy
-        // measured cheaper than the split write it saves
+        // (split at the device's segment limit): unlike a load's copy, this
+        // one measured cheaper than the split write it saves
         // (docs/disk-deadlines.md).
         // A block shorter than the block size (an extent) is staged too: the
         // file keeps the block size's length, zero-padded.
