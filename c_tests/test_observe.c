@@ -3,12 +3,15 @@
  * convention of tier_describe: length queries, truncation, NULL), the
  * completion descriptor of tier_completion_fd (readable while results wait,
  * reset by the poll that takes the last one, non-blocking, close-on-exec,
- * owned by the tier), and a result's io_ns.
+ * owned by the tier), the callers' own eventfds of tier_add_notify_fd
+ * (one count per job of their kind, written after the result is queued),
+ * and a result's io_ns.
  */
 #include "test_util.h"
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 
 #define KEY_LEN 36
@@ -146,10 +149,96 @@ static void test_completion_fd_is_readable_while_results_wait(void) {
     free(rows);
 }
 
+/* The eventfd's count, read (and so reset) at once; 0 when it was at 0. */
+static uint64_t take_count(int fd) {
+    uint64_t count = 0;
+    if (read(fd, &count, sizeof count) != (ssize_t)sizeof count) {
+        return 0;
+    }
+    return count;
+}
+
+static void test_notify_fd_counts_the_jobs_of_its_kind(void) {
+    uint8_t *rows = tu_alloc_rows(ROWS, kBlock);
+    tier_t *tier = tu_new_tier(rows, ROWS * kBlock, kBlock, "1MiB", 2);
+    int wait_ms = (int)(10000 * tu_time_scale());
+    int loads = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    int stores = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    int pipe_fds[2];
+    uint8_t keys[2 * KEY_LEN];
+    uint64_t ids[2] = {20, 21};
+    int64_t src[2] = {0, 1};
+    int64_t dst[2] = {4, 5};
+    tier_job_result_t r[4];
+    size_t n;
+    int i;
+
+    CHECK(loads >= 0 && stores >= 0 && pipe(pipe_fds) == 0);
+    CHECK_ERROR(tier_add_notify_fd(NULL, TIER_JOB_LOAD, loads), TIER_ERR_NULL_ARG,
+                "tier_add_notify_fd", "tier");
+    CHECK_ERROR(tier_add_notify_fd(tier, 9, loads), TIER_ERR_INVALID_ARG, "tier_add_notify_fd",
+                "job_kind: 9");
+    CHECK_ERROR(tier_add_notify_fd(tier, TIER_JOB_LOAD, -1), TIER_ERR_INVALID_ARG,
+                "tier_add_notify_fd", "fd: -1");
+    CHECK_ERROR(tier_add_notify_fd(tier, TIER_JOB_LOAD, pipe_fds[1]), TIER_ERR_INVALID_ARG,
+                "tier_add_notify_fd", "not an eventfd");
+    close(pipe_fds[0]);
+    close(pipe_fds[1]);
+    /* A number not open is refused, never written later. */
+    CHECK_ERROR(tier_add_notify_fd(tier, TIER_JOB_LOAD, 987654), TIER_ERR_INVALID_ARG,
+                "tier_add_notify_fd", "not an open descriptor");
+
+    CHECK_OK(tier_add_notify_fd(tier, TIER_JOB_LOAD, loads));
+    CHECK_OK(tier_add_notify_fd(tier, TIER_JOB_STORE, stores));
+
+    /* A store counts on the store descriptor only, after its result is queued. */
+    for (i = 0; i < 2; i++) {
+        tu_fill(rows + (size_t)i * kBlock, kBlock, ids[i]);
+    }
+    tu_keys(keys, KEY_LEN, ids, 2);
+    CHECK_OK(tier_submit_store(tier, 1, keys, KEY_LEN, src, 2));
+    CHECK(readable(stores, wait_ms));
+    CHECK(take_count(stores) == 1);
+    CHECK(!readable(loads, 0));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 4, &n));
+    CHECK(n == 1 && r[0].job_id == 1 && r[0].kind == TIER_JOB_STORE);
+
+    /* Two loads: one count each on the load descriptor, both results queued. */
+    CHECK_OK(tier_submit_load(tier, 2, keys, KEY_LEN, dst, 1));
+    CHECK_OK(tier_submit_load(tier, 3, keys + KEY_LEN, KEY_LEN, dst + 1, 1));
+    CHECK_OK(tier_drain(tier));
+    CHECK(take_count(loads) == 2);
+    CHECK(!readable(stores, 0));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 4, &n));
+    CHECK(n == 2 && r[0].kind == TIER_JOB_LOAD && r[1].kind == TIER_JOB_LOAD);
+    CHECK_STATUS(r[0].status, TIER_OK);
+    CHECK(memcmp(rows + 4 * kBlock, rows, 2 * kBlock) == 0);
+
+    /* The caller may close its descriptor: the tier writes its own duplicate. */
+    close(stores);
+    CHECK_OK(tier_submit_store(tier, 4, NULL, KEY_LEN, NULL, 0));
+    CHECK_OK(tier_drain(tier));
+    CHECK_OK(tier_poll_finished(tier, r, sizeof(tier_job_result_t), 4, &n));
+    CHECK(n == 1 && r[0].job_id == 4);
+    CHECK(!readable(loads, 0));
+
+    /* Sixteen descriptors at most. */
+    for (i = 2; i < 16; i++) {
+        CHECK_OK(tier_add_notify_fd(tier, TIER_JOB_DELETE, loads));
+    }
+    CHECK_ERROR(tier_add_notify_fd(tier, TIER_JOB_DELETE, loads), TIER_ERR_INVALID_ARG,
+                "tier_add_notify_fd", "16");
+
+    tier_free(tier);
+    close(loads);
+    free(rows);
+}
+
 int main(int argc, char **argv) {
     static const struct tu_subtest subtests[] = {
         TU_SUBTEST(metrics_follow_the_text_out_convention),
         TU_SUBTEST(completion_fd_is_readable_while_results_wait),
+        TU_SUBTEST(notify_fd_counts_the_jobs_of_its_kind),
     };
     return tu_run_subtests("test_observe", argc, argv, subtests, TU_COUNT(subtests));
 }

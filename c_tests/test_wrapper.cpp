@@ -6,6 +6,9 @@
 
 #include "wrapper_util.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -350,8 +353,18 @@ void test_items_through_the_wrapper() {
     tier.pin(both, states);
     CHECK(states[0] == kvtier::State::hit && states[1] == kvtier::State::hit);
     tier.unpin(keys(1, 1));
+    // A notify eventfd for deletes counts the delete job, not the others.
+    const int deletes = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    CHECK(deletes >= 0);
+    tier.add_notify_fd(kvtier::JobKind::remove, deletes);
+    expect_error(__LINE__, [&] { tier.add_notify_fd(kvtier::JobKind::load, 987654); },
+                 TIER_ERR_INVALID_ARG, "tier_add_notify_fd", "not an open descriptor");
     tier.submit_delete(3, both, items);
-    CHECK(finish(tier, 1)[0].kind == TIER_JOB_DELETE);
+    const kvtier::JobResult deleted = finish(tier, 1)[0];
+    CHECK(kvtier::kind(deleted) == kvtier::JobKind::remove);
+    std::uint64_t count = 0;
+    CHECK(read(deletes, &count, sizeof count) == static_cast<ssize_t>(sizeof count) && count == 1);
+    close(deletes);
     CHECK(items[0].status == TIER_ITEM_OK && items[1].status == TIER_ITEM_BUSY);
     tier.unpin(both);  // key 1 no longer pinned, nor stored: ignored
     tier.submit_delete(4, keys(2, 1));  // no results wanted

@@ -1225,6 +1225,36 @@ tier_status_t tier_wait(struct tier_t *tier,
 int32_t tier_completion_fd(struct tier_t *tier);
 
 /**
+ * Has the library add 1 to the caller's eventfd `fd` each time a job of
+ * `job_kind` (TIER_JOB_STORE, TIER_JOB_LOAD or TIER_JOB_DELETE) completes,
+ * from now until tier_free: a caller that waits per kind (one descriptor for
+ * stores, one for loads) is woken by the library's own thread, with no
+ * thread of its own between tier_completion_fd and its waiters.
+ *
+ * The rule: the write comes after the job's result is queued, so a
+ * tier_poll_finished made after the descriptor was seen readable returns
+ * that result (unless another thread polled it first). One write per job;
+ * the caller reads the descriptor to reset it, as usual for an eventfd, and
+ * may read it at any time (nothing is lost: results wait in the queue).
+ * Jobs completed before the call are not counted. The same descriptor may
+ * be given for several kinds (one call each); the completion descriptor
+ * works as before beside it.
+ * Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (an unknown
+ * job_kind; `fd` not an open eventfd; already 16 descriptors on this tier);
+ * TIER_ERR_IO (no descriptor left for the duplicate: EMFILE, ENFILE);
+ * TIER_ERR_ALLOC; TIER_ERR_SHUTDOWN (a handle inherited across fork(), see
+ * tier_new). A failed call registers nothing.
+ * Ownership: the tier writes a duplicate of `fd` (close-on-exec) and closes
+ * it in tier_free; the caller keeps `fd` and may close it at any time (the
+ * eventfd then lives on until tier_free). Nothing is written after tier_free
+ * returns.
+ * Threads: any thread, concurrently with other calls. (KVTIER_1.1)
+ */
+tier_status_t tier_add_notify_fd(struct tier_t *tier,
+                                 uint32_t job_kind,
+                                 int32_t fd);
+
+/**
  * Blocks until every job accepted so far has completed and its result is
  * queued for tier_poll_finished (the results are not consumed).
  *

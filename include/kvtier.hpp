@@ -71,8 +71,8 @@ namespace kvtier {
 /** A lookup answer; the values are TIER_MISS, TIER_HIT and TIER_PENDING. */
 enum class State : std::uint8_t { miss = TIER_MISS, hit = TIER_HIT, pending = TIER_PENDING };
 
-/** A job's direction; the values are TIER_JOB_STORE and TIER_JOB_LOAD. */
-enum class JobKind : std::uint32_t { store = TIER_JOB_STORE, load = TIER_JOB_LOAD };
+/** A job's kind; the values are TIER_JOB_STORE, TIER_JOB_LOAD and TIER_JOB_DELETE. */
+enum class JobKind : std::uint32_t { store = TIER_JOB_STORE, load = TIER_JOB_LOAD, remove = TIER_JOB_DELETE };
 
 /** One finished job (job_id, status, kind, num_blocks, num_done, bytes, elapsed_ns, io_ns). */
 using JobResult = tier_job_result_t;
@@ -465,6 +465,16 @@ class Tier {
      * tier_completion_fd).
      */
     int completion_fd() { return detail::check(tier_completion_fd(tier_)); }
+
+    /**
+     * Has the library add 1 to the caller's eventfd `fd` each time a job of
+     * `kind` completes, after its result is queued, until the Tier is freed.
+     * The tier writes a duplicate: `fd` stays the caller's to read and close.
+     * Throws Error (see tier_add_notify_fd).
+     */
+    void add_notify_fd(JobKind kind, int fd) {
+        detail::check(tier_add_notify_fd(tier_, static_cast<std::uint32_t>(kind), fd));
+    }
 
     /** Writes one state per key to `states` (at least keys.size() of them). See tier_lookup. */
     void lookup(Keys keys, Span<State> states) {

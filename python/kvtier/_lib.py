@@ -284,6 +284,7 @@ def _signatures() -> dict[str, tuple[Any, list[Any]]]:
         "tier_pin": (c_int32, [P, P, c_size_t, c_size_t, P]),
         "tier_unpin": (c_int32, [P, P, c_size_t, c_size_t]),
         "tier_features": (c_int32, [P, POINTER(c_uint64)]),
+        "tier_add_notify_fd": (c_int32, [P, c_uint32, c_int32]),
     }
 
 

@@ -28,11 +28,14 @@ every model and rank one LMCache server serves live apart in one tier; the
 tier's ``namespace`` names that key format (plus the user's ``namespace``),
 as docs/sharing.md asks of shared storage.
 
-Completions: one thread waits on the tier's completion fd and hands each
-finished job to the store or load side, each with its own eventfd; a
-lookup-and-lock is answered on the caller's thread (the tier's ``pin`` only
-takes the index lock) and signals the third. Submits never wait for I/O and
-may come from any thread.
+Completions: the library itself adds 1 to LMCache's store and load eventfds
+as each store or load job finishes (``Tier.add_notify_fd``), and LMCache's
+own threads collect the results when they ask (``pop_completed_store_tasks``,
+``query_load_result``), so no thread of ours stands between a finished job
+and its waiter. A lookup-and-lock is answered on the caller's thread (the
+tier's ``pin`` only takes the index lock) and signals the third. One thread
+of ours collects deletes, and the tier's events when nobody asks for a while.
+Submits never wait for I/O and may come from any thread.
 """
 
 from __future__ import annotations
@@ -50,13 +53,13 @@ from lmcache.lmcache_native import Bitmap
 from lmcache.v1.distributed.api import KeyEntry, KeyListPage
 from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
-from lmcache.v1.platform import create_event_notifier
+from lmcache.v1.platform import consume_fd, create_event_notifier
 
 from . import ItemStatus, identity
 from ._adapter import FailureLog, check_config
 from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_keys
 from .errors import KVTierError
-from .records import EventKind, Feature, LookupState
+from .records import EventKind, Feature, JobKind, LookupState
 from .tier import Tier
 
 __all__ = ["KVTierL2Adapter"]
@@ -68,8 +71,9 @@ _OWNER = "kvtier.lmcache"
 # own thread and expects the usage to have dropped when it returns (its fs
 # adapter waits as long).
 _DELETE_WAIT_S = 30.0
-# The completion thread also reads the tier's events this often without a
-# finished job: a shared tier's lookups report blocks other writers removed.
+# The adapter's thread also collects this often without a finished delete:
+# the tier's events (evictions; on a shared tier, blocks other writers
+# removed) reach the books even when LMCache asks for nothing.
 _IDLE_POLL_MS = 1000
 
 _STORE, _LOAD, _DELETE = "store", "load", "delete"
@@ -187,10 +191,25 @@ class KVTierL2Adapter(L2AdapterInterface):
         self._loads_done: dict[int, Any] = {}
         self._closed = False
         self._active = 0  # submits between their closed check and their signal
+        # One collector at a time: results polled are filed before another
+        # caller looks for its own.
+        self._collecting = threading.Lock()
+        # Readable exactly while finished results wait: a query finding it
+        # quiet has nothing to collect.
+        self._results_fd = self._tier.completion_fd()
         self._store_fd = create_event_notifier()
         self._lookup_fd = create_event_notifier()
         self._load_fd = create_event_notifier()
         self._wake = create_event_notifier()
+        try:
+            self._tier.add_notify_fd(JobKind.STORE, self._store_fd.fileno())
+            self._tier.add_notify_fd(JobKind.LOAD, self._load_fd.fileno())
+            self._tier.add_notify_fd(JobKind.DELETE, self._wake.fileno())
+        except Exception:
+            self._tier.close()
+            for notifier in (self._store_fd, self._lookup_fd, self._load_fd, self._wake):
+                notifier.close()
+            raise
         self._thread = threading.Thread(target=self._serve, name="kvtier-lmcache", daemon=True)
         self._thread.start()
         logger.info(
@@ -289,6 +308,7 @@ class KVTierL2Adapter(L2AdapterInterface):
         self._store_fd.notify()
 
     def pop_completed_store_tasks(self) -> dict[int, L2StoreResult]:
+        self._collect_now(only_if_results=True)
         with self._mutex:
             done, self._stores_done = self._stores_done, {}
         return done
@@ -383,7 +403,12 @@ class KVTierL2Adapter(L2AdapterInterface):
 
     def query_load_result(self, task_id: int) -> Any:
         with self._mutex:
-            return self._loads_done.pop(task_id, None)
+            bitmap = self._loads_done.pop(task_id, None)
+        if bitmap is None:
+            self._collect_now(only_if_results=True)
+            with self._mutex:
+                bitmap = self._loads_done.pop(task_id, None)
+        return bitmap
 
     # -- delete, usage, listing ------------------------------------------------
 
@@ -437,17 +462,34 @@ class KVTierL2Adapter(L2AdapterInterface):
     # -- completions ---------------------------------------------------------------
 
     def _serve(self) -> None:
+        """Collects when a delete finishes (the library counts it on
+        ``_wake``), at close, and every ``_IDLE_POLL_MS``."""
         poller = select.poll()
-        poller.register(self._tier.completion_fd(), select.POLLIN)
         poller.register(self._wake.fileno(), select.POLLIN)
         while True:
-            poller.poll(_IDLE_POLL_MS)
+            if poller.poll(_IDLE_POLL_MS):
+                consume_fd(self._wake.fileno())
             if self._is_closed():
+                return
+            self._collect_now()
+
+    def _collect_now(self, only_if_results: bool = False) -> None:
+        """Files every finished job and event the tier holds; on any thread,
+        one at a time. With ``only_if_results``, nothing unless results wait
+        (a select on the completion fd, far cheaper than polling the tier).
+        After close, nothing."""
+        # The check under the lock: a collect in progress elsewhere may hold
+        # the caller's result, polled and not yet filed.
+        with self._collecting:
+            if self._closed:  # the tier and its completion fd are gone
+                return
+            if only_if_results and not select.select([self._results_fd], [], [], 0)[0]:
                 return
             try:
                 self._collect()
-            except Exception as exc:  # the thread must outlive one bad batch
-                self._log.failed("collecting completions", exc)
+            except Exception as exc:  # a caller's query must outlive one bad batch
+                if not self._closed:
+                    self._log.failed("collecting completions", exc)
 
     def _collect(self) -> None:
         change = Change([], [])
@@ -503,14 +545,13 @@ class KVTierL2Adapter(L2AdapterInterface):
         self._notify(change)
         if accessed:
             self._notify_keys_accessed(accessed)
+        # Their waiters were woken by the library when each job finished.
         if stores:
             with self._mutex:
                 self._stores_done.update(stores)
-            self._store_fd.notify()
         if loads:
             with self._mutex:
                 self._loads_done.update(loads)
-            self._load_fd.notify()
         for done in deletes:
             done.set()
 
@@ -567,8 +608,9 @@ class KVTierL2Adapter(L2AdapterInterface):
             self._jobs.clear()
         self._wake.notify()
         self._thread.join()
-        self._books.release_all()
-        self._tier.close()
+        with self._collecting:  # a query's collect in progress ends first
+            self._books.release_all()
+            self._tier.close()
         for done in waiting:
             done.set()
         for notifier in (self._store_fd, self._lookup_fd, self._load_fd, self._wake):

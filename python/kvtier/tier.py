@@ -512,6 +512,16 @@ class Tier(ItemJobs):
             raise fail(fd, "tier_completion_fd")
         return fd
 
+    def add_notify_fd(self, kind: JobKind, fd: int) -> None:
+        """Has the library add 1 to the eventfd ``fd`` each time a job of
+        ``kind`` completes, after its result is queued for :meth:`poll`, until
+        :meth:`close` (``tier_add_notify_fd``): a waiter per kind is woken by
+        the library's own thread. The tier writes a duplicate, so ``fd``
+        stays the caller's to read, wait on and close. Raises
+        ``KVTierError`` (``TIER_ERR_INVALID_ARG``) for a descriptor that is
+        not an eventfd, or past 16 of them."""
+        self._call("tier_add_notify_fd", lib.tier_add_notify_fd, int(kind), int(fd))
+
     def features(self) -> Feature:
         """What this tier can do or is, as the library answers from its
         backend (``tier_features``): e.g. ``Feature.EXTENTS in

@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("lmcache", reason="needs LMCache 0.5.6 (scripts/engine_env.sh installs it)")
 
 from lmcache_helpers import (  # noqa: E402
+    WAIT_S,
     Arena,
     key,
     load,
@@ -25,6 +26,7 @@ from lmcache_helpers import (  # noqa: E402
     make_adapter,
     present,
     store,
+    wait_fd,
     wait_load,
     wait_store,
 )
@@ -359,6 +361,33 @@ def test_whole_rows_on_a_sealed_tier(request, tmp_path, arena, kind):
         out = arena.obj(5 * BLOCK, BLOCK)
         assert load(adapter, [key(9), key(3)], [arena.obj(4 * BLOCK, BLOCK), out]) == [False, True]
         assert bytes(out.raw_data.numpy()) == want
+    finally:
+        adapter.close()
+
+
+def test_the_library_wakes_lmcache_without_the_adapters_thread(arena, backend, monkeypatch):
+    """LMCache's store and load fds are written by the library as each job
+    finishes, and the results collected by LMCache's own calls: with the
+    adapter's thread gone, a waiter on those fds still wakes, each time, and
+    finds its result and its bytes."""
+    monkeypatch.setattr(KVTierL2Adapter, "_serve", lambda self: None)
+    adapter = _adapter(arena, **backend)
+    try:
+        adapter._thread.join(WAIT_S)
+        assert not adapter._thread.is_alive()
+        for round_ in range(3):
+            keys = [key(100 * round_ + i) for i in range(4)]
+            objs = _objs(arena, 0, 4)
+            want = [arena.fill(obj, 100 * round_ + i) for i, obj in enumerate(objs)]
+            task = adapter.submit_store_task(keys, objs)
+            assert wait_fd(adapter.get_store_event_fd(), WAIT_S), f"round {round_}: store fd never woke"
+            assert adapter.pop_completed_store_tasks()[task].is_successful()
+            outs = _objs(arena, 8 * BLOCK, 4)
+            task = adapter.submit_load_task(keys, outs)
+            assert wait_fd(adapter.get_load_event_fd(), WAIT_S), f"round {round_}: load fd never woke"
+            bitmap = adapter.query_load_result(task)
+            assert bitmap is not None and [bitmap.test(i) for i in range(4)] == [True] * 4
+            assert [bytes(out.raw_data.numpy()) for out in outs] == want
     finally:
         adapter.close()
 

@@ -1,6 +1,6 @@
 """What an engine observes besides results: Tier.metrics() read with
 Prometheus' own text parser and checked against Tier.stats(), the completion
-descriptor, and a result's io_ns.
+descriptor, the notify eventfds of add_notify_fd, and a result's io_ns.
 
 The metrics test needs ``prometheus_client`` (python/run_tests.sh installs
 it); without it the test skips, except under CI (CI=true), where it fails.
@@ -174,3 +174,35 @@ def test_completion_fd_is_readable_while_results_wait():
     # close() closed it: the descriptor number is free again.
     with pytest.raises(OSError):
         os.fstat(fd)
+
+
+def test_notify_fd_counts_the_jobs_of_its_kind():
+    buf = np.zeros((8, ROW), dtype=np.uint8)
+    loads = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+    r, w = os.pipe()
+    try:
+        with Tier(buf, capacity_bytes="1MiB", io_threads=2) as tier:
+            with pytest.raises(KVTierError, match="not an eventfd") as err:
+                tier.add_notify_fd(kvtier.JobKind.LOAD, w)
+            assert err.value.status_name == "TIER_ERR_INVALID_ARG"
+            with pytest.raises(KVTierError, match="job_kind: 7"):
+                tier.add_notify_fd(7, loads)
+            tier.add_notify_fd(kvtier.JobKind.LOAD, loads)
+            tier.submit_store(1, [key(1), key(2)], [0, 1])
+            assert finish(tier, 1).ok
+            with pytest.raises(BlockingIOError):  # a store is not counted
+                os.eventfd_read(loads)
+            tier.submit_load(2, [key(1)], [4])
+            tier.submit_load(3, [key(2)], [5])
+            # Woken by the library alone: both results are queued by the time
+            # the count reaches 2.
+            seen, deadline = 0, time.monotonic() + 30
+            while seen < 2:
+                assert time.monotonic() < deadline
+                if select.select([loads], [], [], 1.0)[0]:
+                    seen += os.eventfd_read(loads)
+            assert seen == 2
+            assert sorted(res.job_id for res in tier.poll()) == [2, 3]
+    finally:
+        for fd in (loads, r, w):
+            os.close(fd)

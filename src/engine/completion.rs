@@ -9,13 +9,19 @@
 //! taken by that poll or leaves the descriptor readable: no wake-up is lost.
 //! It costs one write per empty-to-not-empty transition and one read per
 //! poll that empties the queue, and nothing when no one asked for it.
+//!
+//! Callers may also hand in eventfds of their own, each for one job kind
+//! (`tier_add_notify_fd`): every job of that kind that completes adds 1 to
+//! it once its result is queued, so a caller that waits per kind (LMCache's
+//! store and load descriptors) needs no thread of its own in between.
 
 use super::eventfd::EventFd;
 use crate::engine::jobs::JobResult;
 use crate::error::{alloc_error, bail, Result};
+use crate::job_kind::JobKind;
 use crate::sync::{Condvar, Mutex};
 use std::collections::{HashSet, VecDeque};
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, RawFd};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -28,7 +34,14 @@ struct State {
     running: usize,
     /// The completion descriptor is readable (results are queued).
     signalled: bool,
+    /// Callers' eventfds (the library's duplicates), each added 1 to as a
+    /// job of its kind completes.
+    notify: Vec<(JobKind, EventFd)>,
 }
+
+/// How many notify descriptors a tier takes: a few per kind is all a
+/// caller needs, and each costs a write per job.
+pub(crate) const MAX_NOTIFY_FDS: usize = 16;
 
 #[derive(Default)]
 pub(crate) struct Completions {
@@ -75,10 +88,40 @@ impl Completions {
 
     pub(crate) fn complete(&self, result: JobResult) {
         let mut s = self.state.lock();
+        let kind = result.kind;
         s.results.push_back(result);
         s.running -= 1;
         self.signal(&mut s);
+        // Under the lock, after the result is queued: a caller woken by the
+        // write finds it with its next poll, and `retire_fd` cannot run
+        // between the check and the write.
+        for (_, fd) in s.notify.iter().filter(|(k, _)| *k == kind) {
+            fd.add_one();
+        }
         self.changed.notify_all();
+    }
+
+    /// Adds 1 to a duplicate of `fd` each time a job of `kind` completes,
+    /// from now until the tier is freed. Fails with `InvalidArg` for a
+    /// descriptor that is not an eventfd or past [`MAX_NOTIFY_FDS`], `Io`
+    /// for want of descriptors, `Alloc`.
+    pub(crate) fn add_notify(&self, kind: JobKind, fd: BorrowedFd<'_>) -> Result<()> {
+        let dup = EventFd::duplicate(fd)?;
+        let mut s = self.state.lock();
+        if s.notify.len() >= MAX_NOTIFY_FDS {
+            bail!(
+                InvalidArg,
+                "fd: this tier already writes {MAX_NOTIFY_FDS} notify descriptors, the most it takes"
+            );
+        }
+        if s.notify.try_reserve(1).is_err() {
+            return Err(alloc_error::<(JobKind, EventFd)>(
+                s.notify.len() + 1,
+                "the notify descriptors",
+            ));
+        }
+        s.notify.push((kind, dup));
+        Ok(())
     }
 
     /// Makes the descriptor readable, if there is one and it is not already.
@@ -115,6 +158,8 @@ impl Completions {
         if let Some(fd) = self.fd.get() {
             fd.detach_in_forked_child();
         }
+        // The notify duplicates are left as they are: taking the lock here
+        // could deadlock, and no job can complete in the child to write them.
     }
 
     /// At `tier_free`, when the results outlive the tier (see
@@ -123,10 +168,13 @@ impl Completions {
     /// reported, but perhaps a load it unblocks when it returns) signals
     /// /dev/null, harmlessly.
     pub(crate) fn retire_fd(&self) {
-        let _s = self.state.lock();
+        let mut s = self.state.lock();
         if let Some(fd) = self.fd.get() {
             fd.retire();
         }
+        // The callers' eventfds are done with too: closing the duplicates
+        // leaves theirs as they are.
+        s.notify.clear();
     }
 
     /// Hands up to `max` results to `f`, oldest first, and frees their ids.

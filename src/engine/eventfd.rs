@@ -1,9 +1,10 @@
 //! The completion descriptor: a non-blocking eventfd that the results queue
-//! makes readable while results wait (see `Completions`). The only system
-//! calls of the completion path, when a caller has asked for the descriptor.
+//! makes readable while results wait (see `Completions`), and the callers'
+//! own eventfds the library adds 1 to as jobs of a kind finish. The only
+//! system calls of the completion path, when a caller has asked for them.
 
-use crate::error::{Error, ErrorKind, Result};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use crate::error::{bail, Error, ErrorKind, Result};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 
 pub(crate) struct EventFd(OwnedFd);
 
@@ -25,6 +26,33 @@ impl EventFd {
         Ok(EventFd(unsafe { OwnedFd::from_raw_fd(fd) }))
     }
 
+    /// The library's own duplicate of a caller's eventfd, so that the caller
+    /// may close theirs at any time and a number reused after that is never
+    /// written. Fails with `InvalidArg` for a descriptor that is not an
+    /// eventfd (writing 8 bytes to a file or socket would corrupt it), `Io`
+    /// for want of descriptors.
+    pub(crate) fn duplicate(fd: BorrowedFd<'_>) -> Result<EventFd> {
+        let raw = fd.as_raw_fd();
+        let link = std::fs::read_link(format!("/proc/self/fd/{raw}")).map_err(|e| {
+            let kind = match e.kind() {
+                std::io::ErrorKind::NotFound => ErrorKind::InvalidArg,
+                _ => ErrorKind::Io,
+            };
+            Error::new(kind, format!("fd {raw} is not an open descriptor: {e}"))
+        })?;
+        if link.as_os_str() != "anon_inode:[eventfd]" {
+            bail!(
+                InvalidArg,
+                "fd {raw} is {} and not an eventfd: only eventfds are written",
+                link.display()
+            );
+        }
+        let owned = fd
+            .try_clone_to_owned()
+            .map_err(|e| Error::new(ErrorKind::Io, format!("duplicating fd {raw}: {e}")))?;
+        Ok(EventFd(owned))
+    }
+
     pub(crate) fn raw(&self) -> RawFd {
         self.0.as_raw_fd()
     }
@@ -35,6 +63,12 @@ impl EventFd {
         let one = 1u64.to_ne_bytes();
         // SAFETY: writes 8 bytes from a live local buffer to our descriptor.
         let _ = unsafe { libc::write(self.raw(), one.as_ptr().cast(), one.len()) };
+    }
+
+    /// Adds 1 to a caller's eventfd. Its owner reads (resets) it when it
+    /// likes; the counter's limit (2^64 - 2) is out of reach at any job rate.
+    pub(crate) fn add_one(&self) {
+        self.signal();
     }
 
     /// Makes the descriptor unreadable again (reads the counter back to 0;

@@ -328,6 +328,19 @@ impl Tier {
         Ok(unsafe { BorrowedFd::borrow_raw(raw) })
     }
 
+    /// Adds 1 to the eventfd `fd` each time a job of `kind` completes (after
+    /// its result is queued for [`Tier::poll`]), until the tier is dropped.
+    /// The tier writes a duplicate of its own, so the caller may read, wait
+    /// on or close `fd` whenever it likes. See `tier_add_notify_fd`.
+    ///
+    /// Fails with `InvalidArg` when `fd` is not an eventfd or the tier has
+    /// its most notify descriptors already, `Io` (no descriptor left),
+    /// `Alloc`, or `Shutdown` in a forked child.
+    pub fn add_notify_fd(&self, kind: JobKind, fd: BorrowedFd<'_>) -> Result<()> {
+        self.check_process()?;
+        self.shared.done.add_notify(kind, fd)
+    }
+
     /// Blocks until every accepted job has completed and its result is queued.
     /// In a forked child: returns at once (no job can complete there; waiting
     /// would be forever).

@@ -301,6 +301,55 @@ pub unsafe extern "C" fn tier_completion_fd(tier: *mut tier_t) -> i32 {
     })
 }
 
+/// Has the library add 1 to the caller's eventfd `fd` each time a job of
+/// `job_kind` (TIER_JOB_STORE, TIER_JOB_LOAD or TIER_JOB_DELETE) completes,
+/// from now until tier_free: a caller that waits per kind (one descriptor for
+/// stores, one for loads) is woken by the library's own thread, with no
+/// thread of its own between tier_completion_fd and its waiters.
+///
+/// The rule: the write comes after the job's result is queued, so a
+/// tier_poll_finished made after the descriptor was seen readable returns
+/// that result (unless another thread polled it first). One write per job;
+/// the caller reads the descriptor to reset it, as usual for an eventfd, and
+/// may read it at any time (nothing is lost: results wait in the queue).
+/// Jobs completed before the call are not counted. The same descriptor may
+/// be given for several kinds (one call each); the completion descriptor
+/// works as before beside it.
+/// Returns TIER_OK; TIER_ERR_NULL_ARG; TIER_ERR_INVALID_ARG (an unknown
+/// job_kind; `fd` not an open eventfd; already 16 descriptors on this tier);
+/// TIER_ERR_IO (no descriptor left for the duplicate: EMFILE, ENFILE);
+/// TIER_ERR_ALLOC; TIER_ERR_SHUTDOWN (a handle inherited across fork(), see
+/// tier_new). A failed call registers nothing.
+/// Ownership: the tier writes a duplicate of `fd` (close-on-exec) and closes
+/// it in tier_free; the caller keeps `fd` and may close it at any time (the
+/// eventfd then lives on until tier_free). Nothing is written after tier_free
+/// returns.
+/// Threads: any thread, concurrently with other calls. (KVTIER_1.1)
+#[no_mangle]
+pub unsafe extern "C" fn tier_add_notify_fd(
+    tier: *mut tier_t,
+    job_kind: u32,
+    fd: i32,
+) -> tier_status_t {
+    status(this_export!(), || {
+        let tier = tier_ref(tier)?;
+        let Some(kind) = JobKind::from_code(job_kind) else {
+            crate::error::bail!(
+                InvalidArg,
+                "job_kind: {job_kind} is not TIER_JOB_STORE, TIER_JOB_LOAD or TIER_JOB_DELETE"
+            );
+        };
+        if fd < 0 {
+            crate::error::bail!(InvalidArg, "fd: {fd} is not a descriptor");
+        }
+        // SAFETY: borrowed only for the call, which duplicates it; a number
+        // that is not open fails the duplicate's check with a clear error.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) };
+        tier.add_notify_fd(kind, fd)?;
+        OK
+    })
+}
+
 /// Blocks until every job accepted so far has completed and its result is
 /// queued for tier_poll_finished (the results are not consumed).
 ///

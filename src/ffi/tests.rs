@@ -30,7 +30,7 @@ fn every_failing_export_names_itself() {
     let k: *const c_char = c"k".as_ptr();
     // SAFETY: every call is given a NULL handle or NULL required pointer,
     // which each export refuses before touching anything else.
-    let calls: [(&str, Failing); 17] = unsafe {
+    let calls: [(&str, Failing); 18] = unsafe {
         [
             (
                 "tier_abi_info",
@@ -72,6 +72,10 @@ fn every_failing_export_names_itself() {
             (
                 "tier_completion_fd",
                 Box::new(move || tier_completion_fd(t) as i64),
+            ),
+            (
+                "tier_add_notify_fd",
+                Box::new(move || tier_add_notify_fd(t, 2, 0) as i64),
             ),
             ("tier_drain", Box::new(move || tier_drain(t) as i64)),
             ("tier_clear", Box::new(move || tier_clear(t) as i64)),
