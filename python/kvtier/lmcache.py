@@ -43,7 +43,6 @@ from __future__ import annotations
 import ctypes
 import itertools
 import logging
-import re
 import select
 import threading
 from dataclasses import dataclass, field
@@ -55,14 +54,15 @@ from lmcache.v1.distributed.internal_api import L2StoreResult
 from lmcache.v1.distributed.l2_adapters.base import L2AdapterInterface
 from lmcache.v1.platform import consume_fd, create_event_notifier
 
-from . import ItemStatus, identity
+from . import ItemStatus
 from ._adapter import FailureLog, check_config
-from ._lmcache_books import KEY_BYTES, KEY_FORMAT, Books, Change, tier_keys
+from ._lmcache_books import KEY_BYTES, Books, Change, tier_keys
+from ._lmcache_params import namespace, split_params
 from .errors import KVTierError
 from .records import EventKind, Feature, JobKind, LookupState
 from .tier import Tier
 
-__all__ = ["KVTierL2Adapter"]
+__all__ = ["KVTierL2Adapter", "namespace"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,61 +77,12 @@ _DELETE_WAIT_S = 30.0
 _IDLE_POLL_MS = 1000
 
 _STORE, _LOAD, _DELETE = "store", "load", "delete"
-_SIZE = re.compile(r"\s*(\d+)\s*(|B|KiB|MiB|GiB)\s*", re.IGNORECASE)
-_UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
-
-
-def _size(owner: str, name: str, raw: Any) -> int:
-    """A positive byte count: an int, or digits with B/KiB/MiB/GiB."""
-    value: Any = raw
-    if isinstance(raw, str):
-        match = _SIZE.fullmatch(raw)
-        value = int(match.group(1)) * _UNITS[match.group(2).lower()] if match else None
-    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"{owner}: {name} must be a positive size (bytes, or with KiB/MiB/GiB), got {raw!r}")
-    return value
-
-
-def namespace(user: str = "") -> str:
-    """The tier's namespace: ``lmcache/k<format>/<digest>`` of what a key
-    means, then the user's ``namespace`` if set (docs/sharing.md)."""
-    fields = {
-        "inference_engine": "lmcache",
-        "kvtier_identity": 1,
-        "key_format": KEY_FORMAT,
-        "key_fields": ["model_name", "kv_rank", "object_group_id", "cache_salt", "chunk_hash"],
-    }
-    return identity.with_user(f"lmcache/k{KEY_FORMAT}/{identity.digest(fields)}", user)
-
-
 def stores_extents(tier: Tier) -> bool:
     """Whether the library stores extents on ``tier`` (``tier_features``): not
     on a sealed disk or Redis tier, whose records are fixed to the block size.
     Without extents, objects are whole rows: ``block_bytes`` long, at a
     multiple of ``block_bytes`` from the arena's start."""
     return Feature.EXTENTS in tier.features()
-
-
-def _split_params(params: Any) -> tuple[int, dict[str, Any]]:
-    """(block_bytes, kvtier config) from LMCache's ``adapter_params``."""
-    if params is None:
-        params = {}
-    if not isinstance(params, dict):
-        raise ValueError(f"{_OWNER}: adapter_params must be a JSON object, got {type(params).__name__}")
-    config = {str(k): v for k, v in params.items()}
-    raw = config.pop("block_bytes", None)
-    if raw is None:
-        raise ValueError(
-            f"{_OWNER}: adapter_params needs block_bytes, the largest object LMCache "
-            "stores (bytes, or a number with KiB/MiB/GiB)"
-        )
-    block_bytes = _size(_OWNER, "block_bytes", raw)
-    events = str(config.get("events", "true")).strip().lower()
-    if events not in ("true", "1", "on", "yes"):
-        raise ValueError(f"{_OWNER}: events must stay on: the adapter counts bytes from them")
-    config["events"] = True
-    config["namespace"] = namespace(str(config.get("namespace") or ""))
-    return block_bytes, config
 
 
 @dataclass
@@ -153,7 +104,7 @@ class KVTierL2Adapter(L2AdapterInterface):
 
     def __init__(self, config: Any, l1_memory_desc: Any = None) -> None:
         super().__init__(max_capacity_bytes=0)
-        block_bytes, tier_config = _split_params(config)
+        block_bytes, tier_config = split_params(config)
         if l1_memory_desc is None:
             raise ValueError(
                 f"{_OWNER}: LMCache gave no l1_memory_desc; the adapter works on "
