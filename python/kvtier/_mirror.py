@@ -119,6 +119,16 @@ class PresenceMirror:
         self.hit_failed_loads = 0
 
     @property
+    def expects_events_between_jobs(self) -> bool:
+        """Whether events may come with no job result to announce them: a
+        shared tier's probes and other writers, or a mirror catching up
+        (lost events, or no mirror, whose events go to the owner as they
+        come). Otherwise every event comes from a job, recorded before its
+        result is queued, or at a store's submit (read there), at open or
+        at clear."""
+        return not self.complete or self.shared or self._probes_maybe_running
+
+    @property
     def reads_events(self) -> bool:
         """Whether the tier's block events are read (for the mirror or the owner)."""
         return self.enabled or self._emit is not None

@@ -3,6 +3,7 @@ results of rejected submits, and per-request keys whose load failed."""
 
 from __future__ import annotations
 
+import select
 from collections.abc import Iterable
 from typing import Any
 
@@ -46,6 +47,9 @@ class JobBook:
         # req_id -> keys whose load failed for that request: they look up as
         # MISS for it, so it cannot loop on a promotion that cannot succeed.
         self.failed_keys = failed_keys
+        # Readable exactly while results wait: a select on it costs a third
+        # of an empty poll, and an engine asks far more often than jobs end.
+        self._results_fd = tier.completion_fd()
 
     def submit(self, job: Any, is_load: bool) -> None:
         job_id = job.job_id
@@ -125,7 +129,9 @@ class JobBook:
             results, self._ready = self._ready, []
         else:
             results = []
-        if self.jobs:
+        polled = False
+        if self.jobs and not self._tier.closed and select.select([self._results_fd], [], [], 0)[0]:
+            polled = True
             try:
                 while True:
                     batch = self._tier.poll(_POLL_BATCH)
@@ -140,7 +146,7 @@ class JobBook:
                 self._log.failed("get_finished_jobs", exc)
         mirror = self._mirror
         mirror.bound_promises()
-        if mirror.reads_events and not self._tier.closed:
+        if mirror.reads_events and not self._tier.closed and (polled or mirror.expects_events_between_jobs):
             # After the results: the library records a job's events before
             # queueing its result, so the keys just settled are up to date.
             try:

@@ -789,13 +789,42 @@ def test_transfer_time_is_the_jobs_io_time_not_its_queueing(make, monkeypatch):
     tier, _ = make()
     tier.submit_store(job(1, keys(1), [0]))
     tier.drain_jobs()
-    [real] = tier._tier.poll()
-    # Replay it as a job that waited 0.9 s in the queue and copied for 0.123 s.
+    real_poll = tier._tier.poll
+    # The real result, as a job that waited 0.9 s in the queue and copied for 0.123 s.
     monkeypatch.setattr(
-        tier._tier, "poll", lambda max=1024: [real._replace(elapsed_ns=900_000_000, io_ns=123_000_000)]
+        tier._tier,
+        "poll",
+        lambda max=1024: [r._replace(elapsed_ns=900_000_000, io_ns=123_000_000) for r in real_poll(max)],
     )
     [r] = tier.get_finished_jobs()
     assert r.transfer_time == pytest.approx(0.123)
+
+
+def test_get_finished_jobs_between_jobs_calls_no_library_poll(make, monkeypatch):
+    """An engine asks every step, far more often than jobs end: on a private
+    tier with a complete mirror, results waiting show on the completion fd
+    and every event comes with a result, so asking between jobs costs no
+    library call, and what the jobs did still reaches the mirror."""
+    tier, _ = make()
+    calls = []
+    for name in ("poll", "poll_events"):
+        real = getattr(tier._tier, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(tier._tier, name, counted)
+    tier.submit_store(job(1, keys(1, 2), [0, 1]))
+    tier.drain_jobs()
+    [r] = tier.get_finished_jobs()
+    assert r.success and calls.count("poll") >= 1 and "poll_events" in calls
+    calls.clear()
+    for _ in range(5):
+        assert tier.get_finished_jobs() == []
+    assert calls == []
+    assert cycle(tier, keys(1, 2, 3), ReqContext("r")) == [HIT, HIT, MISS]
+    assert calls == []  # answered by the mirror
 
 
 def test_enable_kv_events_is_parsed_strictly(make):
