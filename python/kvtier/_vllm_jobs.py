@@ -49,7 +49,13 @@ class JobBook:
         self.failed_keys = failed_keys
         # Readable exactly while results wait: a select on it costs a third
         # of an empty poll, and an engine asks far more often than jobs end.
-        self._results_fd = tier.completion_fd()
+        # Without one (no descriptor left), every call polls, as before.
+        self._results_fd: int | None
+        try:
+            self._results_fd = tier.completion_fd()
+        except KVTierError as exc:
+            log.failed("completion_fd", exc)
+            self._results_fd = None
 
     def submit(self, job: Any, is_load: bool) -> None:
         job_id = job.job_id
@@ -130,7 +136,7 @@ class JobBook:
         else:
             results = []
         polled = False
-        if self.jobs and not self._tier.closed and select.select([self._results_fd], [], [], 0)[0]:
+        if self.jobs and not self._tier.closed and self._results_waiting():
             polled = True
             try:
                 while True:
@@ -155,6 +161,10 @@ class JobBook:
             except Exception as exc:
                 mirror.failed("get_finished_jobs", exc)
         return results
+
+    def _results_waiting(self) -> bool:
+        fd = self._results_fd
+        return fd is None or bool(select.select([fd], [], [], 0)[0])
 
     def has_pending_work(self) -> bool:
         return bool(self.jobs) or bool(self._ready)

@@ -827,6 +827,22 @@ def test_get_finished_jobs_between_jobs_calls_no_library_poll(make, monkeypatch)
     assert calls == []  # answered by the mirror
 
 
+def test_without_a_completion_fd_every_call_polls(make, monkeypatch, caplog):
+    """No descriptor left for the completion fd (EMFILE): the adapter still
+    builds, logs it, and finds results by polling on every call."""
+
+    def no_fd(self):
+        raise kvtier.KVTierError(kvtier._lib.TIER_ERR_IO, "eventfd: Too many open files", "tier_completion_fd")
+
+    monkeypatch.setattr(kvtier.Tier, "completion_fd", no_fd)
+    tier, _ = make()
+    assert "completion_fd" in caplog.text
+    tier.submit_store(job(1, keys(1), [0]))
+    tier.drain_jobs()
+    [r] = tier.get_finished_jobs()
+    assert r.success
+
+
 def test_enable_kv_events_is_parsed_strictly(make):
     on = spec(events=True)
     for value in ("false", "False", "0", "off", False, 0):
