@@ -96,7 +96,7 @@ impl Completions {
         // write finds it with its next poll, and `retire_fd` cannot run
         // between the check and the write.
         for (_, fd) in s.notify.iter().filter(|(k, _)| *k == kind) {
-            fd.add_one();
+            fd.signal();
         }
         self.changed.notify_all();
     }

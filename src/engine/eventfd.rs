@@ -57,18 +57,14 @@ impl EventFd {
         self.0.as_raw_fd()
     }
 
-    /// Makes the descriptor readable. Cannot fail as used: the counter is
-    /// written only from 0 (see `Completions`), far from its limit.
+    /// Adds 1 to the counter, making the descriptor readable. Cannot fail
+    /// as used: the completion descriptor is written only from 0 (see
+    /// `Completions`), and a caller's notify descriptor, which its owner
+    /// resets when it likes, stays out of reach of the limit (2^64 - 2).
     pub(crate) fn signal(&self) {
         let one = 1u64.to_ne_bytes();
         // SAFETY: writes 8 bytes from a live local buffer to our descriptor.
         let _ = unsafe { libc::write(self.raw(), one.as_ptr().cast(), one.len()) };
-    }
-
-    /// Adds 1 to a caller's eventfd. Its owner reads (resets) it when it
-    /// likes; the counter's limit (2^64 - 2) is out of reach at any job rate.
-    pub(crate) fn add_one(&self) {
-        self.signal();
     }
 
     /// Makes the descriptor unreadable again (reads the counter back to 0;

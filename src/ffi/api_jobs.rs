@@ -7,6 +7,7 @@ use super::boundary::{
     self, as_mut_slice, as_slice, or_default, poll_into, status, this_export, Export, OK,
 };
 use super::types::*;
+use crate::error::bail;
 use crate::job_kind::JobKind;
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -334,13 +335,13 @@ pub unsafe extern "C" fn tier_add_notify_fd(
     status(this_export!(), || {
         let tier = tier_ref(tier)?;
         let Some(kind) = JobKind::from_code(job_kind) else {
-            crate::error::bail!(
+            bail!(
                 InvalidArg,
                 "job_kind: {job_kind} is not TIER_JOB_STORE, TIER_JOB_LOAD or TIER_JOB_DELETE"
             );
         };
         if fd < 0 {
-            crate::error::bail!(InvalidArg, "fd: {fd} is not a descriptor");
+            bail!(InvalidArg, "fd: {fd} is not a descriptor");
         }
         // SAFETY: borrowed only for the call, which duplicates it; a number
         // that is not open fails the duplicate's check with a clear error.
