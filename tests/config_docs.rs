@@ -81,7 +81,7 @@ fn rows_by_key(markdown: &str, column: &str) -> BTreeMap<String, BTreeMap<String
 }
 
 /// The configuration with every setting the library resolves at open made
-/// explicit, so that a documented "32 for disk" equals an unset io_threads.
+/// explicit, so that a documented "64 for disk" equals an unset io_threads.
 fn effective(config: &TierConfig) -> TierConfig {
     let mut c = config.clone();
     c.io_threads = Some(config.resolved_io_threads());

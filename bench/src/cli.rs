@@ -71,7 +71,7 @@ struct Cli {
     #[arg(long)]
     recovery_only: bool,
     /// tier worker threads, and memcpy / raw I/O baseline threads [default:
-    /// the library default, min(cores, 4), for memory; 32 for disk; 8 for redis]
+    /// the library default, min(cores, 4), for memory; 64 for disk; 8 for redis]
     #[arg(long, value_name = "N", value_parser = io_threads)]
     io_threads: Option<usize>,
     /// data moved per direction per repetition, in GiB [default: 2]

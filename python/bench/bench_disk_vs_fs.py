@@ -34,16 +34,16 @@ Contenders:
   neutral default) and any ``--kvtier KEY=VALUE`` given (to try a setting);
 - ``raw-N``: one O_DIRECT file per row, spread over 256 directories made
   before the clock starts, open + pwrite/pread + close, on N C threads
-  (``raw_odirect.c``, built here with ``cc``; N = 4, 16 and 32 by default, 32
-  being kvtier's io_threads): no checksum, no header, no
+  (``raw_odirect.c``, built here with ``cc``; N = 4, 16, 32 and 64 by
+  default, 64 being kvtier's io_threads): no checksum, no header, no
   rename. The bound is the best of the raw rows, per repetition;
-- ``raw-32 publishing``: raw-32's stores, each published as kvtier
+- ``raw-64 publishing``: raw-64's stores, each published as kvtier
   publishes a block (a temporary name, a 56-byte header attribute, then
-  rename; ``raw_publish_pass``), its loads raw-32's: not a bound (a raw
+  rename; ``raw_publish_pass``), its loads raw-64's: not a bound (a raw
   file is not crash-safe), but what the publication itself costs the
   device, so that ``kvtier/raw publishing`` is the cost of kvtier's code;
-- ``raw-32 on kvtier's files``: after kvtier's load pass, the same raw reads
-  (32 threads, O_DIRECT, header and payload in one ``preadv``, oldest file
+- ``raw on kvtier's files``: after kvtier's load pass, the same raw reads
+  (64 threads, O_DIRECT, header and payload in one ``preadv``, oldest file
   first) of the block files kvtier wrote in that repetition: what kvtier's
   code costs against its own files, whatever their layout (size, fan-out,
   placement) does to the device.
@@ -303,8 +303,8 @@ ANON = "[anon mmap]"
 ANON_FRESH = "[anon fresh]"
 KVCR_G3 = "kvcr g3 posix"
 # kvtier's default io_threads for disk.
-PUBLISHING_THREADS = 32
-PUBLISHING = f"raw-{PUBLISHING_THREADS} publishing"
+KVTIER_DISK_THREADS = 64
+PUBLISHING = f"raw-{KVTIER_DISK_THREADS} publishing"
 
 
 def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, drop: bool) -> float | None:
@@ -328,7 +328,7 @@ def read_tier_files(raw_lib, directory: str, primary: np.ndarray, n_rows: int, d
         row,
         rows.ctypes.data_as(ctypes.POINTER(ctypes.c_long)),
         n_rows,
-        32,
+        KVTIER_DISK_THREADS,
     )
     if secs < 0:
         raise OSError(int(-secs), os.strerror(int(-secs)))
@@ -424,7 +424,7 @@ def contenders_for(args, row: int, n_rows: int, raw_lib) -> list:
         ]
     if raw_lib is not None:
         contenders += [RawContender(raw_lib, t) for t in args.raw_threads]
-        contenders.append(RawContender(raw_lib, PUBLISHING_THREADS, publish=True))
+        contenders.append(RawContender(raw_lib, KVTIER_DISK_THREADS, publish=True))
     return contenders
 
 
@@ -537,9 +537,9 @@ def measure(args, row: int, n_rows: int, raw_lib, workdir: str) -> dict:
     if PUBLISHING in times:
         kv, pub = times["kvtier"]["store"], times[PUBLISHING]["store"]
         out["store_kvtier_over_raw_publishing"] = stats([p / t for t, p in zip(kv, pub)])
-        plain = times.get(f"raw-{PUBLISHING_THREADS}")
+        plain = times.get(f"raw-{KVTIER_DISK_THREADS}")
         if plain:
-            out["store_raw_publishing_over_raw_32"] = stats([r / p for p, r in zip(pub, plain["store"])])
+            out["store_raw_publishing_over_raw"] = stats([r / p for p, r in zip(pub, plain["store"])])
     return out
 
 
@@ -579,7 +579,7 @@ def main() -> None:
         "--raw-threads",
         type=int,
         action="append",
-        help="raw bound thread counts (default: 4, 16 and 32, the last being kvtier's default io_threads for disk)",
+        help="raw bound thread counts (default: 4, 16, 32 and 64, the last being kvtier's default io_threads for disk)",
     )
     p.add_argument("--kvtier", action="append", default=[], metavar="KEY=VALUE", help="extra kvtier config")
     p.add_argument(
@@ -628,7 +628,7 @@ def main() -> None:
         print_report(saved["results"], saved.get("idle_cores", {}))
         return
     args.row_kib = args.row_kib or [2048, 64]
-    args.raw_threads = args.raw_threads or [4, 16, 32]
+    args.raw_threads = args.raw_threads or [4, 16, 32, 64]
     if args.quick:
         args.repeat, args.mib_per_pass = 1, 64
 

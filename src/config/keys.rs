@@ -162,7 +162,7 @@ config_keys! {
     io_threads {
         backends: ALL,
         values: "1..=256",
-        default: "min(cores, 4) for memory, 32 for disk, 8 for redis",
+        default: "min(cores, 4) for memory, 64 for disk, 8 for redis",
         doc: "worker threads that copy blocks (for disk and redis, the queue depth)",
         set: |c, k, v| {
             c.io_threads = Some(bounded(k, v, 1, MAX_IO_THREADS as u64)? as usize);

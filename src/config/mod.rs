@@ -301,11 +301,13 @@ impl TierConfig {
                 cores.clamp(1, 4)
             }
             // Threads mostly wait on the device, one request each: the
-            // thread count is the device's queue depth. Small blocks need a
-            // deep queue (python/bench/bench_disk_vs_fs.py at 64 KiB rows;
-            // docs/runs/disk.md).
+            // thread count is the device's queue depth. Each also verifies
+            // the row it read before taking the next, so more threads than
+            // the device needs keep its queue full meanwhile
+            // (python/bench/bench_disk_vs_fs.py; docs/runs/disk.md and
+            // docs/runs/2026-12-07-disk-2mib-direct.md).
             // An idle thread costs a stack and no CPU (one spins at a time).
-            BackendKind::Disk => 32,
+            BackendKind::Disk => 64,
             // Threads mostly wait on the network.
             BackendKind::Redis => 8,
         })

@@ -115,7 +115,7 @@ pub extern "C" fn tier_config_new() -> *mut tier_config_t {
 /// - "capacity_bytes" [all]: bytes, or a number with `KiB`/`MiB`/`GiB`/`TiB`;
 ///   default `1GiB`; block data the tier may hold, rounded down to whole
 ///   blocks.
-/// - "io_threads" [all]: 1..=256; default min(cores, 4) for memory, 32 for
+/// - "io_threads" [all]: 1..=256; default min(cores, 4) for memory, 64 for
 ///   disk, 8 for redis; worker threads that copy blocks (for disk and redis,
 ///   the queue depth).
 /// - "idle_spin_us" [all]: 0..=1000000; default 50; how long one idle worker

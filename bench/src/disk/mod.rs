@@ -58,7 +58,7 @@ impl Params {
             }),
             // The library's default for disk: enough requests in flight to
             // keep a device's queue busy.
-            io_threads: s.io_threads.unwrap_or(32),
+            io_threads: s.io_threads.unwrap_or(64),
             data_bytes: s.data_bytes,
             block_bytes: s.block_bytes,
             job_blocks: s.job_blocks,
