@@ -304,8 +304,8 @@ impl TierConfig {
             // thread count is the device's queue depth. Each also verifies
             // the row it read before taking the next, so more threads than
             // the device needs keep its queue full meanwhile
-            // (python/bench/bench_disk_vs_fs.py; docs/runs/disk.md and
-            // docs/runs/2026-12-07-disk-2mib-direct.md).
+            // (python/bench/bench_disk_vs_fs.py; docs/performance.md, "The
+            // disk tier through vLLM").
             // An idle thread costs a stack and no CPU (one spins at a time).
             BackendKind::Disk => 64,
             // Threads mostly wait on the network.
