@@ -10,6 +10,8 @@ CPU of a tier."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
 import resource
 import socket
 import time
@@ -25,6 +27,12 @@ from vllm.v1.kv_offload.config import (
     OffloadingParallelConfig,
 )
 from vllm.v1.kv_offload.tiering.spec import TieringOffloadingSpec
+
+# vLLM names its region after the engine id; the bench's ids carry the pid
+# of the process that maps it, so a later bench can tell a leftover (the
+# process was killed, or failed while vLLM built its tiers) from a live one.
+SHM_DIR = "/dev/shm"
+_REGION = re.compile(r"vllm_offload_kvtier-bench-(\d+)-[0-9a-f]+\.mmap")
 
 # The G2 slots in front of KVCR's G3: the bench's blocks in flight (16 jobs
 # of 16); fewer fail stores. The bench stores that many other blocks after
@@ -45,7 +53,7 @@ def offloading_config(tiers: list[dict[str, Any]], rows: int, row: int) -> Offlo
         worker_kv_bytes_per_block=row,
         enable_kv_cache_events=False,
         extra_config={"cpu_bytes_to_use": rows * row, "secondary_tiers": tiers, "tier_poll_interval_s": 0},
-        engine_id=f"kvtier-bench-{uuid.uuid4().hex[:12]}",
+        engine_id=f"kvtier-bench-{os.getpid()}-{uuid.uuid4().hex[:12]}",
         model=OffloadingModelConfig(name="bench/model", dtype="bfloat16", max_model_len=4096),
         cache=OffloadingCacheConfig(tokens_per_hash=16, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(
@@ -56,11 +64,39 @@ def offloading_config(tiers: list[dict[str, Any]], rows: int, row: int) -> Offlo
     )
 
 
+def remove_dead_regions(shm_dir: str = SHM_DIR) -> list[str]:
+    """Removes the primary regions of earlier benches whose process is gone
+    (a killed bench leaves its region in tmpfs, 4 GiB a contender, and a few
+    of them run the machine out of memory). Returns what it removed."""
+    removed = []
+    for name in sorted(os.listdir(shm_dir)):
+        match = _REGION.fullmatch(name)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            os.unlink(os.path.join(shm_dir, name))
+            removed.append(name)
+        except FileNotFoundError:  # another bench removed it first
+            pass
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
 class VllmBuilt:
     """vLLM's manager over its own primary region, with `tier` (or no tier,
     for a buffer only) as its one secondary tier."""
 
     def __init__(self, tier: dict[str, Any] | None, rows: int, row: int):
+        remove_dead_regions()
         spec = TieringOffloadingSpec(offloading_config([tier] if tier else [], rows, row))
         self.manager = spec.get_manager()
         self.tier = self.manager.secondary_tiers[0] if tier else None

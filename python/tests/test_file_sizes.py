@@ -1,6 +1,7 @@
 """The house's size rule: no source file of the library (src/), the
-benchmark (bench/src/) or the Python package (python/kvtier/) is over 600
-lines; a longer one is split by what its parts do."""
+benchmark (bench/src/), the `kvtier` command (cli/src/), the Python package
+(python/kvtier/) or its benches (python/bench/) is over 600 lines; a longer
+one is split by what its parts do."""
 
 from pathlib import Path
 
@@ -8,7 +9,13 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent.parent
 LIMIT = 600
-TREES = (("src", "*.rs"), ("bench/src", "*.rs"), ("python/kvtier", "*.py"))
+TREES = (
+    ("src", "*.rs"),
+    ("bench/src", "*.rs"),
+    ("cli/src", "*.rs"),
+    ("python/kvtier", "*.py"),
+    ("python/bench", "*.py"),
+)
 # Files over the limit today, each with the work that splits it; an entry
 # fails this test once its file is within the limit, so none outlives its fix.
 PENDING_SPLITS: dict[str, str] = {}
