@@ -340,3 +340,43 @@ fn blocks_of_before_the_upgrade_are_misses_and_never_deleted() {
     a.sort();
     assert_eq!(a, b, "nothing deleted");
 }
+
+/// A tier whose lease still holds the generation before a clear meets the
+/// blocks a peer stored after it, under the same names (and the peer meets
+/// the lagging tier's): each is a miss, never `Corrupt`, and a block of the
+/// later generation is never deleted by the tier that has not seen it yet.
+#[test]
+fn a_tier_behind_a_clear_misses_the_new_generation_and_deletes_none_of_it() {
+    let dir = scratch_dir();
+    let mut lagging = shared_disk(&dir, "llama");
+    // A lease longer than the test: it reads the generation once, at open.
+    lagging.probe_ttl_ms = 600_000;
+    let a = tier(&lagging);
+    let b = tier(&shared_disk(&dir, "llama"));
+    store_seeded(&a, 1, &[1], 100);
+    assert!(loads_seeded(&a, 2, &[1], 100));
+    b.tier().clear().unwrap();
+    // B stores block 1 again in the new generation, where A's file was.
+    store_seeded(&b, 3, &[1], 300);
+    let before = files(&dir, ".kvb");
+    assert_eq!(before.len(), 1, "{before:?}");
+    // A still lists block 1 and still names blocks with the old generation.
+    let r = a.load(4, &[1], &[8]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    assert_eq!(
+        files(&dir, ".kvb"),
+        before,
+        "the new generation's block stays"
+    );
+    assert!(loads_seeded(&b, 5, &[1], 300), "and B still loads it");
+    // The other way round: A, behind, overwrites B's block 2 with one of the
+    // old generation, which B then meets: a miss too (and, being of before
+    // the clear, removed).
+    store_seeded(&b, 6, &[2], 400);
+    store_seeded(&a, 7, &[2], 200);
+    let r = b.load(8, &[2], &[8]);
+    assert_eq!(r.error, Some(ErrorKind::NotFound), "{r:?}");
+    assert_eq!(files(&dir, ".kvb").len(), 1, "{:?}", files(&dir, ".kvb"));
+    drop((a, b));
+    std::fs::remove_dir_all(&dir).unwrap();
+}

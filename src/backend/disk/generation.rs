@@ -29,6 +29,25 @@ impl DiskBackend {
         self.generation_fp.load(Ordering::Acquire)
     }
 
+    /// Whether `fp` is the block fingerprint of a later generation of this
+    /// shared tier's namespace (Some(true)) or an earlier one (Some(false))
+    /// within [`SWEPT_GENERATIONS`] of this tier's; None otherwise (and
+    /// always for a tier that does not share its directory).
+    pub(super) fn other_generation(&self, fp: u64) -> Option<bool> {
+        if !self.shared {
+            return None;
+        }
+        let current = self.current_generation();
+        let is_of = |g: u64| self.fingerprint_of(g) == fp;
+        if (current.saturating_add(1)..=current.saturating_add(SWEPT_GENERATIONS)).any(is_of) {
+            Some(true)
+        } else if (current.saturating_sub(SWEPT_GENERATIONS)..current).any(is_of) {
+            Some(false)
+        } else {
+            None
+        }
+    }
+
     fn generation_path(&self) -> PathBuf {
         self.ns_dir
             .join(format!("{GENERATION_FILE}{}", self.tenant.mark))

@@ -64,7 +64,7 @@ impl DiskBackend {
             return Err(wrong_length(path, stored, want));
         }
         self.header_problem(claims, read, header_len + piece.len())
-            .map_err(|problem| self.condemn(key, path, *id, problem))
+            .map_err(|why| self.refuse(key, path, *id, why))
     }
 
     /// Opens a block file and checks that it is a regular file of the block
@@ -146,10 +146,12 @@ impl DiskBackend {
         read: usize,
         expected_read: usize,
         payload: &[u8],
-    ) -> Option<String> {
+    ) -> Option<Unusable> {
         match self.header_problem(header, read, expected_read) {
             Err(why) => Some(why),
-            Ok(sum) if !sum.matches(payload) => Some("payload checksum mismatch".into()),
+            Ok(sum) if !sum.matches(payload) => {
+                Some(Unusable::Bad("payload checksum mismatch".into()))
+            }
             Ok(_) => None,
         }
     }
@@ -176,18 +178,24 @@ impl DiskBackend {
         header: std::result::Result<Claims, String>,
         read: usize,
         expected_read: usize,
-    ) -> std::result::Result<PayloadSum, String> {
+    ) -> std::result::Result<PayloadSum, Unusable> {
+        let bad = |why: String| Err(Unusable::Bad(why));
         match header {
             _ if read < expected_read => {
-                Err(format!("short file ({read} of {expected_read} bytes)"))
+                bad(format!("short file ({read} of {expected_read} bytes)"))
             }
-            Err(why) => Err(why),
-            Ok(h) if h.namespace_fp != self.block_fp() => Err("block of another namespace".into()),
-            Ok(h) if h.payload_len == 0 || h.payload_len > self.block_bytes as u64 => Err(format!(
+            Err(why) => bad(why),
+            Ok(h) if h.namespace_fp != self.block_fp() => {
+                match self.other_generation(h.namespace_fp) {
+                    Some(newer) if h.names_key => Err(Unusable::OtherGeneration { newer }),
+                    _ => bad("block of another namespace".into()),
+                }
+            }
+            Ok(h) if h.payload_len == 0 || h.payload_len > self.block_bytes as u64 => bad(format!(
                 "block of {} bytes, beyond the block size {}",
                 h.payload_len, self.block_bytes
             )),
-            Ok(h) if !h.names_key => Err("header names another key".into()),
+            Ok(h) if !h.names_key => bad("header names another key".into()),
             Ok(h) => Ok(h.payload_sum),
         }
     }
@@ -313,7 +321,7 @@ impl DiskBackend {
         match problem {
             Err(stored) => Err(wrong_length(path, stored, row.len())),
             Ok(None) => Ok(()),
-            Ok(Some(problem)) => Err(self.condemn(key, path, id, problem)),
+            Ok(Some(why)) => Err(self.refuse(key, path, id, why)),
         }
     }
 
@@ -363,6 +371,43 @@ impl DiskBackend {
         examined: FileId,
         problem: String,
     ) -> Error {
+        self.condemn_as(ErrorKind::Corrupt, key, path, examined, problem)
+    }
+
+    /// The load's error for a block that cannot be served: one proved bad
+    /// is condemned; one of this namespace's other generation is a miss,
+    /// removed only if it is of an older one (a clear's leftover, as its
+    /// sweep would), never if newer (another tier has read a clear this one
+    /// has not yet: the block is good, and its peer's).
+    fn refuse(&self, key: &[u8], path: &Path, examined: FileId, why: Unusable) -> Error {
+        match why {
+            Unusable::Bad(problem) => self.condemn(key, path, examined, problem),
+            Unusable::OtherGeneration { newer: false } => self.condemn_as(
+                ErrorKind::NotFound,
+                key,
+                path,
+                examined,
+                "a block of this namespace from before a clear".into(),
+            ),
+            Unusable::OtherGeneration { newer: true } => Error::new(
+                ErrorKind::NotFound,
+                format!(
+                    "{}: a block of a later generation of this namespace (another tier has \
+                     seen a clear this one has not yet); a miss, left in place",
+                    path.display()
+                ),
+            ),
+        }
+    }
+
+    fn condemn_as(
+        &self,
+        kind: ErrorKind,
+        key: &[u8],
+        path: &Path,
+        examined: FileId,
+        problem: String,
+    ) -> Error {
         if in_newer_format(path, self.seal.as_ref()) {
             // Another version's block: a miss here, and never deleted.
             return Error::new(
@@ -399,11 +444,17 @@ impl DiskBackend {
                 _ => "replaced meanwhile, kept".to_string(),
             }
         };
-        Error::new(
-            ErrorKind::Corrupt,
-            format!("{}: {problem}; {outcome}", path.display()),
-        )
+        Error::new(kind, format!("{}: {problem}; {outcome}", path.display()))
     }
+}
+
+/// Why a block file is not served.
+pub(super) enum Unusable {
+    /// Proved bad, or another namespace's under a colliding name.
+    Bad(String),
+    /// Intact and this namespace's, but of another clear generation than
+    /// this tier's: `newer`, or older.
+    OtherGeneration { newer: bool },
 }
 
 /// Whether the block file at `path` carries an intact header, in the file or
