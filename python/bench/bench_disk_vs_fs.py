@@ -79,7 +79,6 @@ import shutil
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -100,11 +99,11 @@ from disk_contenders import (  # noqa: E402
     TierContender,
     block_hash,
     build_raw,
-    drop_caches,
     page_aligned_rows,
     read_tier_files,
 )
 from disk_vs_fs_report import SAME_FILES, print_report  # noqa: E402
+from page_cache import drop_caches  # noqa: E402
 from vllm_tiers import (  # noqa: E402
     G3_FRONT_SLOTS,
     idle_cpu,

@@ -1,7 +1,7 @@
 """The contenders of bench_disk_vs_fs.py: a vLLM secondary tier made by
 vLLM's factory (``TierContender``), and raw O_DIRECT file I/O into vLLM's
-primary region (``RawContender``, ``raw_odirect.c``), with the job shapes,
-keys and cache drops every contender shares."""
+primary region (``RawContender``, ``raw_odirect.c``), with the job shapes
+and keys every contender shares."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from page_cache import drop_caches
 from vllm.v1.kv_offload.base import ReqContext, make_offload_key
 from vllm.v1.kv_offload.tiering.base import TransferJob
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
@@ -36,18 +37,6 @@ def page_aligned_rows(rows: int, row: int) -> np.ndarray:
     mapping, not numpy's malloc."""
     buf = mmap.mmap(-1, rows * row)
     return np.frombuffer(buf, dtype=np.uint8).reshape(rows, row)
-
-
-def drop_caches(enabled: bool) -> bool:
-    if not enabled:
-        return False
-    try:
-        os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
-        return True
-    except OSError:
-        return False
 
 
 class TierContender:
